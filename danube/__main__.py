@@ -1,0 +1,3 @@
+from danube.cli.main import main
+
+raise SystemExit(main())

@@ -1,0 +1,507 @@
+"""HTTP/2 connection machinery shared by the gRPC server and client: settings, PING, GOAWAY,
+flow control in both directions, header-block assembly and batched socket writes.
+
+Per-frame parsing and serialisation are in the Cython codec (`danube._core`); this module
+decides what frames mean. Every per-stream structure is a dict entry or a slot on the stream
+object, so no operation walks the open streams except a change of SETTINGS_INITIAL_WINDOW_SIZE.
+"""
+
+import asyncio
+import collections
+import dataclasses
+import logging
+
+import hpack
+
+from danube import _core
+from danube._core import (FrameReader, H2ConnectionError, data_frames, frame, goaway_frame,
+                          header_frames, parse_settings, parse_u32, ping_frame,
+                          rst_stream_frame, settings_frame, window_update_frame)
+from danube.rpc.headers import HeaderDecoder
+
+log = logging.getLogger("danube.rpc")
+
+S_HEADER_TABLE_SIZE = 0x1
+S_ENABLE_PUSH = 0x2
+S_MAX_CONCURRENT_STREAMS = 0x3
+S_INITIAL_WINDOW_SIZE = 0x4
+S_MAX_FRAME_SIZE = 0x5
+S_MAX_HEADER_LIST_SIZE = 0x6
+
+MAX_WINDOW = 2**31 - 1
+DEFAULT_WINDOW = 65535
+
+
+@dataclasses.dataclass
+class TransportConfig:
+    """Limits and windows of one HTTP/2 endpoint."""
+
+    max_concurrent_streams: int = 16384
+    # What the peer may send on one stream / on the whole connection before we credit it.
+    stream_window: int = 4 * 1024 * 1024
+    connection_window: int = 64 * 1024 * 1024
+    max_frame_size: int = 16384
+    max_header_list_size: int = 65536
+    # The transport's cap on one gRPC message, in either direction. Larger gets
+    # RESOURCE_EXHAUSTED. Broker policies (max_message_size) sit below it.
+    max_message_size: int = 16 * 1024 * 1024
+    # Pending output per connection above which writers wait (socket backpressure).
+    write_buffer_high: int = 4 * 1024 * 1024
+    write_buffer_low: int = 1024 * 1024
+
+
+class StreamBase:
+    """Send-side flow control and receive-side crediting for one HTTP/2 stream."""
+
+    __slots__ = ("sid", "conn", "send_window", "pending", "pending_bytes", "recv_unacked",
+                 "closed_local", "closed_remote", "reset", "_drain_waiter", "__weakref__")
+
+    def __init__(self, sid, conn):
+        self.sid = sid
+        self.conn = conn
+        self.send_window = conn.peer_initial_window
+        self.pending = None          # deque of [payload, pos, end_stream] or bytes (raw frames)
+        self.pending_bytes = 0
+        self.recv_unacked = 0
+        self.closed_local = False
+        self.closed_remote = False
+        self.reset = False
+        self._drain_waiter = None
+
+    # -- sending -------------------------------------------------------------------------
+
+    def send_data(self, payload, end_stream=False):
+        """Queue DATA (already length-prefixed gRPC messages), sending what the windows allow
+        now. Returns True when nothing is left waiting for a window."""
+        conn = self.conn
+        n = len(payload)
+        if self.pending is None and n <= self.send_window and n <= conn.send_window:
+            conn.write(data_frames(self.sid, payload, 0, n, conn.peer_max_frame, end_stream))
+            self.send_window -= n
+            conn.send_window -= n
+            return True
+        if self.pending is None:
+            self.pending = collections.deque()
+        self.pending.append([payload, 0, end_stream])
+        self.pending_bytes += n
+        return self.pump()
+
+    def send_raw_after_data(self, frames):
+        """Write frames (trailers, RST_STREAM) in order after any DATA still queued."""
+        if self.pending is None:
+            self.conn.write(frames)
+        else:
+            self.pending.append(frames)
+
+    def pump(self):
+        """Move queued DATA out as far as the windows allow."""
+        conn = self.conn
+        pending = self.pending
+        while pending:
+            item = pending[0]
+            if type(item) is bytes:
+                conn.write(item)
+                pending.popleft()
+                continue
+            payload, pos, end = item
+            remaining = len(payload) - pos
+            allowed = min(remaining, self.send_window, conn.send_window)
+            if allowed <= 0 and remaining > 0:
+                conn.blocked[self.sid] = self
+                return False
+            last = allowed == remaining
+            conn.write(data_frames(self.sid, payload, pos, allowed, conn.peer_max_frame,
+                                   end and last))
+            self.send_window -= allowed
+            conn.send_window -= allowed
+            self.pending_bytes -= allowed
+            if last:
+                pending.popleft()
+            else:
+                item[1] = pos + allowed
+        self.pending = None
+        conn.blocked.pop(self.sid, None)
+        if self._drain_waiter is not None and not conn.write_paused:
+            self._wake_drain()
+        return True
+
+    async def drain(self):
+        """Wait until this stream's queued DATA has been handed to the socket and the socket
+        is not over its high-water mark: the writer's backpressure."""
+        while (self.pending is not None or self.conn.write_paused) and not self.reset:
+            if self.conn.closed:
+                raise ConnectionError("connection closed")
+            waiter = self._drain_waiter
+            if waiter is None or waiter.done():
+                waiter = self._drain_waiter = self.conn.loop.create_future()
+                if self.conn.write_paused:
+                    self.conn.drain_waiters.add(self)
+            await waiter
+
+    def _wake_drain(self):
+        waiter = self._drain_waiter
+        self._drain_waiter = None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    # -- receiving -----------------------------------------------------------------------
+
+    def credit(self, n):
+        """Return `n` received bytes to the peer's stream window once the application has
+        them; batched so small messages don't each cost a WINDOW_UPDATE."""
+        self.recv_unacked += n
+        if self.recv_unacked >= self.conn.config.stream_window // 2 and not self.closed_remote:
+            self.conn.write(window_update_frame(self.sid, self.recv_unacked))
+            self.recv_unacked = 0
+
+    # Subclasses implement these.
+    def on_data(self, payload, end_stream):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def on_headers(self, fields, end_stream):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def on_reset(self, code):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def on_connection_lost(self, exc):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+class H2Connection(asyncio.Protocol):
+    """One HTTP/2 connection. Subclasses create streams (`new_stream_from_headers`) and react to
+    GOAWAY; everything else about the connection is handled here."""
+
+    is_client = False
+
+    head_parser = list
+
+    def __init__(self, config: TransportConfig, loop=None):
+        self.config = config
+        self.loop = loop or asyncio.get_event_loop()
+        self.transport = None
+        self.reader = FrameReader(config.max_frame_size, not self.is_client)
+        self.decoder = HeaderDecoder(config.max_header_list_size, self.head_parser)
+        self.streams = {}
+        self.blocked = {}                 # sid -> stream waiting for the connection window
+        self.drain_waiters = set()
+        self.peer_max_frame = 16384
+        self.peer_initial_window = DEFAULT_WINDOW
+        self.peer_max_streams = 2**31 - 1
+        self.send_window = DEFAULT_WINDOW
+        self.recv_unacked = 0
+        self.recv_window = DEFAULT_WINDOW
+        self.write_paused = False
+        self.closed = False
+        self.goaway_sent = False
+        self.goaway_received = None       # last_stream_id from the peer's GOAWAY
+        self.last_peer_stream = 0
+        self._out = []
+        self._out_bytes = 0
+        self._flush_scheduled = False
+        self._in_receive = False
+        self._header_block = None         # [sid, flags, [fragments]] while CONTINUATIONs are due
+        self._ping_waiters = collections.deque()
+        self.peername = None
+
+    # -- asyncio.Protocol ----------------------------------------------------------------
+
+    def connection_made(self, transport):
+        self.transport = transport
+        self.peername = transport.get_extra_info("peername")
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            try:
+                import socket
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except (OSError, AttributeError):
+                pass
+        transport.set_write_buffer_limits(self.config.write_buffer_high,
+                                          self.config.write_buffer_low)
+        c = self.config
+        if self.is_client:
+            self.write(_core.CLIENT_PREFACE)
+        settings = [(S_MAX_CONCURRENT_STREAMS, c.max_concurrent_streams),
+                    (S_INITIAL_WINDOW_SIZE, c.stream_window),
+                    (S_MAX_FRAME_SIZE, c.max_frame_size),
+                    (S_MAX_HEADER_LIST_SIZE, c.max_header_list_size)]
+        if self.is_client:
+            settings.append((S_ENABLE_PUSH, 0))
+        self.write(settings_frame(settings))
+        if c.connection_window > DEFAULT_WINDOW:
+            self.write(window_update_frame(0, c.connection_window - DEFAULT_WINDOW))
+            self.recv_window = c.connection_window
+        self.flush()
+
+    def data_received(self, data):
+        self._in_receive = True
+        try:
+            frames = self.reader.feed(data)
+            for ftype, flags, sid, payload, flow_len in frames:
+                if self._header_block is not None and ftype != _core.CONTINUATION:
+                    raise H2ConnectionError(_core.E_PROTOCOL_ERROR,
+                                            "expected CONTINUATION frame")
+                if ftype == _core.DATA:
+                    self._on_data(flags, sid, payload, flow_len)
+                elif ftype == _core.HEADERS:
+                    self._on_headers_frame(flags, sid, payload)
+                elif ftype == _core.CONTINUATION:
+                    self._on_continuation(flags, sid, payload)
+                elif ftype == _core.WINDOW_UPDATE:
+                    self._on_window_update(sid, parse_u32(payload) & 0x7FFFFFFF)
+                elif ftype == _core.SETTINGS:
+                    if not flags & _core.FLAG_ACK:
+                        self._on_settings(payload)
+                elif ftype == _core.PING:
+                    self._on_ping(flags, payload)
+                elif ftype == _core.RST_STREAM:
+                    self._on_rst_stream(sid, parse_u32(payload))
+                elif ftype == _core.GOAWAY:
+                    self._on_goaway(parse_u32(payload) & 0x7FFFFFFF, parse_u32(payload, 4),
+                                    payload[8:])
+                elif ftype == _core.PUSH_PROMISE:
+                    raise H2ConnectionError(_core.E_PROTOCOL_ERROR, "PUSH_PROMISE not allowed")
+            if self.recv_unacked >= self.recv_window // 4:
+                self.write(window_update_frame(0, self.recv_unacked))
+                self.recv_unacked = 0
+        except H2ConnectionError as exc:
+            self.protocol_error(exc.code, str(exc))
+        except hpack.HPACKError as exc:
+            self.protocol_error(_core.E_COMPRESSION_ERROR, f"HPACK: {exc}")
+        finally:
+            self._in_receive = False
+            self.flush()
+
+    def pause_writing(self):
+        self.write_paused = True
+
+    def resume_writing(self):
+        self.write_paused = False
+        waiters, self.drain_waiters = self.drain_waiters, set()
+        for stream in waiters:
+            if stream.pending is None:
+                stream._wake_drain()
+
+    def connection_lost(self, exc):
+        self.closed = True
+        streams = list(self.streams.values())
+        self.streams.clear()
+        self.blocked.clear()
+        for stream in streams:
+            stream.on_connection_lost(exc)
+            stream._wake_drain()
+        for waiter in self._ping_waiters:
+            if not waiter.done():
+                waiter.set_exception(ConnectionError("connection lost"))
+        self._ping_waiters.clear()
+
+    # -- output --------------------------------------------------------------------------
+
+    def write(self, data):
+        """Queue bytes; they go out in one socket write per event-loop turn."""
+        self._out.append(data)
+        self._out_bytes += len(data)
+        if self._out_bytes >= 262144:
+            # A writer that never yields (a tight batch loop) must still reach the socket,
+            # which is also what lets pause_writing() apply backpressure to it.
+            self.flush()
+            return
+        if not self._flush_scheduled and not self._in_receive:
+            self._flush_scheduled = True
+            self.loop.call_soon(self.flush)
+
+    def flush(self):
+        self._flush_scheduled = False
+        out = self._out
+        if not out or self.transport is None:
+            return
+        self._out = []
+        self._out_bytes = 0
+        if self.transport.is_closing():
+            return
+        if len(out) == 1:
+            self.transport.write(out[0])
+        else:
+            self.transport.write(b"".join(out))
+
+    def protocol_error(self, code, message):
+        """A connection error: GOAWAY with `code`, then close. Other connections are unaffected."""
+        log.info("closing HTTP/2 connection from %s: %s", self.peername, message)
+        self.write(goaway_frame(self.last_peer_stream, code, message.encode()[:256]))
+        self.flush()
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+
+    def close(self):
+        self.flush()
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+
+    async def ping(self, timeout=None):
+        """Send PING and wait for the ACK; returns the round-trip time in seconds."""
+        waiter = self.loop.create_future()
+        self._ping_waiters.append(waiter)
+        start = self.loop.time()
+        self.write(ping_frame(start.hex().encode()[:8].ljust(8, b"0")))
+        await asyncio.wait_for(waiter, timeout)
+        return self.loop.time() - start
+
+    # -- incoming frames -----------------------------------------------------------------
+
+    def _on_data(self, flags, sid, payload, flow_len):
+        if flow_len > self.recv_window - self.recv_unacked:
+            raise H2ConnectionError(_core.E_FLOW_CONTROL_ERROR, "connection window exceeded")
+        # Data on any stream, even a dead one, uses the connection window: credit it here.
+        self.recv_unacked += flow_len
+        stream = self.streams.get(sid)
+        if stream is None:
+            self._check_closed_stream(sid, "DATA")
+            return
+        if stream.closed_remote:
+            self._reset_stream(stream, _core.E_STREAM_CLOSED)
+            return
+        pad = flow_len - len(payload)
+        if pad:
+            stream.credit(pad)
+        stream.on_data(payload, bool(flags & _core.FLAG_END_STREAM))
+
+    def _check_closed_stream(self, sid, what):
+        if self._is_idle_stream(sid):
+            raise H2ConnectionError(_core.E_PROTOCOL_ERROR, f"{what} on idle stream {sid}")
+        # Frames after we reset a stream may still be in flight; the RFC lets us drop them.
+
+    def _is_idle_stream(self, sid):
+        raise NotImplementedError
+
+    def _on_headers_frame(self, flags, sid, payload):
+        if flags & _core.FLAG_END_HEADERS:
+            self._on_header_block(sid, flags, payload)
+        else:
+            self._header_block = [sid, flags, [payload], len(payload)]
+
+    def _on_continuation(self, flags, sid, payload):
+        block = self._header_block
+        if block is None or block[0] != sid:
+            raise H2ConnectionError(_core.E_PROTOCOL_ERROR, "unexpected CONTINUATION frame")
+        block[2].append(payload)
+        block[3] += len(payload)
+        if block[3] > self.config.max_header_list_size * 2:
+            raise H2ConnectionError(_core.E_ENHANCE_YOUR_CALM, "header block too large")
+        if flags & _core.FLAG_END_HEADERS:
+            self._header_block = None
+            self._on_header_block(sid, block[1], b"".join(block[2]))
+
+    def _on_header_block(self, sid, flags, block):
+        # `head` is whatever the subclass's head_parser made of the fields; the decoder
+        # caches it, so a repeated block is parsed once.
+        head = self.decoder.decode(block)
+        end_stream = bool(flags & _core.FLAG_END_STREAM)
+        stream = self.streams.get(sid)
+        if stream is None:
+            self.new_stream_from_headers(sid, head, end_stream)
+        elif stream.closed_remote:
+            self._reset_stream(stream, _core.E_STREAM_CLOSED)
+        else:
+            stream.on_headers(head, end_stream)
+
+    def new_stream_from_headers(self, sid, head, end_stream):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _on_window_update(self, sid, increment):
+        if sid == 0:
+            if increment == 0:
+                raise H2ConnectionError(_core.E_PROTOCOL_ERROR, "WINDOW_UPDATE of 0")
+            self.send_window += increment
+            if self.send_window > MAX_WINDOW:
+                raise H2ConnectionError(_core.E_FLOW_CONTROL_ERROR, "connection window overflow")
+            while self.blocked and self.send_window > 0:
+                stream = next(iter(self.blocked.values()))
+                del self.blocked[stream.sid]
+                stream.pump()
+            return
+        stream = self.streams.get(sid)
+        if stream is None:
+            self._check_closed_stream(sid, "WINDOW_UPDATE")
+            return
+        if increment == 0:
+            self._reset_stream(stream, _core.E_PROTOCOL_ERROR)
+            return
+        stream.send_window += increment
+        if stream.send_window > MAX_WINDOW:
+            self._reset_stream(stream, _core.E_FLOW_CONTROL_ERROR)
+            return
+        if stream.pending is not None:
+            stream.pump()
+
+    def _on_settings(self, payload):
+        for ident, value in parse_settings(payload):
+            if ident == S_INITIAL_WINDOW_SIZE:
+                if value > MAX_WINDOW:
+                    raise H2ConnectionError(_core.E_FLOW_CONTROL_ERROR, "initial window too large")
+                delta = value - self.peer_initial_window
+                self.peer_initial_window = value
+                if delta:
+                    for stream in list(self.streams.values()):
+                        stream.send_window += delta
+                        if delta > 0 and stream.pending is not None:
+                            stream.pump()
+            elif ident == S_MAX_FRAME_SIZE:
+                if not 16384 <= value <= 16777215:
+                    raise H2ConnectionError(_core.E_PROTOCOL_ERROR, "invalid SETTINGS_MAX_FRAME_SIZE")
+                self.peer_max_frame = value
+            elif ident == S_MAX_CONCURRENT_STREAMS:
+                self.peer_max_streams = value
+            elif ident == S_ENABLE_PUSH:
+                if value > 1:
+                    raise H2ConnectionError(_core.E_PROTOCOL_ERROR, "invalid SETTINGS_ENABLE_PUSH")
+        self.write(settings_frame((), ack=True))
+
+    def _on_ping(self, flags, payload):
+        if flags & _core.FLAG_ACK:
+            if self._ping_waiters:
+                waiter = self._ping_waiters.popleft()
+                if not waiter.done():
+                    waiter.set_result(None)
+            return
+        self.write(ping_frame(payload, ack=True))
+
+    def _on_rst_stream(self, sid, code):
+        stream = self.streams.pop(sid, None)
+        if stream is None:
+            self._check_closed_stream(sid, "RST_STREAM")
+            return
+        self.blocked.pop(sid, None)
+        stream.reset = True
+        stream.on_reset(code)
+        stream._wake_drain()
+
+    def _on_goaway(self, last_sid, code, debug):
+        self.goaway_received = last_sid
+        if code != _core.E_NO_ERROR:
+            log.info("peer %s sent GOAWAY code %d: %s", self.peername, code,
+                     debug.decode("utf-8", "replace"))
+
+    # -- stream bookkeeping --------------------------------------------------------------
+
+    def _reset_stream(self, stream, code):
+        """Send RST_STREAM and forget the stream."""
+        if self.streams.pop(stream.sid, None) is not None:
+            self.write(rst_stream_frame(stream.sid, code))
+        self.blocked.pop(stream.sid, None)
+        stream.reset = True
+        stream.on_reset(None)
+        stream._wake_drain()
+
+    def stream_done(self, stream):
+        """Both sides have closed: drop the stream."""
+        self.streams.pop(stream.sid, None)
+        self.blocked.pop(stream.sid, None)
+
+    def send_headers(self, stream, block, end_stream=False):
+        self.write(header_frames(stream.sid, block, self.peer_max_frame, end_stream))
+
+
+__all__ = ["H2Connection", "StreamBase", "TransportConfig", "frame", "rst_stream_frame",
+           "goaway_frame", "header_frames"]

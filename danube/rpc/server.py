@@ -1,0 +1,647 @@
+"""gRPC server on uvloop and our HTTP/2 connection layer.
+
+Handlers are plain coroutines in grpc.aio's shapes:
+  unary-unary    async def m(request, context) -> response
+  unary-stream   async def m(request, context): yield response   (or `await context.write`)
+  stream-unary   async def m(request_iterator, context) -> response
+  stream-stream  async def m(request_iterator, context): yield response
+A handler fails its call by raising `RpcError` (or `await context.abort(code, details)`); any
+other exception fails only that call, with INTERNAL.
+"""
+
+import asyncio
+import collections
+import enum
+import logging
+import time
+
+from google.protobuf import message_factory
+
+from danube import _core
+from danube._core import (GrpcDeframer, GrpcMessageTooLarge, grpc_frame, grpc_frame_many,
+                          rst_stream_frame, unary_response)
+from danube.rpc import compression
+from danube.rpc.connection import H2Connection, StreamBase, TransportConfig
+from danube.rpc.headers import (encode_headers, metadata_from_headers, metadata_to_headers,
+                                parse_timeout, percent_encode)
+from danube.rpc.status import RpcError, StatusCode
+
+log = logging.getLogger("danube.rpc.server")
+
+
+class Kind(enum.Enum):
+    UNARY_UNARY = (False, False)
+    UNARY_STREAM = (False, True)
+    STREAM_UNARY = (True, False)
+    STREAM_STREAM = (True, True)
+
+    @property
+    def client_streaming(self):
+        return self.value[0]
+
+    @property
+    def server_streaming(self):
+        return self.value[1]
+
+
+class RpcMethod:
+    """A registered method: the handler plus how to turn bytes into requests and responses
+    into bytes (None means the handler takes and returns bytes)."""
+
+    __slots__ = ("path", "kind", "handler", "deserialize", "serialize", "name")
+
+    def __init__(self, path, kind, handler, deserialize=None, serialize=None):
+        self.path = path
+        self.name = path.decode() if isinstance(path, bytes) else path
+        self.kind = kind
+        self.handler = handler
+        self.deserialize = deserialize
+        self.serialize = serialize
+
+
+_RESPONSE_HEADERS = encode_headers([(b":status", b"200"), (b"content-type", b"application/grpc")])
+_TRAILERS_OK = encode_headers([(b"grpc-status", b"0")])
+
+
+class RequestHead:
+    """What the server needs from a request's header block, parsed once per distinct block
+    (repeated calls reuse the cached instance)."""
+
+    __slots__ = ("fields", "path", "timeout", "encoding", "accept_encoding", "http_error",
+                 "error")
+
+    def __init__(self, fields):
+        self.fields = fields
+        self.path = None
+        self.timeout = None
+        self.encoding = None
+        self.accept_encoding = None
+        self.http_error = None
+        self.error = None
+        method = content_type = None
+        for name, value in fields:
+            if name == b":path":
+                self.path = value
+            elif name == b":method":
+                method = value
+            elif name == b"content-type":
+                content_type = value
+            elif name == b"grpc-timeout":
+                try:
+                    self.timeout = parse_timeout(value)
+                except ValueError as exc:
+                    self.error = (StatusCode.INTERNAL, str(exc))
+            elif name == b"grpc-encoding":
+                self.encoding = value.decode("ascii", "replace")
+            elif name == b"grpc-accept-encoding":
+                self.accept_encoding = value
+        if method != b"POST":
+            self.http_error = 405
+        elif content_type is None or not content_type.startswith(b"application/grpc"):
+            self.http_error = 415
+        elif self.path is None:
+            self.error = (StatusCode.UNIMPLEMENTED, "missing :path")
+        elif self.encoding not in (None, "identity", "gzip", "deflate"):
+            self.error = (StatusCode.UNIMPLEMENTED,
+                          f"grpc-encoding {self.encoding!r} is not supported")
+
+
+class ServerStream(StreamBase):
+    """One call on the server. It is also the handler's `context`."""
+
+    __slots__ = ("head", "method", "deframer", "requests", "task", "headers_sent", "deadline",
+                 "_timer", "deadline_hit", "finished", "_inbox_waiter", "_deferred_credit",
+                 "_trailing", "_initial", "_code", "_details", "_resp_encoding",
+                 "_inbox_bytes", "_metadata")
+
+    def __init__(self, sid, conn, head, method):
+        super().__init__(sid, conn)
+        self.head = head
+        self.method = method
+        self.deframer = GrpcDeframer(conn.config.max_message_size)
+        self.requests = collections.deque()
+        self.task = None
+        self.headers_sent = False
+        self.deadline = None
+        self._timer = None
+        self.deadline_hit = False
+        self.finished = False
+        self._inbox_waiter = None
+        self._inbox_bytes = 0
+        self._deferred_credit = 0
+        self._trailing = None
+        self._initial = None
+        self._code = None
+        self._details = None
+        self._resp_encoding = conn.server.response_encoding(head)
+        self._metadata = None
+
+    # -- frames from the client ----------------------------------------------------------
+
+    def on_data(self, payload, end_stream):
+        if self.finished:
+            self.credit(len(payload))
+            return
+        try:
+            messages = self.deframer.feed(payload)
+        except GrpcMessageTooLarge as exc:
+            self.fail_early(StatusCode.RESOURCE_EXHAUSTED, str(exc))
+            return
+        except ValueError as exc:
+            self.fail_early(StatusCode.INTERNAL, str(exc))
+            return
+        if messages:
+            self.requests.extend(messages)
+        if self.method.kind.client_streaming:
+            # Credit what the handler has taken; hold back once a window's worth is queued.
+            self._inbox_bytes += len(payload)
+            if self._inbox_bytes < self.conn.config.stream_window:
+                self.credit(len(payload))
+            else:
+                self._deferred_credit += len(payload)
+        else:
+            # A unary request is buffered whole anyway, bounded by the message-size limit.
+            self.credit(len(payload))
+        if end_stream:
+            self._end_of_requests()
+        elif messages and self._inbox_waiter is not None:
+            self._wake_inbox()
+
+    def on_headers(self, head, end_stream):
+        # Trailers from a client are only valid as the end of its stream.
+        if end_stream:
+            self._end_of_requests()
+        else:
+            self.conn._reset_stream(self, _core.E_PROTOCOL_ERROR)
+
+    def _end_of_requests(self):
+        self.closed_remote = True
+        if self.deframer.pending:
+            self.fail_early(StatusCode.INTERNAL, "truncated gRPC message at end of stream")
+            return
+        if self.task is None and not self.finished:
+            self.start_task()
+        else:
+            self._wake_inbox()
+        if self.closed_local and self.pending is None:
+            self.conn.stream_done(self)
+
+    def on_reset(self, code):
+        self.closed_remote = self.closed_local = True
+        self.finished = True
+        self._cancel_timer()
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
+        self._wake_inbox()
+
+    def on_connection_lost(self, exc):
+        self.reset = True
+        self.on_reset(None)
+
+    # -- running the handler -------------------------------------------------------------
+
+    def start(self, end_stream):
+        head = self.head
+        if head.timeout is not None:
+            self.deadline = self.conn.loop.time() + head.timeout
+            self._timer = self.conn.loop.call_at(self.deadline, self._on_deadline)
+        if end_stream:
+            self._end_of_requests()
+        elif self.method.kind.client_streaming:
+            self.start_task()
+
+    def start_task(self):
+        self.task = self.conn.loop.create_task(self._run())
+
+    def _on_deadline(self):
+        self._timer = None
+        if self.finished:
+            return
+        self.deadline_hit = True
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
+        else:
+            self.fail_early(StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
+
+    def _cancel_timer(self):
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    async def _run(self):
+        method = self.method
+        kind = method.kind
+        server = self.conn.server
+        server.active_calls += 1
+        try:
+            if kind is Kind.UNARY_UNARY:
+                response = await method.handler(self._single_request(), self)
+                self._send_unary(response)
+                return
+            if kind is Kind.STREAM_UNARY:
+                response = await method.handler(self._request_iterator(), self)
+                self._send_unary(response)
+                return
+            request = (self._single_request() if kind is Kind.UNARY_STREAM
+                       else self._request_iterator())
+            result = method.handler(request, self)
+            if hasattr(result, "__aiter__"):
+                async for item in result:
+                    await self.write(item)
+            else:
+                await result
+            self.finish(self._code or StatusCode.OK, self._details or "")
+        except RpcError as exc:
+            self.finish(exc.code, exc.details, exc.trailing_metadata)
+        except asyncio.CancelledError:
+            if self.deadline_hit:
+                self.finish(StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
+            elif not self.reset:
+                self.finish(StatusCode.UNAVAILABLE, "server is shutting down")
+        except Exception as exc:  # noqa: BLE001 - a handler bug fails only its call
+            if self.reset or self.finished:
+                return
+            log.exception("handler for %s failed", method.name)
+            self.finish(StatusCode.INTERNAL,
+                        f"Exception calling application: {type(exc).__name__}: {exc}")
+        finally:
+            server.active_calls -= 1
+            self._cancel_timer()
+            if server.active_calls == 0 and server.idle_waiter is not None:
+                server.idle_waiter.set()
+
+    def _decode(self, data):
+        if type(data) is _core.CompressedMessage:
+            data = compression.decompress(self.head.encoding or "identity", data,
+                                          self.conn.config.max_message_size)
+        deserialize = self.method.deserialize
+        if deserialize is None:
+            return data
+        try:
+            return deserialize(data)
+        except Exception as exc:  # noqa: BLE001 - any parser error is the client's fault
+            raise RpcError(StatusCode.INTERNAL, f"failed to parse request message: {exc}")
+
+    def _single_request(self):
+        if len(self.requests) != 1:
+            raise RpcError(StatusCode.UNIMPLEMENTED if self.requests else StatusCode.INTERNAL,
+                           f"expected exactly one request message, got {len(self.requests)}")
+        return self._decode(self.requests.popleft())
+
+    async def _request_iterator(self):
+        while True:
+            if self.requests:
+                data = self.requests.popleft()
+                self._inbox_bytes -= len(data) + 5
+                if self._deferred_credit and self._inbox_bytes < self.conn.config.stream_window // 2:
+                    credit, self._deferred_credit = self._deferred_credit, 0
+                    self.credit(credit)
+                    self.conn.flush()
+                yield self._decode(data)
+                continue
+            if self.closed_remote or self.finished:
+                return
+            self._inbox_waiter = self.conn.loop.create_future()
+            await self._inbox_waiter
+
+    def _wake_inbox(self):
+        waiter = self._inbox_waiter
+        if waiter is not None:
+            self._inbox_waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    # -- sending -------------------------------------------------------------------------
+
+    def _serialize(self, message):
+        serialize = self.method.serialize
+        data = message if serialize is None else serialize(message)
+        if len(data) > self.conn.config.max_message_size:
+            raise RpcError(StatusCode.RESOURCE_EXHAUSTED,
+                           f"response message larger than max ({len(data)} vs. "
+                           f"{self.conn.config.max_message_size})")
+        return data
+
+    def _frame(self, data):
+        if self._resp_encoding:
+            return grpc_frame(compression.compress(self._resp_encoding, data), True)
+        return grpc_frame(data)
+
+    def _send_initial_headers(self):
+        self.headers_sent = True
+        if self._initial is None and self._resp_encoding is None:
+            block = _RESPONSE_HEADERS
+        else:
+            fields = [(b":status", b"200"), (b"content-type", b"application/grpc")]
+            if self._resp_encoding:
+                fields.append((b"grpc-encoding", self._resp_encoding.encode()))
+            fields.extend(metadata_to_headers(self._initial))
+            block = encode_headers(fields)
+        self.conn.send_headers(self, block)
+
+    def _send_unary(self, response):
+        if self.finished:
+            return
+        data = self._serialize(response)
+        conn = self.conn
+        n = len(data) + 5
+        if (not self.headers_sent and self._initial is None and self._trailing is None
+                and self._resp_encoding is None and self._code is None and self.pending is None
+                and n <= self.send_window and n <= conn.send_window):
+            conn.write(unary_response(self.sid, _RESPONSE_HEADERS, data, _TRAILERS_OK,
+                                      conn.peer_max_frame))
+            self.send_window -= n
+            conn.send_window -= n
+            self.headers_sent = True
+            self._closed_by_us()
+            return
+        self._send_initial_headers()
+        self.send_data(self._frame(data))
+        self.finish(self._code or StatusCode.OK, self._details or "")
+
+    async def write(self, message):
+        """Send one response message on a streaming call, waiting if the client or the
+        socket is not keeping up."""
+        if self.finished:
+            raise RpcError(StatusCode.CANCELLED, "call already finished")
+        data = self._serialize(message)
+        if not self.headers_sent:
+            self._send_initial_headers()
+        if not self.send_data(self._frame(data)) or self.conn.write_paused:
+            await self.drain()
+
+    async def write_batch(self, messages):
+        """Send many already-serialised messages (bytes) at once: one framing pass and one
+        buffer, for the dispatch paths that move messages in batches."""
+        if self.finished:
+            raise RpcError(StatusCode.CANCELLED, "call already finished")
+        if not self.headers_sent:
+            self._send_initial_headers()
+        if self._resp_encoding:
+            body = b"".join(self._frame(m) for m in messages)
+        else:
+            body = grpc_frame_many(messages)
+        if not self.send_data(body) or self.conn.write_paused:
+            await self.drain()
+
+    def finish(self, code, details="", trailing_metadata=None):
+        """End the call with a status, after any queued messages."""
+        if self.finished:
+            return
+        trailing = trailing_metadata if trailing_metadata else self._trailing
+        fields = []
+        if not self.headers_sent:
+            # Trailers-only response.
+            fields = [(b":status", b"200"), (b"content-type", b"application/grpc")]
+            self.headers_sent = True
+        fields.append((b"grpc-status", b"%d" % code))
+        if details:
+            fields.append((b"grpc-message", percent_encode(details)))
+        if trailing:
+            try:
+                fields.extend(metadata_to_headers(trailing))
+            except ValueError as exc:
+                log.warning("dropping invalid trailing metadata on %s: %s", self.method.name, exc)
+        block = _TRAILERS_OK if len(fields) == 1 and code == 0 else encode_headers(fields)
+        conn = self.conn
+        self.send_raw_after_data(_core.header_frames(self.sid, block, conn.peer_max_frame, True))
+        self._closed_by_us()
+
+    def _closed_by_us(self):
+        self.finished = True
+        self.closed_local = True
+        self._cancel_timer()
+        if not self.closed_remote:
+            # The client is still sending: tell it to stop (RFC 9113 8.1).
+            self.send_raw_after_data(rst_stream_frame(self.sid, _core.E_NO_ERROR))
+            self.closed_remote = True
+        if self.pending is None:
+            self.conn.stream_done(self)
+
+    def fail_early(self, code, details):
+        """Fail the call from the transport side (bad input, deadline before the handler
+        ran); the handler, if running, is cancelled."""
+        if self.finished:
+            return
+        self.finish(code, details)
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
+
+    def pump(self):
+        drained = super().pump()
+        if drained and self.closed_local and self.closed_remote:
+            self.conn.stream_done(self)
+        return drained
+
+    # -- the handler's context API (grpc.aio ServicerContext-like) ---------------------
+
+    def invocation_metadata(self):
+        if self._metadata is None:
+            self._metadata = metadata_from_headers(self.head.fields)
+        return self._metadata
+
+    def peer(self):
+        peer = self.conn.peername
+        if isinstance(peer, tuple) and len(peer) >= 2:
+            return f"ipv{6 if ':' in peer[0] else 4}:{peer[0]}:{peer[1]}"
+        return str(peer)
+
+    def peer_certificate(self):
+        ssl_obj = self.conn.transport.get_extra_info("ssl_object")
+        return ssl_obj.getpeercert() if ssl_obj is not None else None
+
+    def time_remaining(self):
+        if self.deadline is None:
+            return None
+        return max(0.0, self.deadline - self.conn.loop.time())
+
+    def cancelled(self):
+        return self.reset
+
+    def set_trailing_metadata(self, metadata):
+        self._trailing = tuple(metadata)
+
+    async def send_initial_metadata(self, metadata):
+        if self.headers_sent:
+            raise RuntimeError("initial metadata already sent")
+        self._initial = tuple(metadata)
+        self._send_initial_headers()
+
+    def set_code(self, code):
+        self._code = StatusCode(code)
+
+    def set_details(self, details):
+        self._details = details
+
+    def set_compression(self, encoding):
+        """Compress responses with `encoding` ("gzip"/"deflate"), if the client accepts it."""
+        if self.headers_sent:
+            raise RuntimeError("compression must be chosen before the first response")
+        self._resp_encoding = compression.pick_response_encoding(encoding,
+                                                                 self.head.accept_encoding)
+
+    async def abort(self, code, details="", trailing_metadata=()):
+        raise RpcError(code, details, trailing_metadata)
+
+    @property
+    def method_name(self):
+        return self.method.name
+
+
+class ServerConnection(H2Connection):
+    is_client = False
+    head_parser = RequestHead
+
+    def __init__(self, server):
+        super().__init__(server.config, server.loop)
+        self.server = server
+        self.goaway_last = None
+
+    def connection_made(self, transport):
+        super().connection_made(transport)
+        self.server.connections.add(self)
+        if self.server.draining:
+            self.begin_shutdown()
+
+    def connection_lost(self, exc):
+        super().connection_lost(exc)
+        self.server.connections.discard(self)
+        if self.server.idle_waiter is not None:
+            self.server.idle_waiter.set()
+
+    def _is_idle_stream(self, sid):
+        return sid % 2 == 0 or sid > self.last_peer_stream
+
+    def new_stream_from_headers(self, sid, head, end_stream):
+        if sid % 2 == 0 or sid <= self.last_peer_stream:
+            raise _core.H2ConnectionError(_core.E_PROTOCOL_ERROR,
+                                          f"client opened stream {sid} out of order")
+        self.last_peer_stream = sid
+        if (self.goaway_last is not None and sid > self.goaway_last) or \
+                len(self.streams) >= self.config.max_concurrent_streams:
+            self.write(rst_stream_frame(sid, _core.E_REFUSED_STREAM))
+            return
+        if head.http_error is not None:
+            self.send_http_error(sid, head.http_error)
+            return
+        method = self.server.methods.get(head.path)
+        stream = ServerStream(sid, self, head, method or _UNKNOWN_METHOD)
+        self.streams[sid] = stream
+        if head.error is not None:
+            stream.fail_early(*head.error)
+        elif method is None:
+            stream.fail_early(StatusCode.UNIMPLEMENTED,
+                              f"Method not found: {head.path.decode('utf-8', 'replace')}")
+        else:
+            stream.start(end_stream)
+
+    def send_http_error(self, sid, status):
+        block = encode_headers([(b":status", b"%d" % status),
+                                (b"content-type", b"text/plain")])
+        self.write(_core.header_frames(sid, block, self.peer_max_frame, True))
+        self.write(rst_stream_frame(sid, _core.E_NO_ERROR))
+
+    def begin_shutdown(self):
+        """Graceful GOAWAY: calls already started run to completion; new ones are refused."""
+        if self.goaway_last is None and not self.closed:
+            self.goaway_last = self.last_peer_stream
+            self.write(_core.goaway_frame(self.goaway_last, _core.E_NO_ERROR, b"shutdown"))
+            self.flush()
+            if not self.streams:
+                self.close()
+
+    def stream_done(self, stream):
+        super().stream_done(stream)
+        if self.goaway_last is not None and not self.streams:
+            self.close()
+
+
+async def _unknown_handler(request, context):  # pragma: no cover - never invoked
+    raise RpcError(StatusCode.UNIMPLEMENTED, "method not found")
+
+_UNKNOWN_METHOD = RpcMethod(b"", Kind.UNARY_UNARY, _unknown_handler)
+
+
+def _serialize_message(message):
+    return message.SerializeToString()
+
+
+class Server:
+    """A gRPC server: register methods or protobuf services, then `await start(...)`."""
+
+    def __init__(self, config: TransportConfig | None = None, *, compression=None, loop=None):
+        self.config = config or TransportConfig()
+        self.methods = {}
+        self.connections = set()
+        self.loop = loop
+        self.default_compression = compression
+        self._servers = []
+        self.draining = False
+        self.active_calls = 0
+        self.idle_waiter = None
+        self.started_at = time.time()
+
+    # -- registration --------------------------------------------------------------------
+
+    def add_method(self, path, kind: Kind, handler, deserialize=None, serialize=None):
+        key = path.encode() if isinstance(path, str) else path
+        self.methods[key] = RpcMethod(key, kind, handler, deserialize, serialize)
+
+    def add_service(self, service_descriptor, servicer):
+        """Register every method of a protobuf ServiceDescriptor; methods the servicer lacks
+        answer UNIMPLEMENTED, as generated grpc servicers do."""
+        for m in service_descriptor.methods:
+            path = f"/{service_descriptor.full_name}/{m.name}"
+            kind = Kind((m.client_streaming, m.server_streaming))
+            request_cls = message_factory.GetMessageClass(m.input_type)
+            handler = getattr(servicer, m.name, None)
+            if handler is None:
+                continue
+            self.add_method(path, kind, handler, request_cls.FromString, _serialize_message)
+
+    def response_encoding(self, head):
+        if self.default_compression is None:
+            return None
+        return compression.pick_response_encoding(self.default_compression,
+                                                  head.accept_encoding)
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    async def start(self, host="127.0.0.1", port=0, ssl=None):
+        """Listen on host:port (port 0 picks a free one); returns the bound port."""
+        self.loop = self.loop or asyncio.get_running_loop()
+        srv = await self.loop.create_server(lambda: ServerConnection(self), host, port,
+                                            ssl=ssl, reuse_address=True, backlog=4096)
+        self._servers.append(srv)
+        return srv.sockets[0].getsockname()[1]
+
+    async def stop(self, grace: float | None = 5.0):
+        """Stop accepting, send GOAWAY, let in-flight calls finish for up to `grace` seconds,
+        then cancel what is left and close every connection."""
+        self.draining = True
+        for srv in self._servers:
+            srv.close()
+        for conn in list(self.connections):
+            conn.begin_shutdown()
+        if grace:
+            self.idle_waiter = asyncio.Event()
+            deadline = self.loop.time() + grace
+            while self.connections and self.loop.time() < deadline:
+                self.idle_waiter.clear()
+                try:
+                    await asyncio.wait_for(self.idle_waiter.wait(), deadline - self.loop.time())
+                except asyncio.TimeoutError:
+                    break
+        tasks = []
+        for conn in list(self.connections):
+            for stream in list(conn.streams.values()):
+                if stream.task is not None and not stream.task.done():
+                    stream.task.cancel()
+                    tasks.append(stream.task)
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        for conn in list(self.connections):
+            conn.close()
+        for srv in self._servers:
+            await srv.wait_closed()
+        self._servers.clear()
