@@ -107,7 +107,10 @@ class StreamBase:
             remaining = len(payload) - pos
             allowed = min(remaining, self.send_window, conn.send_window)
             if allowed <= 0 and remaining > 0:
-                conn.blocked[self.sid] = self
+                # Wait for whichever window is shut; a stream window reopens through its
+                # own WINDOW_UPDATE, so only the connection window needs the blocked list.
+                if conn.send_window <= 0:
+                    conn.blocked[self.sid] = self
                 return False
             last = allowed == remaining
             conn.write(data_frames(self.sid, payload, pos, allowed, conn.peer_max_frame,
@@ -121,8 +124,11 @@ class StreamBase:
                 item[1] = pos + allowed
         self.pending = None
         conn.blocked.pop(self.sid, None)
-        if self._drain_waiter is not None and not conn.write_paused:
-            self._wake_drain()
+        if self._drain_waiter is not None:
+            if conn.write_paused:
+                conn.drain_waiters.add(self)
+            else:
+                self._wake_drain()
         return True
 
     async def drain(self):
@@ -416,10 +422,13 @@ class H2Connection(asyncio.Protocol):
             self.send_window += increment
             if self.send_window > MAX_WINDOW:
                 raise H2ConnectionError(_core.E_FLOW_CONTROL_ERROR, "connection window overflow")
-            while self.blocked and self.send_window > 0:
-                stream = next(iter(self.blocked.values()))
-                del self.blocked[stream.sid]
-                stream.pump()
+            if self.blocked:
+                waiting, self.blocked = self.blocked, {}
+                for stream in waiting.values():
+                    if self.send_window <= 0:
+                        self.blocked[stream.sid] = stream
+                    elif stream.pending is not None:
+                        stream.pump()
             return
         stream = self.streams.get(sid)
         if stream is None:
