@@ -350,6 +350,7 @@ class ServerStream(StreamBase):
                 and n <= self.send_window and n <= conn.send_window):
             conn.write(unary_response(self.sid, _RESPONSE_HEADERS, data, _TRAILERS_OK,
                                       conn.peer_max_frame))
+            conn.server.rpc_counts[self.method.name, 0] += 1
             self.send_window -= n
             conn.send_window -= n
             self.headers_sent = True
@@ -404,6 +405,7 @@ class ServerStream(StreamBase):
                 log.warning("dropping invalid trailing metadata on %s: %s", self.method.name, exc)
         block = _TRAILERS_OK if len(fields) == 1 and code == 0 else encode_headers(fields)
         conn = self.conn
+        conn.server.rpc_counts[self.method.name, int(code)] += 1
         self.send_raw_after_data(_core.header_frames(self.sid, block, conn.peer_max_frame, True))
         self._closed_by_us()
 
@@ -580,6 +582,8 @@ class Server:
         self.active_calls = 0
         self.idle_waiter = None
         self.started_at = time.time()
+        # (method path, status code) -> finished calls; read by the metrics exporter.
+        self.rpc_counts = collections.Counter()
 
     # -- registration --------------------------------------------------------------------
 

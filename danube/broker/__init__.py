@@ -1,0 +1,1 @@
+"""Broker core: topics, producers, subscriptions, dispatchers, policies."""

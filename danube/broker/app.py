@@ -1,0 +1,85 @@
+"""The broker process: builds the servers from the configuration, starts them, and stops
+them cleanly on SIGINT/SIGTERM."""
+
+import asyncio
+import logging
+import os
+import signal
+import ssl
+
+from danube.broker.metrics import MetricsExporter
+from danube.broker.registry import ClientRegistry
+from danube.broker.services import health
+from danube.rpc.connection import TransportConfig
+from danube.rpc.server import Server
+
+log = logging.getLogger("danube.broker")
+
+
+def server_ssl_context(cfg):
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(cfg.tls_cert_file, cfg.tls_key_file)
+    if cfg.tls_ca_file:
+        ctx.load_verify_locations(cfg.tls_ca_file)
+    ctx.set_alpn_protocols(["h2"])
+    return ctx
+
+
+class Broker:
+    def __init__(self, cfg):
+        self.cfg = cfg
+        transport = TransportConfig(max_message_size=cfg.grpc_max_message_size,
+                                    max_concurrent_streams=cfg.grpc_max_concurrent_streams)
+        self.registry = ClientRegistry()
+        self.client_server = Server(transport)
+        self.admin_server = Server(transport)
+        health.register(self.client_server, self.registry)
+        self.metrics = None
+        self.client_port = None
+        self.admin_port = None
+        self._stopped = asyncio.Event()
+
+    def rpc_servers(self):
+        return (self.client_server, self.admin_server)
+
+    def topics_owned(self):
+        return 0
+
+    async def start(self):
+        cfg = self.cfg
+        os.makedirs(cfg.data_dir, exist_ok=True)
+        tls = server_ssl_context(cfg) if cfg.auth_mode == "tls" else None
+        self.client_port = await self.client_server.start(cfg.host, cfg.client_port, ssl=tls)
+        log.info("client gRPC (danube.*) listening on %s:%d%s", cfg.host, self.client_port,
+                 " (TLS)" if tls else "")
+        admin_tls = tls if cfg.admin_tls else None
+        self.admin_port = await self.admin_server.start(cfg.admin_host, cfg.admin_port,
+                                                        ssl=admin_tls)
+        log.info("admin gRPC (danube_admin.*) listening on %s:%d", cfg.admin_host,
+                 self.admin_port)
+        if cfg.prom_port is not None:
+            self.metrics = MetricsExporter(self, cfg.prom_host, cfg.prom_port)
+            port = self.metrics.start()
+            log.info("prometheus exporter listening on http://%s:%d/metrics", cfg.prom_host, port)
+        log.info("broker ready: mode=%s broker_url=%s connect_url=%s data_dir=%s", cfg.mode,
+                 cfg.advertised_broker_url, cfg.advertised_connect_url, cfg.data_dir)
+
+    async def stop(self, grace=10.0):
+        log.info("broker stopping (grace %.0fs)", grace)
+        await asyncio.gather(self.client_server.stop(grace), self.admin_server.stop(grace))
+        if self.metrics is not None:
+            self.metrics.stop()
+        log.info("broker stopped")
+        self._stopped.set()
+
+    async def run(self):
+        """Start, then serve until SIGINT or SIGTERM."""
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await self.start()
+        await stop.wait()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+        await self.stop()

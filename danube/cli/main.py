@@ -1,0 +1,76 @@
+"""The `danube` command."""
+
+import argparse
+import logging
+import sys
+
+from danube import __version__
+
+
+def _add_broker(sub):
+    p = sub.add_parser("broker", help="run a broker",
+                       description="Run a Danube-compatible broker.")
+    p.add_argument("--config-file", help="broker YAML (upstream danube_broker.yml keys)")
+    p.add_argument("--mode", choices=("standalone", "cluster"),
+                   help="standalone: single broker with embedded metadata, no config file "
+                        "needed; cluster (the default, as upstream) requires --config-file")
+    p.add_argument("--data-dir", help="directory for all broker state")
+    p.add_argument("--broker-addr", metavar="HOST:PORT",
+                   help="client gRPC address (default 127.0.0.1:6650)")
+    p.add_argument("--admin-addr", metavar="HOST:PORT",
+                   help="admin gRPC address (default 127.0.0.1:50051)")
+    p.add_argument("--prom-exporter", metavar="HOST:PORT",
+                   help="serve Prometheus metrics on this address")
+    p.add_argument("--advertised-addr", metavar="HOST:PORT",
+                   help="address clients are told to connect to (broker_url and connect_url)")
+    p.add_argument("--connect-url", metavar="HOST:PORT",
+                   help="address clients dial, if it differs from the advertised broker URL")
+    p.add_argument("--log-level", default="info",
+                   choices=("debug", "info", "warning", "error"))
+    p.set_defaults(func=_run_broker)
+
+
+def _run_broker(args):
+    import uvloop
+
+    from danube.broker.app import Broker
+    from danube.config import ConfigError, apply_overrides, load_config
+
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        if args.mode is None:
+            args.mode = "cluster"
+        if args.mode == "cluster":
+            if not args.config_file:
+                raise ConfigError("cluster mode (the default) requires --config-file; "
+                                  "use --mode standalone for a single broker")
+            raise ConfigError("cluster mode needs the etcd metadata store, which this build "
+                              "does not have yet; use --mode standalone")
+        cfg = apply_overrides(load_config(args.config_file), args)
+    except ConfigError as exc:
+        print(f"danube broker: {exc}", file=sys.stderr)
+        return 2
+    try:
+        uvloop.run(Broker(cfg).run())
+    except OSError as exc:
+        print(f"danube broker: cannot start: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(prog="danube", description="Danube-compatible broker")
+    parser.add_argument("--version", action="version", version=f"danube {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_broker(sub)
+    return parser
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

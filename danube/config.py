@@ -1,0 +1,183 @@
+"""Broker configuration: one typed object, loaded from upstream's danube_broker.yml keys, with
+command-line overrides applied on top. Nothing else in the broker reads files or environment
+variables for settings."""
+
+import dataclasses
+import logging
+import os
+
+import yaml
+
+log = logging.getLogger("danube.config")
+
+
+class ConfigError(ValueError):
+    """The configuration is invalid; the message names the key and the problem."""
+
+
+def parse_hostport(value: str, what: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if value.startswith("["):
+        host, sep, port = value[1:].partition("]:")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(f"{what}: expected HOST:PORT, got {value!r}")
+    return host, int(port)
+
+
+@dataclasses.dataclass
+class Policies:
+    max_producers_per_topic: int = 0
+    max_subscriptions_per_topic: int = 0
+    max_consumers_per_topic: int = 0
+    max_consumers_per_subscription: int = 0
+    max_publish_rate: int = 0
+    max_subscription_dispatch_rate: int = 0
+    max_message_size: int = 10 * 1024 * 1024
+
+
+@dataclasses.dataclass
+class BrokerConfig:
+    cluster_name: str = "standalone"
+    mode: str = "standalone"
+    host: str = "127.0.0.1"
+    client_port: int = 6650
+    admin_host: str = "127.0.0.1"
+    admin_port: int = 50051
+    prom_host: str | None = None
+    prom_port: int | None = None
+    broker_url: str | None = None
+    connect_url: str | None = None
+    data_dir: str = "./danube-data"
+    bootstrap_namespaces: list = dataclasses.field(default_factory=lambda: ["default"])
+    auto_create_topics: bool = True
+    auth_mode: str = "none"
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    tls_ca_file: str | None = None
+    admin_tls: bool = False
+    policies: Policies = dataclasses.field(default_factory=Policies)
+    max_unacked_messages: int = 10
+    # Transport cap on one gRPC message (our key, not upstream's); policies.max_message_size
+    # must stay below it so oversize publishes get INVALID_ARGUMENT, not RESOURCE_EXHAUSTED.
+    grpc_max_message_size: int = 16 * 1024 * 1024
+    grpc_max_concurrent_streams: int = 16384
+    raw: dict = dataclasses.field(default_factory=dict)
+
+    @property
+    def client_addr(self):
+        return f"{self.host}:{self.client_port}"
+
+    @property
+    def advertised_broker_url(self):
+        scheme = "https" if self.auth_mode == "tls" else "http"
+        return self.broker_url or f"{scheme}://{self.host}:{self.client_port}"
+
+    @property
+    def advertised_connect_url(self):
+        return self.connect_url or self.advertised_broker_url
+
+    def validate(self):
+        if self.mode not in ("standalone", "cluster"):
+            raise ConfigError(f"--mode: expected standalone or cluster, got {self.mode!r}")
+        if self.auth_mode not in ("none", "tls"):
+            raise ConfigError(f"auth.mode: expected none or tls, got {self.auth_mode!r}")
+        if self.auth_mode == "tls" and not (self.tls_cert_file and self.tls_key_file):
+            raise ConfigError("auth.mode tls needs auth.tls.cert_file and auth.tls.key_file")
+        if self.policies.max_message_size > self.grpc_max_message_size - 64 * 1024:
+            raise ConfigError(
+                f"policies.max_message_size ({self.policies.max_message_size}) must be below "
+                f"the gRPC transport limit grpc.max_message_size ({self.grpc_max_message_size})")
+        if not 1 <= self.max_unacked_messages <= 10000:
+            raise ConfigError("dispatch.max_unacked_messages must be between 1 and 10000")
+        return self
+
+
+def _get(tree, dotted, default=None):
+    node = tree
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return default
+        node = node[part]
+    return node
+
+
+def _int(tree, dotted, default):
+    value = _get(tree, dotted, default)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{dotted}: expected an integer, got {value!r}")
+    return value
+
+
+def load_config(path: str | None) -> BrokerConfig:
+    """Read a danube_broker.yml. Missing keys keep their defaults."""
+    cfg = BrokerConfig()
+    if path is None:
+        return cfg
+    try:
+        with open(path, encoding="utf-8") as f:
+            tree = yaml.safe_load(f) or {}
+    except OSError as exc:
+        raise ConfigError(f"--config-file {path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"--config-file {path}: invalid YAML: {exc}") from None
+    if not isinstance(tree, dict):
+        raise ConfigError(f"--config-file {path}: expected a mapping at the top level")
+    cfg.raw = tree
+    cfg.cluster_name = str(tree.get("cluster_name", cfg.cluster_name))
+    cfg.host = str(_get(tree, "broker.host", cfg.host))
+    cfg.admin_host = cfg.host
+    cfg.client_port = _int(tree, "broker.ports.client", cfg.client_port)
+    cfg.admin_port = _int(tree, "broker.ports.admin", cfg.admin_port)
+    prom = _int(tree, "broker.ports.prometheus", None)
+    if prom is not None:
+        cfg.prom_host, cfg.prom_port = cfg.host, prom
+    cfg.broker_url = _get(tree, "broker.advertised_listeners.broker_url")
+    cfg.connect_url = _get(tree, "broker.advertised_listeners.connect_url")
+    cfg.data_dir = str(_get(tree, "meta_store.data_dir", cfg.data_dir))
+    namespaces = tree.get("bootstrap_namespaces")
+    if namespaces is not None:
+        if not isinstance(namespaces, list):
+            raise ConfigError("bootstrap_namespaces: expected a list")
+        cfg.bootstrap_namespaces = [str(n) for n in namespaces]
+    cfg.auto_create_topics = bool(tree.get("auto_create_topics", cfg.auto_create_topics))
+    cfg.admin_tls = bool(tree.get("admin_tls", cfg.admin_tls))
+    cfg.auth_mode = str(_get(tree, "auth.mode", cfg.auth_mode))
+    cfg.tls_cert_file = _get(tree, "auth.tls.cert_file")
+    cfg.tls_key_file = _get(tree, "auth.tls.key_file")
+    cfg.tls_ca_file = _get(tree, "auth.tls.ca_file")
+    cfg.max_unacked_messages = _int(tree, "dispatch.max_unacked_messages",
+                                    cfg.max_unacked_messages)
+    for field in dataclasses.fields(Policies):
+        value = _int(tree, f"policies.{field.name}", getattr(cfg.policies, field.name))
+        setattr(cfg.policies, field.name, value)
+    cfg.grpc_max_message_size = _int(tree, "grpc.max_message_size", cfg.grpc_max_message_size)
+    cfg.grpc_max_concurrent_streams = _int(tree, "grpc.max_concurrent_streams",
+                                           cfg.grpc_max_concurrent_streams)
+    return cfg
+
+
+def apply_overrides(cfg: BrokerConfig, args) -> BrokerConfig:
+    """Command-line flags win over the file (reference (g) flag semantics)."""
+    if args.mode:
+        cfg.mode = args.mode
+    if args.broker_addr:
+        cfg.host, cfg.client_port = parse_hostport(args.broker_addr, "--broker-addr")
+    if args.admin_addr:
+        cfg.admin_host, cfg.admin_port = parse_hostport(args.admin_addr, "--admin-addr")
+    if args.prom_exporter:
+        cfg.prom_host, cfg.prom_port = parse_hostport(args.prom_exporter, "--prom-exporter")
+    if args.data_dir:
+        cfg.data_dir = args.data_dir
+    if args.advertised_addr:
+        parse_hostport(args.advertised_addr.split("://")[-1], "--advertised-addr")
+        url = args.advertised_addr
+        if "://" not in url:
+            url = f"{'https' if cfg.auth_mode == 'tls' else 'http'}://{url}"
+        cfg.broker_url = cfg.connect_url = url
+    if getattr(args, "connect_url", None):
+        url = args.connect_url
+        cfg.connect_url = url if "://" in url else f"http://{url}"
+    cfg.data_dir = os.path.abspath(cfg.data_dir)
+    return cfg.validate()

@@ -1,0 +1,81 @@
+"""Run the real `danube broker` process for tests: free ports, readiness from its log, and a
+clean stop."""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+READY = re.compile(r"broker ready")
+LISTEN = re.compile(r"(client|admin) gRPC .* listening on ([\d.]+):(\d+)")
+PROM = re.compile(r"prometheus exporter listening on http://([\d.]+):(\d+)")
+
+
+class BrokerProcess:
+    def __init__(self, *args, data_dir, env=None):
+        self.args = ["--mode", "standalone", "--data-dir", str(data_dir),
+                     "--broker-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", *args]
+        self.env = env
+        self.proc = None
+        self.lines = []
+        self.client_port = self.admin_port = self.prom_port = None
+        self._ready = threading.Event()
+
+    def start(self, timeout=30):
+        env = dict(os.environ, **(self.env or {}))
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "danube", "broker", *self.args],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        threading.Thread(target=self._pump, daemon=True).start()
+        if not self._ready.wait(timeout):
+            self.stop()
+            raise RuntimeError("broker did not become ready:\n" + "".join(self.lines))
+        if self.proc.poll() is not None:
+            raise RuntimeError("broker exited:\n" + "".join(self.lines))
+        return self
+
+    def _pump(self):
+        for line in self.proc.stdout:
+            self.lines.append(line)
+            m = LISTEN.search(line)
+            if m:
+                setattr(self, f"{m.group(1)}_port", int(m.group(3)))
+            m = PROM.search(line)
+            if m:
+                self.prom_port = int(m.group(2))
+            if READY.search(line):
+                self._ready.set()
+        self._ready.set()
+
+    @property
+    def client_addr(self):
+        return f"127.0.0.1:{self.client_port}"
+
+    @property
+    def admin_addr(self):
+        return f"127.0.0.1:{self.admin_port}"
+
+    def log(self):
+        return "".join(self.lines)
+
+    def stop(self, sig=signal.SIGTERM, timeout=20):
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else None
+        self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise
+
+    def wait_for_log(self, pattern, timeout=10):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if re.search(pattern, self.log()):
+                return True
+            time.sleep(0.05)
+        return False

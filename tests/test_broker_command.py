@@ -1,0 +1,118 @@
+"""`danube broker` as a process: flags, listening addresses, HealthCheck, metrics, shutdown."""
+
+import signal
+import subprocess
+import sys
+import urllib.request
+
+import grpc
+import pytest
+
+from danube.proto import DanubeApi_pb2 as pb
+from broker_process import BrokerProcess
+
+
+@pytest.fixture
+def broker(tmp_path):
+    b = BrokerProcess("--prom-exporter", "127.0.0.1:0", data_dir=tmp_path / "data").start()
+    yield b
+    b.stop()
+
+
+def _health(channel):
+    return channel.unary_unary("/danube.HealthCheck/HealthCheck",
+                               request_serializer=pb.HealthCheckRequest.SerializeToString,
+                               response_deserializer=pb.HealthCheckResponse.FromString)
+
+
+def test_health_check_answers_close_for_unknown_ids(broker):
+    with grpc.insecure_channel(broker.client_addr) as ch:
+        check = _health(ch)
+        for client in (pb.HealthCheckRequest.Producer, pb.HealthCheckRequest.Consumer):
+            resp = check(pb.HealthCheckRequest(request_id=1, client=client, id=12345), timeout=5)
+            assert resp.status == pb.HealthCheckResponse.CLOSE
+
+
+def test_health_check_rejects_invalid_client_type(broker):
+    with grpc.insecure_channel(broker.client_addr) as ch:
+        with pytest.raises(grpc.RpcError) as err:
+            _health(ch)(pb.HealthCheckRequest(request_id=1, client=7, id=1), timeout=5)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "client type" in err.value.details()
+        # The broker keeps serving after bad input.
+        resp = _health(ch)(pb.HealthCheckRequest(id=1), timeout=5)
+        assert resp.status == pb.HealthCheckResponse.CLOSE
+
+
+def test_unknown_methods_are_unimplemented_on_both_ports(broker):
+    for addr, path in ((broker.client_addr, "/danube.Nope/Nope"),
+                       (broker.admin_addr, "/danube_admin.BrokerAdmin/ListBrokers")):
+        with grpc.insecure_channel(addr) as ch:
+            with pytest.raises(grpc.RpcError) as err:
+                ch.unary_unary(path)(b"", timeout=5)
+            assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+def test_metrics_endpoint_counts_rpcs(broker):
+    with grpc.insecure_channel(broker.client_addr) as ch:
+        for _ in range(3):
+            _health(ch)(pb.HealthCheckRequest(id=1), timeout=5)
+    body = urllib.request.urlopen(f"http://127.0.0.1:{broker.prom_port}/metrics",
+                                  timeout=5).read().decode()
+    assert ('danube_broker_rpc_total{code="OK",method="/danube.HealthCheck/HealthCheck"} 3.0'
+            in body)
+    assert "danube_broker_topics_owned 0.0" in body
+
+
+def test_logs_addresses_and_stops_on_sigterm(broker):
+    assert broker.client_port and broker.admin_port and broker.prom_port
+    log = broker.log()
+    assert f"listening on 127.0.0.1:{broker.client_port}" in log
+    assert f"listening on 127.0.0.1:{broker.admin_port}" in log
+    assert broker.stop(signal.SIGTERM) == 0
+    assert "broker stopped" in broker.log()
+
+
+def test_stops_on_sigint(tmp_path):
+    b = BrokerProcess(data_dir=tmp_path / "d").start()
+    assert b.stop(signal.SIGINT) == 0
+    assert "broker stopped" in b.log()
+    assert (tmp_path / "d").is_dir()
+
+
+def _run(*args):
+    return subprocess.run([sys.executable, "-m", "danube", "broker", *args],
+                          capture_output=True, text=True, timeout=30)
+
+
+@pytest.mark.parametrize("args, message", [
+    ((), "requires --config-file"),
+    (("--mode", "standalone", "--broker-addr", "nonsense"), "--broker-addr: expected HOST:PORT"),
+    (("--mode", "standalone", "--admin-addr", "127.0.0.1:99999"),
+     "--admin-addr: expected HOST:PORT"),
+    (("--mode", "standalone", "--config-file", "/nonexistent/broker.yml"), "--config-file"),
+])
+def test_bad_flags_exit_with_a_clear_error(args, message):
+    result = _run(*args)
+    assert result.returncode == 2
+    assert message in result.stderr
+
+
+def test_config_file_keys_are_read(tmp_path):
+    cfg = tmp_path / "broker.yml"
+    cfg.write_text("cluster_name: test\nbroker:\n  host: 127.0.0.1\n  ports:\n"
+                   "    client: 0\n    admin: 0\npolicies:\n  max_message_size: 1024\n")
+    b = BrokerProcess("--config-file", str(cfg), data_dir=tmp_path / "d")
+    b.args = ["--mode", "standalone", "--data-dir", str(tmp_path / "d"), "--config-file", str(cfg)]
+    b.start()
+    try:
+        assert b.client_port and b.admin_port
+    finally:
+        assert b.stop() == 0
+
+
+def test_port_in_use_is_reported(broker, tmp_path):
+    result = _run("--mode", "standalone", "--data-dir", str(tmp_path / "x"),
+                  "--broker-addr", broker.client_addr, "--admin-addr", "127.0.0.1:0")
+    assert result.returncode == 1
+    assert "cannot start" in result.stderr
