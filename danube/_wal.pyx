@@ -1,2 +1,396 @@
 # cython: language_level=3
-"""WAL frame codec (grows into the mmap WAL in the reliable-dispatch issue)."""
+"""WAL frame codec (grows into the mmap WAL in the reliable-dispatch issue).
+
+A WAL segment is a sequence of frames, each a 16-byte little-endian header followed by the
+payload::
+
+    0        8             12            16
+    +--------+-------------+-------------+----------------------+
+    | offset | payload_len | crc32c      | payload              |
+    | u64 LE | u32 LE      | u32 LE      | payload_len bytes    |
+    +--------+-------------+-------------+----------------------+
+
+* ``offset`` is the message offset; frames of a segment carry consecutive offsets.
+* ``payload_len`` is at most ``MAX_PAYLOAD`` (1 GiB - 1); a larger value is corruption.
+* ``crc32c`` is CRC-32C (Castagnoli) of the payload only. The header is protected by the
+  structure around it: the length by the CRC of what it delimits, the offset by continuity.
+
+Segments may be preallocated (an mmap'd file filled with zeros), so a header of 16 zero bytes
+means "end of data". A frame with offset 0 and an empty payload would encode to exactly that,
+so the encoders refuse it.
+
+Recovery runs ``scan_frames`` over a segment and truncates it at ``valid_end``: the position
+just past the last complete, CRC-clean, offset-continuous frame. Everything here works on any
+buffer-protocol object (bytes, bytearray, memoryview, mmap, numpy arrays), and the loops run
+in C with the GIL released for large inputs.
+"""
+
+from cpython.buffer cimport (PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE,
+                             PyBUF_WRITABLE)
+from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING, PyBytes_CheckExact, \
+    PyBytes_GET_SIZE
+from cpython.mem cimport PyMem_Malloc, PyMem_Free
+from libc.stdint cimport uint32_t, uint64_t
+from libc.stdlib cimport malloc, realloc, free
+from libc.string cimport memcpy
+
+import numpy as np
+
+cdef extern from "_crc32c.h" nogil:
+    uint32_t danube_crc32c_update(uint32_t crc, const unsigned char *p, size_t n)
+
+cdef extern from *:
+    """
+    static inline uint64_t danube_wal_get_le64(const unsigned char *p) {
+        uint64_t v = 0;
+        int i;
+        for (i = 7; i >= 0; i--) v = (v << 8) | p[i];
+        return v;
+    }
+    static inline uint32_t danube_wal_get_le32(const unsigned char *p) {
+        return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) |
+               ((uint32_t)p[3] << 24);
+    }
+    static inline void danube_wal_put_le64(unsigned char *p, uint64_t v) {
+        int i;
+        for (i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i));
+    }
+    static inline void danube_wal_put_le32(unsigned char *p, uint32_t v) {
+        p[0] = (unsigned char)v; p[1] = (unsigned char)(v >> 8);
+        p[2] = (unsigned char)(v >> 16); p[3] = (unsigned char)(v >> 24);
+    }
+    """
+    uint64_t danube_wal_get_le64(const unsigned char *p) noexcept nogil
+    uint32_t danube_wal_get_le32(const unsigned char *p) noexcept nogil
+    void danube_wal_put_le64(unsigned char *p, uint64_t v) noexcept nogil
+    void danube_wal_put_le32(unsigned char *p, uint32_t v) noexcept nogil
+
+
+cdef enum:
+    _HDR = 16
+    _MAX_PAYLOAD = (1 << 30) - 1
+    _NOGIL_MIN = 65536          # release the GIL when touching more bytes than this
+    _CLEAN = 0
+    _TORN = 1
+    _CORRUPT = 2
+    _GAP = 3
+
+HEADER_SIZE = _HDR
+"""Size of the frame header in bytes."""
+MAX_PAYLOAD = _MAX_PAYLOAD
+"""Largest payload a frame may carry (1 GiB - 1); longer length fields are corruption."""
+
+SCAN_CLEAN = _CLEAN
+"""scan_frames status: data ended cleanly (at ``end``, or at zero padding)."""
+SCAN_TORN = _TORN
+"""scan_frames status: the last frame is incomplete (header or payload runs past ``end``)."""
+SCAN_CORRUPT = _CORRUPT
+"""scan_frames status: CRC mismatch (or a length field above MAX_PAYLOAD)."""
+SCAN_GAP = _GAP
+"""scan_frames status: offset discontinuity."""
+
+
+class FrameError(ValueError):
+    """A frame is truncated or corrupt (raised by read_frame)."""
+
+
+def frame_size(Py_ssize_t payload_len):
+    """Bytes a frame with a payload of ``payload_len`` bytes occupies (header included)."""
+    if payload_len < 0 or payload_len > _MAX_PAYLOAD:
+        raise ValueError(f"payload length {payload_len} out of range 0..{_MAX_PAYLOAD}")
+    return _HDR + payload_len
+
+
+cdef inline void _write_frame(unsigned char *dst, uint64_t offset, const unsigned char *payload,
+                              Py_ssize_t n) noexcept nogil:
+    # Copy first and checksum the copy: the stored CRC then matches the stored bytes even if
+    # a mutable source (bytearray) changes underneath, and the copy is hot in cache.
+    if n:
+        memcpy(dst + _HDR, payload, <size_t>n)
+    danube_wal_put_le64(dst, offset)
+    danube_wal_put_le32(dst + 8, <uint32_t>n)
+    danube_wal_put_le32(dst + 12, danube_crc32c_update(0, dst + _HDR, <size_t>n))
+
+
+cdef inline int _check_payload(uint64_t offset, Py_ssize_t n) except -1:
+    if n > _MAX_PAYLOAD:
+        raise ValueError(f"payload of {n} bytes exceeds MAX_PAYLOAD ({_MAX_PAYLOAD})")
+    if n == 0 and offset == 0:
+        raise ValueError("a frame with offset 0 and an empty payload would encode as 16 zero "
+                         "bytes, which reads back as end-of-data")
+    return 0
+
+
+def encode_frame(unsigned long long offset, payload):
+    """Return the frame for ``payload`` (any buffer) at ``offset`` as bytes."""
+    cdef Py_buffer view
+    cdef unsigned char *dst
+    PyObject_GetBuffer(payload, &view, PyBUF_SIMPLE)
+    try:
+        _check_payload(offset, view.len)
+        out = PyBytes_FromStringAndSize(NULL, _HDR + view.len)
+        dst = <unsigned char *>PyBytes_AS_STRING(out)
+        if view.len > _NOGIL_MIN:
+            with nogil:
+                _write_frame(dst, offset, <const unsigned char *>view.buf, view.len)
+        else:
+            _write_frame(dst, offset, <const unsigned char *>view.buf, view.len)
+    finally:
+        PyBuffer_Release(&view)
+    return out
+
+
+cdef struct _Src:
+    Py_buffer view          # for bytes only .buf and .len are filled in
+    bint exported           # view holds a buffer export to release
+
+
+def encode_frames_into(out, Py_ssize_t pos, unsigned long long first_offset, payloads):
+    """Write one frame per payload into the writable buffer ``out`` starting at ``pos``.
+
+    Frames get offsets ``first_offset, first_offset + 1, ...``. Returns the position just past
+    the last frame. Raises ValueError, writing nothing, if the frames do not fit (or ``pos``
+    is out of range, or a payload is too large). ``payloads`` is a list (or any sequence) of
+    buffers; bytes take a fast path.
+    """
+    cdef Py_buffer outv
+    cdef _Src *src = NULL
+    cdef Py_ssize_t n, i, acquired = 0, total = 0, p
+    cdef unsigned char *base
+    cdef object obj
+    seq = payloads if type(payloads) is tuple else tuple(payloads)
+    n = len(seq)
+    PyObject_GetBuffer(out, &outv, PyBUF_WRITABLE)
+    try:
+        if pos < 0 or pos > outv.len:
+            raise ValueError(f"position {pos} out of range for a buffer of {outv.len} bytes")
+        if n == 0:
+            return pos
+        if first_offset + <unsigned long long>(n - 1) < first_offset:
+            raise ValueError("frame offsets would overflow 64 bits")
+        src = <_Src *>PyMem_Malloc(n * sizeof(_Src))
+        if src == NULL:
+            raise MemoryError()
+        for i in range(n):
+            obj = seq[i]
+            if PyBytes_CheckExact(obj):
+                # Immutable and kept alive by `seq`: no buffer export needed.
+                src[i].view.buf = PyBytes_AS_STRING(obj)
+                src[i].view.len = PyBytes_GET_SIZE(obj)
+                src[i].exported = False
+            else:
+                PyObject_GetBuffer(obj, &src[i].view, PyBUF_SIMPLE)
+                src[i].exported = True
+            acquired = i + 1
+            _check_payload(first_offset + <unsigned long long>i, src[i].view.len)
+            total += _HDR + src[i].view.len
+        if total > outv.len - pos:
+            raise ValueError(f"{n} frames need {total} bytes but only {outv.len - pos} are "
+                             f"free after position {pos}")
+        base = <unsigned char *>outv.buf
+        p = pos
+        if total > _NOGIL_MIN:
+            with nogil:
+                for i in range(n):
+                    _write_frame(base + p, first_offset + <unsigned long long>i,
+                                 <const unsigned char *>src[i].view.buf, src[i].view.len)
+                    p += _HDR + src[i].view.len
+        else:
+            for i in range(n):
+                _write_frame(base + p, first_offset + <unsigned long long>i,
+                             <const unsigned char *>src[i].view.buf, src[i].view.len)
+                p += _HDR + src[i].view.len
+        return p
+    finally:
+        if src != NULL:
+            for i in range(acquired):
+                if src[i].exported:
+                    PyBuffer_Release(&src[i].view)
+            PyMem_Free(src)
+        PyBuffer_Release(&outv)
+
+
+cdef struct _Scan:
+    uint64_t *offsets
+    uint64_t *positions
+    Py_ssize_t count
+    Py_ssize_t cap
+    Py_ssize_t valid_end
+    int status
+    bint oom
+
+
+cdef inline bint _all_zero(const unsigned char *p, Py_ssize_t n) noexcept nogil:
+    cdef Py_ssize_t i
+    for i in range(n):
+        if p[i]:
+            return False
+    return True
+
+
+cdef void _scan(const unsigned char *buf, Py_ssize_t pos, Py_ssize_t end,
+                long long expect_offset, _Scan *st) noexcept nogil:
+    cdef Py_ssize_t rem, newcap
+    cdef uint64_t off, next_off = <uint64_t>expect_offset
+    cdef uint32_t ln, crc
+    cdef bint check_offset = expect_offset >= 0
+    cdef uint64_t *tmp
+    while True:
+        rem = end - pos
+        if rem == 0:
+            st.status = _CLEAN
+            break
+        if rem < _HDR:
+            # Zeros short of a header are padding; anything else is a header cut short.
+            st.status = _CLEAN if _all_zero(buf + pos, rem) else _TORN
+            break
+        off = danube_wal_get_le64(buf + pos)
+        ln = danube_wal_get_le32(buf + pos + 8)
+        crc = danube_wal_get_le32(buf + pos + 12)
+        if off == 0 and ln == 0 and crc == 0:
+            st.status = _CLEAN          # preallocated, never written
+            break
+        if ln > _MAX_PAYLOAD:
+            st.status = _CORRUPT
+            break
+        if <Py_ssize_t>ln > rem - _HDR:
+            st.status = _TORN
+            break
+        if check_offset and off != next_off:
+            st.status = _GAP
+            break
+        if danube_crc32c_update(0, buf + pos + _HDR, ln) != crc:
+            st.status = _CORRUPT
+            break
+        if st.count == st.cap:
+            newcap = st.cap * 2
+            tmp = <uint64_t *>realloc(st.offsets, newcap * sizeof(uint64_t))
+            if tmp == NULL:
+                st.oom = True
+                break
+            st.offsets = tmp
+            tmp = <uint64_t *>realloc(st.positions, newcap * sizeof(uint64_t))
+            if tmp == NULL:
+                st.oom = True
+                break
+            st.positions = tmp
+            st.cap = newcap
+        st.offsets[st.count] = off
+        st.positions[st.count] = <uint64_t>pos
+        st.count += 1
+        check_offset = True
+        next_off = off + 1
+        pos += _HDR + ln
+    st.valid_end = pos
+
+
+cdef object _to_uint64_array(const uint64_t *src, Py_ssize_t n):
+    cdef Py_buffer view
+    arr = np.empty(n, dtype=np.uint64)
+    if n:
+        PyObject_GetBuffer(arr, &view, PyBUF_WRITABLE)
+        memcpy(view.buf, src, <size_t>n * sizeof(uint64_t))
+        PyBuffer_Release(&view)
+    return arr
+
+
+def scan_frames(buffer, Py_ssize_t start=0, Py_ssize_t end=-1, long long expect_offset=-1):
+    """Walk the frames of ``buffer[start:end]`` and report how far the data is good.
+
+    ``start`` must be a frame boundary; ``end < 0`` means the end of the buffer. With
+    ``expect_offset >= 0`` the first frame must carry that offset; in any case each later
+    frame must carry the previous offset + 1.
+
+    Returns ``(offsets, positions, valid_end, status)``: uint64 arrays with the offset and the
+    header position of every good frame, the position just past the last good frame, and
+
+    * ``SCAN_CLEAN`` (0): the data ends at ``end``, or in zero padding (an all-zero header,
+      or fewer than 16 bytes left that are all zero);
+    * ``SCAN_TORN`` (1): the frame at ``valid_end`` is cut short by ``end``;
+    * ``SCAN_CORRUPT`` (2): the frame at ``valid_end`` fails its CRC (or its length field
+      exceeds MAX_PAYLOAD);
+    * ``SCAN_GAP`` (3): the frame at ``valid_end`` breaks offset continuity.
+
+    Scanning stops at the first bad frame; recovery truncates the segment at ``valid_end``.
+    """
+    cdef Py_buffer view
+    cdef _Scan st
+    st.offsets = NULL
+    st.positions = NULL
+    st.count = 0
+    st.valid_end = start
+    st.status = _CLEAN
+    st.oom = False
+    PyObject_GetBuffer(buffer, &view, PyBUF_SIMPLE)
+    try:
+        if end < 0:
+            end = view.len
+        if start < 0 or start > end or end > view.len:
+            raise ValueError(f"bad range [{start}, {end}) for a buffer of {view.len} bytes")
+        # A guess that avoids most regrowth for small/medium messages, capped for huge
+        # (mostly zero-padded) segments.
+        st.cap = min((end - start) // 256 + 16, 1 << 16)
+        st.offsets = <uint64_t *>malloc(st.cap * sizeof(uint64_t))
+        st.positions = <uint64_t *>malloc(st.cap * sizeof(uint64_t))
+        if st.offsets == NULL or st.positions == NULL:
+            raise MemoryError()
+        if end - start > _NOGIL_MIN:
+            with nogil:
+                _scan(<const unsigned char *>view.buf, start, end, expect_offset, &st)
+        else:
+            _scan(<const unsigned char *>view.buf, start, end, expect_offset, &st)
+        if st.oom:
+            raise MemoryError()
+        offsets = _to_uint64_array(st.offsets, st.count)
+        positions = _to_uint64_array(st.positions, st.count)
+    finally:
+        free(st.offsets)
+        free(st.positions)
+        PyBuffer_Release(&view)
+    return offsets, positions, st.valid_end, st.status
+
+
+def read_frame(buffer, Py_ssize_t pos):
+    """Decode the frame at ``pos``: returns ``(offset, payload_bytes, next_pos)``.
+
+    Raises FrameError (a ValueError) if the frame is truncated, has an impossible length,
+    fails its CRC, or is an all-zero header (end of data); ValueError if ``pos`` is out of
+    range.
+    """
+    cdef Py_buffer view
+    cdef const unsigned char *p
+    cdef uint64_t off
+    cdef uint32_t ln, crc, actual
+    cdef Py_ssize_t avail
+    PyObject_GetBuffer(buffer, &view, PyBUF_SIMPLE)
+    try:
+        if pos < 0 or pos > view.len:
+            raise ValueError(f"position {pos} out of range for a buffer of {view.len} bytes")
+        avail = view.len - pos
+        if avail < _HDR:
+            raise FrameError(f"truncated frame header at position {pos}: {avail} of "
+                             f"{_HDR} bytes present")
+        p = <const unsigned char *>view.buf + pos
+        off = danube_wal_get_le64(p)
+        ln = danube_wal_get_le32(p + 8)
+        crc = danube_wal_get_le32(p + 12)
+        if off == 0 and ln == 0 and crc == 0:
+            raise FrameError(f"no frame at position {pos}: all-zero header (end of data)")
+        if ln > _MAX_PAYLOAD:
+            raise FrameError(f"corrupt frame at position {pos} (offset {off}): payload length "
+                             f"{ln} exceeds MAX_PAYLOAD ({_MAX_PAYLOAD})")
+        if <Py_ssize_t>ln > avail - _HDR:
+            raise FrameError(f"truncated frame at position {pos} (offset {off}): payload of "
+                             f"{ln} bytes but only {avail - _HDR} present")
+        if ln > _NOGIL_MIN:
+            with nogil:
+                actual = danube_crc32c_update(0, p + _HDR, ln)
+        else:
+            actual = danube_crc32c_update(0, p + _HDR, ln)
+        if actual != crc:
+            raise FrameError(f"CRC mismatch in frame at position {pos} (offset {off}): stored "
+                             f"0x{crc:08x}, computed 0x{actual:08x}")
+        payload = PyBytes_FromStringAndSize(<const char *>p + _HDR, ln)
+    finally:
+        PyBuffer_Release(&view)
+    return off, payload, pos + _HDR + ln

@@ -274,6 +274,9 @@ class H2Connection(asyncio.Protocol):
             self.protocol_error(exc.code, str(exc))
         except hpack.HPACKError as exc:
             self.protocol_error(_core.E_COMPRESSION_ERROR, f"HPACK: {exc}")
+        except Exception:  # noqa: BLE001 - a bug here must cost one connection, not the server
+            log.exception("internal error handling input from %s", self.peername)
+            self.protocol_error(_core.E_INTERNAL_ERROR, "internal error")
         finally:
             self._in_receive = False
             self.flush()
