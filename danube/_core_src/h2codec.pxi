@@ -335,22 +335,57 @@ def header_frames(uint32_t sid, const uint8_t[::1] block, Py_ssize_t max_frame,
     return out
 
 
-def hpack_all_indexed(const uint8_t[::1] block):
-    """True when an HPACK block holds only indexed header fields (RFC 7541 6.1). Decoding
-    such a block leaves the dynamic table unchanged, so its result can be cached by the
-    block's bytes for as long as the table does not change."""
+cdef inline Py_ssize_t _hpack_skip_int(const uint8_t[::1] block, Py_ssize_t i, int prefix_mask,
+                                       Py_ssize_t *value) noexcept nogil:
+    # Returns the position after an HPACK integer starting at i, or -1 if truncated.
+    cdef Py_ssize_t n = block.shape[0]
+    cdef Py_ssize_t v = block[i] & prefix_mask
+    cdef int shift = 0
+    i += 1
+    if v == prefix_mask:
+        while True:
+            if i >= n or shift > 28:
+                return -1
+            v += (block[i] & 0x7F) << shift
+            shift += 7
+            i += 1
+            if not (block[i - 1] & 0x80):
+                break
+    value[0] = v
+    return i
+
+
+def hpack_table_neutral(const uint8_t[::1] block):
+    """True when decoding this HPACK block cannot change the decoder's dynamic table: it
+    holds only indexed fields and literals without indexing or never indexed (RFC 7541 6.1,
+    6.2.2, 6.2.3), and no table-size update. Such a block decodes to the same fields for as
+    long as the table is unchanged, so its result can be cached by the block's bytes."""
     cdef Py_ssize_t n = block.shape[0]
     cdef Py_ssize_t i = 0
+    cdef Py_ssize_t v = 0
+    cdef int k
+    cdef uint8_t b
     if n == 0:
         return False
     while i < n:
-        if not (block[i] & 0x80):
-            return False
-        if (block[i] & 0x7F) == 0x7F:
-            i += 1
-            while i < n and block[i] & 0x80:
-                i += 1
-            if i >= n:
+        b = block[i]
+        if b & 0x80:
+            i = _hpack_skip_int(block, i, 0x7F, &v)
+        elif b & 0xE0 == 0x00 or b & 0xF0 == 0x10:
+            i = _hpack_skip_int(block, i, 0x0F, &v)
+            if i < 0:
                 return False
-        i += 1
+            # A literal name (index 0) then the value: two length-prefixed strings, or one.
+            for k in range(2 if v == 0 else 1):
+                if i >= n:
+                    return False
+                i = _hpack_skip_int(block, i, 0x7F, &v)
+                if i < 0 or i + v > n:
+                    return False
+                i += v
+        else:
+            return False
+        if i < 0:
+            return False
     return True
+

@@ -13,7 +13,7 @@ import re
 
 import hpack
 
-from danube._core import hpack_all_indexed
+from danube._core import hpack_table_neutral
 
 # RFC 7541 Appendix A: the names we send, mapped to their static-table index.
 _STATIC_NAME_INDEX = {
@@ -62,10 +62,9 @@ def encode_headers(fields) -> bytes:
 
 
 class HeaderDecoder:
-    """HPACK decoding for one connection, with repeated all-indexed blocks served from a
-    cache: such a block decodes to the same list for as long as the dynamic table does not
-    change, and the table changes only through blocks that are not all-indexed, which clear
-    the cache."""
+    """HPACK decoding for one connection, with repeated table-neutral blocks served from a
+    cache: such a block decodes to the same fields for as long as the dynamic table does not
+    change, and the table changes only through other blocks, which clear the cache."""
 
     __slots__ = ("_decoder", "_cache", "_parse")
     _CACHE_LIMIT = 512
@@ -82,7 +81,7 @@ class HeaderDecoder:
         if cached is not None:
             return cached
         fields = self._parse(self._decoder.decode(block, raw=True))
-        if hpack_all_indexed(block):
+        if hpack_table_neutral(block):
             if len(self._cache) >= self._CACHE_LIMIT:
                 self._cache.clear()
             self._cache[block] = fields

@@ -48,12 +48,14 @@ class RpcMethod:
     """A registered method: the handler plus how to turn bytes into requests and responses
     into bytes (None means the handler takes and returns bytes)."""
 
-    __slots__ = ("path", "kind", "handler", "deserialize", "serialize", "name")
+    __slots__ = ("path", "kind", "handler", "deserialize", "serialize", "name",
+                 "client_streaming")
 
     def __init__(self, path, kind, handler, deserialize=None, serialize=None):
         self.path = path
         self.name = path.decode() if isinstance(path, bytes) else path
         self.kind = kind
+        self.client_streaming = kind.client_streaming
         self.handler = handler
         self.deserialize = deserialize
         self.serialize = serialize
@@ -152,7 +154,7 @@ class ServerStream(StreamBase):
             return
         if messages:
             self.requests.extend(messages)
-        if self.method.kind.client_streaming:
+        if self.method.client_streaming:
             # Credit what the handler has taken; hold back once a window's worth is queued.
             self._inbox_bytes += len(payload)
             if self._inbox_bytes < self.conn.config.stream_window:
@@ -207,7 +209,7 @@ class ServerStream(StreamBase):
             self._timer = self.conn.loop.call_at(self.deadline, self._on_deadline)
         if end_stream:
             self._end_of_requests()
-        elif self.method.kind.client_streaming:
+        elif self.method.client_streaming:
             self.start_task()
 
     def start_task(self):
