@@ -19,6 +19,7 @@ class BrokerProcess:
         self.args = ["--mode", "standalone", "--data-dir", str(data_dir),
                      "--broker-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", *args]
         self.env = env
+        self.command = [sys.executable, "-m", "danube", "broker"]
         self.proc = None
         self.lines = []
         self.client_port = self.admin_port = self.prom_port = None
@@ -27,7 +28,7 @@ class BrokerProcess:
     def start(self, timeout=30):
         env = dict(os.environ, **(self.env or {}))
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "danube", "broker", *self.args],
+            [*self.command, *self.args],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
         threading.Thread(target=self._pump, daemon=True).start()
         if not self._ready.wait(timeout):

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Builds dist/danube, one self-contained executable for VMs, in a throwaway virtualenv.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY="${PYTHON:-python3}"
+"$PY" -m venv build/pyinstaller-venv
+build/pyinstaller-venv/bin/pip install -q --upgrade pip
+build/pyinstaller-venv/bin/pip install -q . "pyinstaller>=6"
+build/pyinstaller-venv/bin/pyinstaller --noconfirm --clean --distpath dist \
+    --workpath build/pyinstaller packaging/danube.spec
+echo "built dist/danube"

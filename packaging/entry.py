@@ -1,0 +1,5 @@
+import sys
+
+from danube.cli.main import main
+
+sys.exit(main())
