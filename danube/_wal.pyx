@@ -12,12 +12,14 @@ payload::
 
 * ``offset`` is the message offset; frames of a segment carry consecutive offsets.
 * ``payload_len`` is at most ``MAX_PAYLOAD`` (1 GiB - 1); a larger value is corruption.
-* ``crc32c`` is CRC-32C (Castagnoli) of the payload only. The header is protected by the
-  structure around it: the length by the CRC of what it delimits, the offset by continuity.
+* ``crc32c`` is CRC-32C (Castagnoli) of the first 12 header bytes (offset and length) followed
+  by the payload. Covering the header matters for recovery: a header torn after its offset
+  field, in a zero-filled file, would otherwise read as a valid frame with an empty payload
+  (the CRC of nothing is 0) and a message would vanish without an error.
 
 Segments may be preallocated (an mmap'd file filled with zeros), so a header of 16 zero bytes
-means "end of data". A frame with offset 0 and an empty payload would encode to exactly that,
-so the encoders refuse it.
+means "end of data"; no real frame has that header, because its CRC covers the 12 zero bytes
+and so is never 0.
 
 Recovery runs ``scan_frames`` over a segment and truncates it at ``valid_end``: the position
 just past the last complete, CRC-clean, offset-continuous frame. Everything here works on any
@@ -101,6 +103,10 @@ def frame_size(Py_ssize_t payload_len):
     return _HDR + payload_len
 
 
+cdef inline uint32_t _frame_crc(const unsigned char *frame, size_t n) noexcept nogil:
+    return danube_crc32c_update(danube_crc32c_update(0, frame, 12), frame + _HDR, n)
+
+
 cdef inline void _write_frame(unsigned char *dst, uint64_t offset, const unsigned char *payload,
                               Py_ssize_t n) noexcept nogil:
     # Copy first and checksum the copy: the stored CRC then matches the stored bytes even if
@@ -109,15 +115,13 @@ cdef inline void _write_frame(unsigned char *dst, uint64_t offset, const unsigne
         memcpy(dst + _HDR, payload, <size_t>n)
     danube_wal_put_le64(dst, offset)
     danube_wal_put_le32(dst + 8, <uint32_t>n)
-    danube_wal_put_le32(dst + 12, danube_crc32c_update(0, dst + _HDR, <size_t>n))
+    danube_wal_put_le32(dst + 12, _frame_crc(dst, <size_t>n))
+
 
 
 cdef inline int _check_payload(uint64_t offset, Py_ssize_t n) except -1:
     if n > _MAX_PAYLOAD:
         raise ValueError(f"payload of {n} bytes exceeds MAX_PAYLOAD ({_MAX_PAYLOAD})")
-    if n == 0 and offset == 0:
-        raise ValueError("a frame with offset 0 and an empty payload would encode as 16 zero "
-                         "bytes, which reads back as end-of-data")
     return 0
 
 
@@ -259,7 +263,7 @@ cdef void _scan(const unsigned char *buf, Py_ssize_t pos, Py_ssize_t end,
         if check_offset and off != next_off:
             st.status = _GAP
             break
-        if danube_crc32c_update(0, buf + pos + _HDR, ln) != crc:
+        if _frame_crc(buf + pos, ln) != crc:
             st.status = _CORRUPT
             break
         if st.count == st.cap:
@@ -384,9 +388,9 @@ def read_frame(buffer, Py_ssize_t pos):
                              f"{ln} bytes but only {avail - _HDR} present")
         if ln > _NOGIL_MIN:
             with nogil:
-                actual = danube_crc32c_update(0, p + _HDR, ln)
+                actual = _frame_crc(p, ln)
         else:
-            actual = danube_crc32c_update(0, p + _HDR, ln)
+            actual = _frame_crc(p, ln)
         if actual != crc:
             raise FrameError(f"CRC mismatch in frame at position {pos} (offset {off}): stored "
                              f"0x{crc:08x}, computed 0x{actual:08x}")
