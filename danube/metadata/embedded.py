@@ -1,0 +1,171 @@
+"""The default metadata store: one SQLite file, so a single broker needs nothing else running.
+
+Why SQLite: it ships with Python, it gives atomic multi-row transactions (``delete_prefix``,
+expiry plus write, revision bump), and its primary-key B-tree serves ordered range scans
+directly. Keys are stored as TEXT under the BINARY collation, which orders them by UTF-8
+bytes, the same order as Python's string comparison, so ``key >= lo AND key < hi`` on the
+primary key is both index-backed and exactly the '/'-boundary range.
+
+Why ``journal_mode=WAL`` with ``synchronous=FULL``: a write returns only after its commit
+record is fsynced into the WAL, so an acknowledged write survives a crash or power loss.
+That costs a sync per write, which is right for metadata: it is the control plane (topic
+creation, cursors, registrations), never the per-message data path.
+
+What survives a restart: every live key with its version, the store-wide revision (kept in its
+own row, so versions never go backwards and a stale CAS can never succeed against a key that
+was deleted and recreated), and each TTL key's absolute expiry time (wall clock). Keys whose
+expiry passed while the store was closed are purged on open, without events.
+
+One process at a time: an exclusive ``flock`` on ``LOCK`` in the directory refuses a second
+broker pointed at the same data directory (``StoreLocked``); the kernel drops the lock when
+the holder dies, however it dies.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import sqlite3
+import time
+
+from danube.metadata._local import LocalStore
+from danube.metadata.errors import MetadataUnavailable, StoreLocked
+
+DB_NAME = "meta.sqlite3"
+LOCK_NAME = "LOCK"
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS kv (
+    key        TEXT PRIMARY KEY NOT NULL,
+    value      TEXT NOT NULL,
+    version    INTEGER NOT NULL,
+    expires_at REAL
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS kv_expires_at ON kv (expires_at) WHERE expires_at IS NOT NULL;
+CREATE TABLE IF NOT EXISTS meta (
+    name  TEXT PRIMARY KEY NOT NULL,
+    value INTEGER NOT NULL
+) WITHOUT ROWID;
+INSERT OR IGNORE INTO meta (name, value) VALUES ('revision', 0);
+"""
+
+_LIVE = "(expires_at IS NULL OR expires_at > ?)"
+
+
+class EmbeddedStore(LocalStore):
+    """``LocalStore`` over ``<directory>/meta.sqlite3``; the broker passes
+    ``<data_dir>/metadata``. Construction opens (creating if needed) and locks the database;
+    ``start()`` (or ``EmbeddedStore.open(directory)``) starts TTL expiry."""
+
+    _backend_errors = (sqlite3.Error,)
+
+    def __init__(self, directory: str | os.PathLike, *, clock=time.time):
+        super().__init__(clock=clock)
+        self.directory = os.fspath(directory)
+        self.path = os.path.join(self.directory, DB_NAME)
+        self._lock_fd: int | None = None
+        self._db: sqlite3.Connection | None = None
+        try:
+            os.makedirs(self.directory, exist_ok=True)
+            self._lock_fd = _lock_directory(self.directory)
+            created = not os.path.exists(self.path)
+            self._db = sqlite3.connect(self.path, isolation_level=None)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+            version = self._db.execute("PRAGMA user_version").fetchone()[0]
+            if version not in (0, SCHEMA_VERSION):
+                raise MetadataUnavailable(
+                    f"{self.path}: metadata schema version {version} is not the one this "
+                    f"broker understands ({SCHEMA_VERSION})")
+            self._db.executescript(
+                f"BEGIN IMMEDIATE; {_SCHEMA} PRAGMA user_version={SCHEMA_VERSION}; COMMIT;")
+            self._revision = self._db.execute(
+                "SELECT value FROM meta WHERE name = 'revision'").fetchone()[0]
+            if created:
+                _fsync_directory(self.directory)
+        except BaseException as exc:
+            self._close_storage()
+            self._closed = True
+            if isinstance(exc, (sqlite3.Error, OSError)):
+                raise MetadataUnavailable(f"cannot open metadata store {self.path}: {exc}") \
+                    from exc
+            raise
+
+    def _row(self, key, now):
+        return self._db.execute(
+            f"SELECT value, version, expires_at FROM kv WHERE key = ? AND {_LIVE}",
+            (key, now)).fetchone()
+
+    def _rows(self, lo, hi, now):
+        return self._db.execute(
+            f"SELECT key, value FROM kv WHERE key >= ? AND key < ? AND {_LIVE} ORDER BY key",
+            (lo, hi, now)).fetchall()
+
+    def _keys(self, lo, hi, now):
+        return [key for (key,) in self._db.execute(
+            f"SELECT key FROM kv WHERE key >= ? AND key < ? AND {_LIVE} ORDER BY key",
+            (lo, hi, now))]
+
+    def _due(self, now):
+        # Sorted here, not by ORDER BY: that would make SQLite walk the whole table in key
+        # order instead of searching the expiry index, on every write.
+        return sorted(key for (key,) in self._db.execute(
+            "SELECT key FROM kv WHERE expires_at <= ?", (now,)))
+
+    def _next_expiry(self):
+        return self._db.execute(
+            "SELECT min(expires_at) FROM kv WHERE expires_at IS NOT NULL").fetchone()[0]
+
+    def _begin(self):
+        self._db.execute("BEGIN IMMEDIATE")
+
+    def _set(self, key, text, version, expires_at):
+        self._db.execute(
+            "INSERT OR REPLACE INTO kv (key, value, version, expires_at) VALUES (?, ?, ?, ?)",
+            (key, text, version, expires_at))
+
+    def _unset(self, key):
+        self._db.execute("DELETE FROM kv WHERE key = ?", (key,))
+
+    def _commit(self, revision):
+        self._db.execute("UPDATE meta SET value = ? WHERE name = 'revision'", (revision,))
+        self._db.execute("COMMIT")
+
+    def _rollback(self):
+        if self._db is not None and self._db.in_transaction:
+            self._db.execute("ROLLBACK")
+
+    def _close_storage(self):
+        db, self._db = self._db, None
+        try:
+            if db is not None:
+                db.close()
+        finally:
+            fd, self._lock_fd = self._lock_fd, None
+            if fd is not None:
+                os.close(fd)
+
+
+def _lock_directory(directory: str) -> int:
+    path = os.path.join(directory, LOCK_NAME)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise StoreLocked(f"metadata store {directory} is in use by another process") from None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _fsync_directory(directory: str) -> None:
+    """Persist the new database file's directory entry, so a power cut right after the first
+    acknowledged write cannot lose the whole file."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
