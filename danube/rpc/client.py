@@ -305,6 +305,10 @@ class ClientConnection(H2Connection):
         return sid % 2 == 0 or sid >= self.next_sid
 
     def new_stream_from_headers(self, sid, head, end_stream):
+        if sid % 2 == 1 and sid < self.next_sid:
+            # A stream we already reset (deadline, cancel): its response was in flight. The
+            # block has been decoded, so HPACK state stays in step; the rest is ignored.
+            return
         raise _core.H2ConnectionError(_core.E_PROTOCOL_ERROR,
                                       f"server sent HEADERS on unopened stream {sid}")
 

@@ -448,17 +448,13 @@ class H2Connection(asyncio.Protocol):
             stream.pump()
 
     def _on_settings(self, payload):
+        window_delta = 0
         for ident, value in parse_settings(payload):
             if ident == S_INITIAL_WINDOW_SIZE:
                 if value > MAX_WINDOW:
                     raise H2ConnectionError(_core.E_FLOW_CONTROL_ERROR, "initial window too large")
-                delta = value - self.peer_initial_window
+                window_delta += value - self.peer_initial_window
                 self.peer_initial_window = value
-                if delta:
-                    for stream in list(self.streams.values()):
-                        stream.send_window += delta
-                        if delta > 0 and stream.pending is not None:
-                            stream.pump()
             elif ident == S_MAX_FRAME_SIZE:
                 if not 16384 <= value <= 16777215:
                     raise H2ConnectionError(_core.E_PROTOCOL_ERROR, "invalid SETTINGS_MAX_FRAME_SIZE")
@@ -468,7 +464,14 @@ class H2Connection(asyncio.Protocol):
             elif ident == S_ENABLE_PUSH:
                 if value > 1:
                     raise H2ConnectionError(_core.E_PROTOCOL_ERROR, "invalid SETTINGS_ENABLE_PUSH")
+        # The ACK goes out before any DATA that uses a larger window: peers (grpc-core, h2)
+        # apply their new window only once they see it acknowledged.
         self.write(settings_frame((), ack=True))
+        if window_delta:
+            for stream in list(self.streams.values()):
+                stream.send_window += window_delta
+                if window_delta > 0 and stream.pending is not None:
+                    stream.pump()
 
     def _on_ping(self, flags, payload):
         if flags & _core.FLAG_ACK:

@@ -358,7 +358,8 @@ class ServerStream(StreamBase):
             self.headers_sent = True
             self._closed_by_us()
             return
-        self._send_initial_headers()
+        if not self.headers_sent:
+            self._send_initial_headers()
         self.send_data(self._frame(data))
         self.finish(self._code or StatusCode.OK, self._details or "")
 
@@ -419,6 +420,7 @@ class ServerStream(StreamBase):
             # The client is still sending: tell it to stop (RFC 9113 8.1).
             self.send_raw_after_data(rst_stream_frame(self.sid, _core.E_NO_ERROR))
             self.closed_remote = True
+            self.conn.note_reset(self.sid)
         if self.pending is None:
             self.conn.stream_done(self)
 
@@ -500,6 +502,8 @@ class ServerConnection(H2Connection):
         super().__init__(server.config, server.loop)
         self.server = server
         self.goaway_last = None
+        self._recently_reset = set()
+        self._reset_order = collections.deque()
 
     def connection_made(self, transport):
         super().connection_made(transport)
@@ -516,7 +520,17 @@ class ServerConnection(H2Connection):
     def _is_idle_stream(self, sid):
         return sid % 2 == 0 or sid > self.last_peer_stream
 
+    def note_reset(self, sid):
+        """Remember a stream we reset while the client was still sending, so that its
+        frames still in flight are ignored (RFC 9113 5.1) rather than taken as an error."""
+        self._recently_reset.add(sid)
+        self._reset_order.append(sid)
+        if len(self._reset_order) > 1024:
+            self._recently_reset.discard(self._reset_order.popleft())
+
     def new_stream_from_headers(self, sid, head, end_stream):
+        if sid in self._recently_reset:
+            return
         if sid % 2 == 0 or sid <= self.last_peer_stream:
             raise _core.H2ConnectionError(_core.E_PROTOCOL_ERROR,
                                           f"client opened stream {sid} out of order")
