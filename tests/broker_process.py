@@ -19,7 +19,9 @@ class BrokerProcess:
         self.args = ["--mode", "standalone", "--data-dir", str(data_dir),
                      "--broker-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", *args]
         self.env = env
-        self.command = [sys.executable, "-m", "danube", "broker"]
+        # -P: the working directory (the repo, whose danube/ has no compiled modules) must
+        # not shadow the installed package.
+        self.command = [sys.executable, "-P", "-m", "danube", "broker"]
         self.proc = None
         self.lines = []
         self.client_port = self.admin_port = self.prom_port = None

@@ -81,7 +81,7 @@ def test_stops_on_sigint(tmp_path):
 
 
 def _run(*args):
-    return subprocess.run([sys.executable, "-m", "danube", "broker", *args],
+    return subprocess.run([sys.executable, "-P", "-m", "danube", "broker", *args],
                           capture_output=True, text=True, timeout=30)
 
 
