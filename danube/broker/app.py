@@ -7,9 +7,11 @@ import os
 import signal
 import ssl
 
+from danube.broker.core import BrokerCore
 from danube.broker.metrics import MetricsExporter
 from danube.broker.registry import ClientRegistry
-from danube.broker.services import health
+from danube.broker.services import admin, client_api, health
+from danube.metadata.embedded import EmbeddedStore
 from danube.rpc.connection import TransportConfig
 from danube.rpc.server import Server
 
@@ -34,6 +36,8 @@ class Broker:
         self.client_server = Server(transport)
         self.admin_server = Server(transport)
         health.register(self.client_server, self.registry)
+        self.store = None
+        self.core = None
         self.metrics = None
         self.client_port = None
         self.admin_port = None
@@ -43,11 +47,16 @@ class Broker:
         return (self.client_server, self.admin_server)
 
     def topics_owned(self):
-        return 0
+        return len(self.core.topics) if self.core is not None else 0
 
     async def start(self):
         cfg = self.cfg
         os.makedirs(cfg.data_dir, exist_ok=True)
+        self.store = await EmbeddedStore.open(os.path.join(cfg.data_dir, "metadata"))
+        self.core = BrokerCore(cfg, self.store, self.registry)
+        await self.core.start()
+        client_api.register(self.client_server, self.core)
+        admin.register(self.admin_server, self.core)
         tls = server_ssl_context(cfg) if cfg.auth_mode == "tls" else None
         self.client_port = await self.client_server.start(cfg.host, cfg.client_port, ssl=tls)
         log.info("client gRPC (danube.*) listening on %s:%d%s", cfg.host, self.client_port,
@@ -66,7 +75,11 @@ class Broker:
 
     async def stop(self, grace=10.0):
         log.info("broker stopping (grace %.0fs)", grace)
+        if self.core is not None:
+            await self.core.stop()
         await asyncio.gather(self.client_server.stop(grace), self.admin_server.stop(grace))
+        if self.store is not None:
+            await self.store.close()
         if self.metrics is not None:
             self.metrics.stop()
         log.info("broker stopped")

@@ -388,6 +388,24 @@ class ServerStream(StreamBase):
         if not self.send_data(body) or self.conn.write_paused:
             await self.drain()
 
+    def start_response(self):
+        """Send the response headers now (a stream that will be fed from outside its
+        handler, like a consumer's delivery stream)."""
+        if not self.headers_sent:
+            self._send_initial_headers()
+
+    @property
+    def blocked(self):
+        """True while writes would only queue: a flow-control window or the socket is full."""
+        return self.pending is not None or self.conn.write_paused
+
+    def send_framed(self, data):
+        """Send bytes that are already length-prefixed gRPC messages; returns False when some
+        of it waits for a window or the socket is over its high-water mark."""
+        if not self.headers_sent:
+            self._send_initial_headers()
+        return self.send_data(data) and not self.conn.write_paused
+
     def finish(self, code, details="", trailing_metadata=None):
         """End the call with a status, after any queued messages."""
         if self.finished:

@@ -1,0 +1,116 @@
+"""A consumer: its identity, its outbox of messages, and the ReceiveMessages stream that
+drains it.
+
+Slow consumers: messages for a consumer go into its outbox (framed, bounded by
+`outbox_limit` bytes, 4 MiB by default) and from there into its HTTP/2 stream whenever the
+stream's flow-control window and the socket accept them. A non-reliable message that finds the
+outbox full is dropped for that consumer (on a Shared subscription it is first offered to the
+other consumers) and counted in `danube_consumer_dropped_total`. Upstream drops as soon as a
+4-message channel is full; we drop only once a consumer is megabytes behind, and never let a
+slow consumer hold memory beyond its limit or slow down the publisher or other consumers.
+"""
+
+import asyncio
+import logging
+
+from danube._core import Outbox
+from danube.broker.errors import ConsumerTakenOver
+
+log = logging.getLogger("danube.broker.consumer")
+
+
+class Consumer:
+    __slots__ = ("consumer_id", "name", "subscription", "outbox", "stream", "active",
+                 "_loop", "_flush_scheduled", "_drainer", "_detached", "key_filters",
+                 "__weakref__")
+
+    def __init__(self, consumer_id, name, subscription, key_filters=(), outbox_limit=4 << 20,
+                 loop=None):
+        self.consumer_id = consumer_id
+        self.name = name
+        self.subscription = subscription
+        self.key_filters = tuple(key_filters)
+        self._loop = loop or asyncio.get_event_loop()
+        self.outbox = Outbox(outbox_limit, self._schedule_flush)
+        self.stream = None
+        # Active from Subscribe until its ReceiveMessages stream ends (or it is removed);
+        # messages published in between wait in the outbox.
+        self.active = True
+        self._flush_scheduled = False
+        self._drainer = None
+        self._detached = None
+
+    # -- the ReceiveMessages stream ------------------------------------------------------
+
+    def attach(self, stream):
+        """Make `stream` this consumer's delivery stream; an earlier one is ended (takeover)."""
+        old = self.stream
+        if old is not None and old is not stream:
+            self._end_stream(ConsumerTakenOver(
+                f"consumer {self.name!r} was taken over by a newer ReceiveMessages stream"))
+        self.stream = stream
+        self.active = True
+        self._detached = self._loop.create_future()
+        stream.start_response()
+        if self.outbox.count:
+            self._schedule_flush()
+        return self._detached
+
+    def stream_ended(self, stream):
+        """The client went away (or the handler ended): the consumer is inactive until it
+        subscribes again."""
+        if self.stream is stream:
+            self.stream = None
+            self.active = False
+            self._cancel_drainer()
+            self.subscription.consumer_changed(self)
+
+    def close(self, reason=None):
+        """Removed from its subscription (topic deleted, unsubscribe, replaced): end the
+        stream; `reason` (a BrokerError, or None for a clean end) becomes its status."""
+        self.active = False
+        self.outbox.enabled = False
+        stream, self.stream = self.stream, None
+        self._cancel_drainer()
+        if stream is not None:
+            self._end_stream(reason)
+
+    def _end_stream(self, reason=None):
+        detached = self._detached
+        if detached is not None and not detached.done():
+            detached.set_result(reason)
+
+    def _cancel_drainer(self):
+        if self._drainer is not None:
+            self._drainer.cancel()
+            self._drainer = None
+
+    # -- delivery ------------------------------------------------------------------------
+
+    def _schedule_flush(self):
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+
+    def _flush(self):
+        self._flush_scheduled = False
+        stream = self.stream
+        if stream is None or stream.finished or self._drainer is not None:
+            return
+        if stream.blocked:
+            self._drainer = self._loop.create_task(self._drain(stream))
+            return
+        data = self.outbox.take()
+        if data and not stream.send_framed(data):
+            self._drainer = self._loop.create_task(self._drain(stream))
+
+    async def _drain(self, stream):
+        try:
+            await stream.drain()
+        except (ConnectionError, asyncio.CancelledError):
+            return
+        finally:
+            if self._drainer is asyncio.current_task():
+                self._drainer = None
+        if self.outbox.count:
+            self._flush()

@@ -1,0 +1,409 @@
+"""The broker core for a single (standalone) broker: namespaces, topics, producers,
+subscriptions and consumers, persisted through the MetadataStore with upstream's key layout.
+It raises typed errors (danube.broker.errors); the gRPC services map them to status codes."""
+
+import asyncio
+import dataclasses
+import logging
+import os
+import secrets
+import time
+
+from danube.broker import names
+from danube.broker.consumer import Consumer
+from danube.broker.errors import (BrokerShuttingDown, ConsumerLimit, ConsumerNotFound, DispatchMismatch,
+                                  InvalidTopicName, MessageTooLarge, NamespaceNotEmpty,
+                                  NamespaceNotFound, NotSupportedYet, ProducerLimit,
+                                  ProducerNotFound, SubscribeDenied, SubscriptionLimit,
+                                  SubscriptionNotFound, TopicAlreadyExists, TopicNotFound)
+from danube.broker.subscription import TYPE_NAMES, Subscription
+from danube.broker.topic import DELIVERY_NAMES, NON_RELIABLE, RELIABLE, Producer, Topic
+from danube.config import Policies
+from danube.metadata import keys
+
+log = logging.getLogger("danube.broker")
+
+SYSTEM_TOPIC = "/system/_events_topic"
+# A non-reliable subscription with no consumer is removed after this grace (upstream: 60 s,
+# checked every 30 s).
+IDLE_SUBSCRIPTION_GRACE = 60.0
+REAP_INTERVAL = 30.0
+
+
+def _random_id(taken):
+    while True:
+        value = secrets.randbits(64)
+        if value and value not in taken:
+            return value
+
+
+class BrokerCore:
+    def __init__(self, cfg, store, registry, loop=None):
+        self.cfg = cfg
+        self.store = store
+        self.registry = registry
+        self.loop = loop or asyncio.get_event_loop()
+        self.topics = {}                  # name -> Topic
+        self.producers = {}               # producer_id -> Producer
+        self.consumers = {}               # consumer_id -> Consumer
+        self.broker_id = None
+        self._reaper = None
+        self._lock = asyncio.Lock()       # serialises topic creation and deletion
+        self.idle_subscription_grace = IDLE_SUBSCRIPTION_GRACE
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    async def start(self):
+        self.broker_id = self._load_broker_id()
+        for ns in dict.fromkeys(["default", "system", *self.cfg.bootstrap_namespaces]):
+            await self._ensure_namespace(ns)
+        await self.store.put(keys.cluster_register(self.broker_id), {
+            "broker_url": self.cfg.advertised_broker_url,
+            "connect_url": self.cfg.advertised_connect_url,
+            "admin_addr": f"http://{self.cfg.admin_host}:{self.cfg.admin_port}",
+        })
+        await self._load_topics()
+        if SYSTEM_TOPIC not in self.topics:
+            await self._create_topic(SYSTEM_TOPIC, NON_RELIABLE)
+        self._reaper = self.loop.create_task(self._reap_idle_subscriptions())
+
+    async def stop(self):
+        if self._reaper is not None:
+            self._reaper.cancel()
+            try:
+                await self._reaper
+            except asyncio.CancelledError:
+                pass
+        for topic in list(self.topics.values()):
+            self._unload(topic, BrokerShuttingDown("the broker is shutting down"))
+
+    def _load_broker_id(self):
+        path = os.path.join(self.cfg.data_dir, "broker_id")
+        try:
+            with open(path, encoding="ascii") as f:
+                return int(f.read().strip())
+        except (FileNotFoundError, ValueError):
+            value = secrets.randbits(63) or 1
+            tmp = path + ".tmp"
+            with open(tmp, "w", encoding="ascii") as f:
+                f.write(str(value))
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+            return value
+
+    async def _ensure_namespace(self, ns):
+        key = keys.namespace_policy(ns)
+        if await self.store.get_entry(key) is None:
+            await self.store.put(key, dataclasses.asdict(self.cfg.policies))
+
+    async def _load_topics(self):
+        """Topics recorded in metadata are served again after a restart. Producers and
+        non-reliable subscriptions are not: their clients learn through HealthCheck CLOSE and
+        create them again."""
+        for key in await self.store.keys(keys.NAMESPACES):
+            parts = key.split("/")
+            # /namespaces/{ns}/topics/{ns}/{topic}
+            if len(parts) != 6 or parts[3] != "topics":
+                continue
+            name = f"/{parts[4]}/{parts[5]}"
+            delivery = await self.store.get(keys.topic_delivery(name))
+            topic = Topic(self, name, RELIABLE if delivery == "Reliable" else NON_RELIABLE)
+            topic.policies = await self.policies_for(name)
+            self.topics[name] = topic
+            await self.store.delete_prefix(keys.topic_producers_prefix(name))
+            await self.store.delete_prefix(keys.topic_subscriptions_prefix(name))
+            await self.store.put(keys.cluster_broker_topic(self.broker_id, name), None)
+        if self.topics:
+            log.info("serving %d topics from metadata", len(self.topics))
+
+    # -- namespaces ----------------------------------------------------------------------
+
+    async def namespace_exists(self, ns):
+        return await self.store.get_entry(keys.namespace_policy(ns)) is not None
+
+    async def list_namespaces(self):
+        out = []
+        for key in await self.store.keys(keys.NAMESPACES):
+            parts = key.split("/")
+            if len(parts) == 4 and parts[3] == "policy":
+                out.append(parts[2])
+        return out
+
+    async def create_namespace(self, ns):
+        if not ns or "/" in ns:
+            raise InvalidTopicName(f"invalid namespace name {ns!r}")
+        if await self.namespace_exists(ns):
+            raise TopicAlreadyExists(f"namespace {ns} already exists")
+        await self.store.put(keys.namespace_policy(ns), dataclasses.asdict(self.cfg.policies))
+
+    async def delete_namespace(self, ns):
+        if not await self.namespace_exists(ns):
+            raise NamespaceNotFound(f"namespace {ns} does not exist")
+        if await self.store.keys(keys.namespace_topics_prefix(ns)):
+            raise NamespaceNotEmpty(f"namespace {ns} still has topics")
+        await self.store.delete_prefix(keys.namespace_prefix(ns))
+
+    async def namespace_topics(self, ns):
+        if not await self.namespace_exists(ns):
+            raise NamespaceNotFound(f"namespace {ns} does not exist")
+        prefix = keys.namespace_topics_prefix(ns) + "/"
+        return [f"/{ns}/{k[len(prefix):].split('/', 1)[1]}"
+                for k in await self.store.keys(keys.namespace_topics_prefix(ns))
+                if k.startswith(prefix) and "/" in k[len(prefix):]]
+
+    async def policies_for(self, topic):
+        ns, _ = names.validate_topic(topic)
+        value = await self.store.get(keys.topic_policy(topic))
+        if value is None:
+            value = await self.store.get(keys.namespace_policy(ns))
+        policies = Policies()
+        for field in dataclasses.fields(Policies):
+            if isinstance(value, dict) and isinstance(value.get(field.name), int):
+                setattr(policies, field.name, value[field.name])
+        return policies
+
+    # -- topics --------------------------------------------------------------------------
+
+    def get_topic(self, name):
+        topic = self.topics.get(name)
+        if topic is None:
+            names.validate_topic(name)
+            raise TopicNotFound(f"Unable to find the requested topic: {name}")
+        return topic
+
+    async def create_topic(self, name, delivery=NON_RELIABLE):
+        """Admin creation: ALREADY_EXISTS if present; partition/plain name conflicts refused."""
+        names.validate_topic(name)
+        async with self._lock:
+            if name in self.topics:
+                raise TopicAlreadyExists(f"topic {name} already exists")
+            await self._check_partition_conflict(name)
+            return await self._create_topic(name, delivery)
+
+    async def create_partitioned_topic(self, base, partitions, delivery=NON_RELIABLE):
+        names.validate_topic(base)
+        if partitions < 1:
+            raise InvalidTopicName("a partitioned topic needs at least one partition")
+        async with self._lock:
+            if base in self.topics:
+                raise TopicAlreadyExists(f"topic {base} already exists as a non-partitioned topic")
+            existing = await self.partitions(base)
+            if existing:
+                raise TopicAlreadyExists(f"partitioned topic {base} already exists")
+            return [await self._create_topic(names.partition_name(base, i), delivery)
+                    for i in range(partitions)]
+
+    async def _check_partition_conflict(self, name):
+        ns, topic = names.validate_topic(name)
+        split = names.split_partition(topic)
+        if split is not None and f"/{ns}/{split[0]}" in self.topics:
+            raise TopicAlreadyExists(
+                f"cannot create partition {name}: a non-partitioned topic /{ns}/{split[0]} exists")
+        if split is None and await self.partitions(name):
+            raise TopicAlreadyExists(
+                f"cannot create {name}: a partitioned topic with that name exists")
+
+    async def _create_topic(self, name, delivery):
+        ns, _ = names.validate_topic(name)
+        if not await self.namespace_exists(ns):
+            raise NamespaceNotFound(f"Unable to find the namespace {ns}")
+        await self.store.put(keys.namespace_topic(name), None)
+        await self.store.put(keys.topic_delivery(name), DELIVERY_NAMES[delivery])
+        await self.store.put(keys.cluster_broker_topic(self.broker_id, name), None)
+        topic = Topic(self, name, delivery)
+        topic.policies = await self.policies_for(name)
+        self.topics[name] = topic
+        log.info("topic %s created (%s)", name, DELIVERY_NAMES[delivery])
+        return topic
+
+    async def delete_topic(self, name):
+        """Delete a topic (or every partition of a partitioned one): its producers and
+        consumers are disconnected, and HealthCheck answers CLOSE for them."""
+        ns, topic_part = names.validate_topic(name)
+        if names.split_partition(topic_part) is not None and name in self.topics:
+            raise InvalidTopicName(f"delete the partitioned topic, not its partition {name}")
+        async with self._lock:
+            targets = [name] if name in self.topics else await self.partitions(name)
+            if not targets:
+                raise TopicNotFound(f"Unable to find the requested topic: {name}")
+            for target in targets:
+                topic = self.topics.pop(target, None)
+                if topic is not None:
+                    self._unload(topic, TopicNotFound(f"topic {target} was deleted"))
+                await self.store.delete(keys.namespace_topic(target))
+                await self.store.delete_prefix(keys.topic_root(target))
+                await self.store.delete(keys.cluster_broker_topic(self.broker_id, target))
+                log.info("topic %s deleted", target)
+
+    def _unload(self, topic, reason):
+        topic.closed = True
+        for producer in topic.producers.values():
+            producer.active = False
+            self.producers.pop(producer.producer_id, None)
+            self.registry.remove_producer(producer.producer_id)
+        for sub in topic.subscriptions.values():
+            for consumer in list(sub.consumers.values()):
+                self.consumers.pop(consumer.consumer_id, None)
+            sub.close(reason)
+        topic.subscriptions.clear()
+        topic.subscriptions_changed()
+
+    async def partitions(self, name):
+        """The topic itself if it exists, else its partitions `{name}-part-N` in order."""
+        ns, topic = names.validate_topic(name)
+        if name in self.topics:
+            return [name]
+        found = []
+        for other in await self.namespace_topics_or_empty(ns):
+            split = names.split_partition(other.split("/")[2])
+            if split is not None and split[0] == topic:
+                found.append((split[1], other))
+        return [t for _, t in sorted(found)]
+
+    async def namespace_topics_or_empty(self, ns):
+        try:
+            return await self.namespace_topics(ns)
+        except NamespaceNotFound:
+            return []
+
+    def lookup(self, name):
+        names.validate_topic(name)
+        if name not in self.topics:
+            raise TopicNotFound(f"Unable to find the requested topic: {name}")
+        return self.cfg.advertised_broker_url, self.cfg.advertised_connect_url
+
+    # -- producers -----------------------------------------------------------------------
+
+    async def create_producer(self, topic_name, producer_name, delivery, access_mode=0,
+                              schema_subject=None):
+        names.validate_topic(topic_name)
+        if not producer_name:
+            raise InvalidTopicName("producer_name must not be empty")
+        topic = self.topics.get(topic_name)
+        if topic is None:
+            if not self.cfg.auto_create_topics:
+                raise TopicNotFound(f"Unable to find the requested topic: {topic_name}")
+            if delivery == RELIABLE:
+                raise NotSupportedYet(
+                    "reliable dispatch is not available on this broker yet; create the "
+                    "producer with the NonReliable dispatch strategy")
+            async with self._lock:
+                topic = self.topics.get(topic_name)
+                if topic is None:
+                    await self._check_partition_conflict(topic_name)
+                    topic = await self._create_topic(topic_name, delivery)
+        if topic.delivery != delivery:
+            raise DispatchMismatch("Producer requested dispatch strategy does not match "
+                                   f"topic strategy ({DELIVERY_NAMES[delivery]} requested, "
+                                   f"topic {topic_name} is {topic.delivery_name})")
+        if schema_subject:
+            raise DispatchMismatch(f"schema subject {schema_subject!r} is not registered")
+        existing = topic.producers_by_name.get(producer_name)
+        if existing is not None:
+            existing.active = True
+            return existing.producer_id
+        policies = topic.policies
+        if policies.max_producers_per_topic and \
+                len(topic.producers) >= policies.max_producers_per_topic:
+            raise ProducerLimit(f"topic {topic_name} already has {len(topic.producers)} "
+                                f"producers (max_producers_per_topic)")
+        producer_id = _random_id(self.producers)
+        producer = Producer(producer_id, producer_name, topic, access_mode)
+        topic.producers[producer_id] = producer
+        topic.producers_by_name[producer_name] = producer
+        self.producers[producer_id] = producer
+        self.registry.add_producer(producer_id, producer)
+        await self.store.put(keys.topic_producer(topic_name, producer_id), {
+            "producer_id": producer_id, "producer_name": producer_name,
+            "topic_name": topic_name, "access_mode": access_mode, "status": True})
+        return producer_id
+
+    def producer(self, producer_id):
+        producer = self.producers.get(producer_id)
+        if producer is None:
+            raise ProducerNotFound(f"The producer with id {producer_id} does not exist")
+        return producer
+
+    # -- subscriptions and consumers -----------------------------------------------------
+
+    async def subscribe(self, topic_name, consumer_name, sub_name, sub_type, key_filters=()):
+        names.validate_topic(topic_name)
+        if not consumer_name:
+            raise SubscribeDenied("consumer_name must not be empty")
+        if not sub_name:
+            raise SubscribeDenied("subscription name must not be empty")
+        if sub_type not in TYPE_NAMES:
+            raise SubscribeDenied(f"unknown subscription type {sub_type}")
+        topic = self.get_topic(topic_name)
+        sub = topic.subscriptions.get(sub_name)
+        if sub is not None:
+            existing = sub.by_name.get(consumer_name)
+            if existing is not None:
+                # Reconnect by name: same id; the next ReceiveMessages takes over the stream.
+                existing.active = True
+                sub.consumer_changed(existing)
+                return existing.consumer_id
+            if sub.sub_type != sub_type:
+                raise SubscribeDenied(
+                    f"subscription {sub_name!r} is {sub.type_name}, not {TYPE_NAMES[sub_type]}")
+        policies = topic.policies
+        if sub is None and policies.max_subscriptions_per_topic and \
+                len(topic.subscriptions) >= policies.max_subscriptions_per_topic:
+            raise SubscriptionLimit(f"topic {topic_name} already has {len(topic.subscriptions)} "
+                                    f"subscriptions (max_subscriptions_per_topic)")
+        if policies.max_consumers_per_topic:
+            count = sum(len(s.active_consumers()) for s in topic.subscriptions.values())
+            if count >= policies.max_consumers_per_topic:
+                raise ConsumerLimit(f"topic {topic_name} already has {count} consumers "
+                                    f"(max_consumers_per_topic)")
+        if sub is None:
+            sub = Subscription(topic, sub_name, sub_type)
+        sub.check_new_consumer(consumer_name, policies.max_consumers_per_subscription)
+        if sub_name not in topic.subscriptions:
+            topic.subscriptions[sub_name] = sub
+            topic.subscriptions_changed()
+        consumer_id = _random_id(self.consumers)
+        consumer = Consumer(consumer_id, consumer_name, sub, key_filters, loop=self.loop)
+        sub.add(consumer)
+        self.consumers[consumer_id] = consumer
+        self.registry.add_consumer(consumer_id, consumer)
+        await self.store.put(keys.topic_subscription(topic_name, sub_name), {
+            "subscription_name": sub_name, "subscription_type": sub.type_name,
+            "consumer_id": consumer_id, "consumer_name": consumer_name,
+            "key_filters": list(key_filters)})
+        return consumer_id
+
+    def consumer(self, consumer_id):
+        consumer = self.consumers.get(consumer_id)
+        if consumer is None or consumer.subscription.topic.closed:
+            raise ConsumerNotFound(f"The consumer with id {consumer_id} does not exist")
+        return consumer
+
+    def subscription_for_ack(self, topic_name, sub_name):
+        topic = self.topics.get(topic_name)
+        if topic is None:
+            raise TopicNotFound(f"Error acknowledging message: topic {topic_name} not found")
+        sub = topic.subscriptions.get(sub_name)
+        if sub is None:
+            raise SubscriptionNotFound(
+                f"Error acknowledging message: subscription {sub_name!r} not found on {topic_name}")
+        return sub
+
+    async def _reap_idle_subscriptions(self):
+        while True:
+            await asyncio.sleep(min(REAP_INTERVAL, self.idle_subscription_grace))
+            now = time.monotonic()
+            for topic in list(self.topics.values()):
+                for sub in list(topic.subscriptions.values()):
+                    if sub.idle_since is not None and \
+                            now - sub.idle_since >= self.idle_subscription_grace:
+                        for consumer in list(sub.consumers.values()):
+                            self.consumers.pop(consumer.consumer_id, None)
+                        sub.close()
+                        del topic.subscriptions[sub.name]
+                        topic.subscriptions_changed()
+                        await self.store.delete_prefix(
+                            keys.topic_subscription(topic.name, sub.name))
+                        log.info("removed idle subscription %s on %s", sub.name, topic.name)
+

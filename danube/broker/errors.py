@@ -1,0 +1,78 @@
+"""Typed errors of the broker core. The core raises these; `danube.broker.services.errors` is the
+one place that maps them to gRPC status codes (upstream's codes, reference (c))."""
+
+
+class BrokerError(Exception):
+    """Base of every error the core reports to a client."""
+
+
+class InvalidTopicName(BrokerError):
+    pass
+
+
+class TopicNotFound(BrokerError):
+    pass
+
+
+class TopicAlreadyExists(BrokerError):
+    pass
+
+
+class NamespaceNotFound(BrokerError):
+    pass
+
+
+class NamespaceNotEmpty(BrokerError):
+    pass
+
+
+class ProducerNotFound(BrokerError):
+    pass
+
+
+class ConsumerNotFound(BrokerError):
+    pass
+
+
+class SubscriptionNotFound(BrokerError):
+    pass
+
+
+class DispatchMismatch(BrokerError):
+    """The producer's dispatch strategy differs from the topic's."""
+
+
+class NotSupportedYet(BrokerError):
+    """A feature the wire accepts that this build refuses rather than silently downgrades."""
+
+
+class MessageTooLarge(BrokerError):
+    pass
+
+
+class ProducerLimit(BrokerError):
+    """max_producers_per_topic reached."""
+
+
+class ConsumerLimit(BrokerError):
+    """max_consumers_per_topic or max_consumers_per_subscription reached."""
+
+
+class SubscriptionLimit(BrokerError):
+    """max_subscriptions_per_topic reached."""
+
+
+class SubscribeDenied(BrokerError):
+    """The subscription refuses this consumer (e.g. a second consumer on Exclusive)."""
+
+
+class PublishFailed(BrokerError):
+    """The topic cannot take the message (closed, being deleted, producer detached)."""
+
+
+class ConsumerTakenOver(BrokerError):
+    """A newer ReceiveMessages stream of the same consumer replaced this one."""
+
+
+class BrokerShuttingDown(BrokerError):
+    pass

@@ -1,0 +1,112 @@
+"""danube.ProducerService, danube.ConsumerService and danube.Discovery on the client port."""
+
+import logging
+
+from danube.broker import errors as e
+from danube.broker.services.errors import maps_errors, to_rpc_error
+from danube.proto import DanubeApi_pb2 as pb
+from danube.rpc import RpcError, StatusCode
+from danube.rpc.server import Kind
+
+log = logging.getLogger("danube.broker.services")
+
+
+class ProducerService:
+    def __init__(self, core):
+        self.core = core
+
+    @maps_errors()
+    async def CreateProducer(self, request, context):
+        subject = request.schema_ref.subject if request.HasField("schema_ref") else None
+        producer_id = await self.core.create_producer(
+            request.topic_name, request.producer_name, request.dispatch_strategy,
+            request.producer_access_mode, subject)
+        return pb.ProducerResponse(request_id=request.request_id, producer_id=producer_id,
+                                   producer_name=request.producer_name)
+
+    async def SendMessage(self, raw, context):
+        # Registered with raw bytes in: the message is parsed once to route and check it,
+        # and its original bytes are what consumers receive.
+        try:
+            msg = pb.StreamMessage.FromString(raw)
+        except Exception as exc:  # noqa: BLE001 - any parse failure is the client's
+            raise RpcError(StatusCode.INVALID_ARGUMENT, f"invalid StreamMessage: {exc}")
+        if not msg.HasField("msg_id"):
+            raise RpcError(StatusCode.INVALID_ARGUMENT, "StreamMessage.msg_id is required")
+        try:
+            producer = self.core.producer(msg.msg_id.producer_id)
+            topic = producer.topic
+            key = msg.routing_key if msg.HasField("routing_key") else msg.producer_name
+            topic.publish(raw, len(msg.payload), key)
+        except e.BrokerError as exc:
+            raise to_rpc_error(exc) from None
+        return pb.MessageResponse(request_id=msg.request_id).SerializeToString()
+
+
+class ConsumerService:
+    def __init__(self, core):
+        self.core = core
+
+    @maps_errors()
+    async def Subscribe(self, request, context):
+        consumer_id = await self.core.subscribe(
+            request.topic_name, request.consumer_name, request.subscription,
+            request.subscription_type, list(request.key_filters))
+        return pb.ConsumerResponse(request_id=request.request_id, consumer_id=consumer_id,
+                                   consumer_name=request.consumer_name)
+
+    async def ReceiveMessages(self, request, context):
+        try:
+            consumer = self.core.consumer(request.consumer_id)
+        except e.BrokerError as exc:
+            raise to_rpc_error(exc) from None
+        detached = consumer.attach(context)
+        try:
+            reason = await detached
+        finally:
+            consumer.stream_ended(context)
+        if reason is not None:
+            raise to_rpc_error(reason)
+
+    @maps_errors({e.TopicNotFound: StatusCode.INTERNAL})
+    async def Ack(self, request, context):
+        self._check_ack(request, "acknowledging")
+        return pb.AckResponse(request_id=request.request_id)
+
+    @maps_errors({e.TopicNotFound: StatusCode.INTERNAL})
+    async def Nack(self, request, context):
+        self._check_ack(request, "negatively acknowledging")
+        return pb.NackResponse(request_id=request.request_id)
+
+    def _check_ack(self, request, what):
+        if not request.HasField("msg_id"):
+            raise RpcError(StatusCode.INVALID_ARGUMENT, f"Error {what} message: msg_id is required")
+        # Non-reliable topics: a no-op once the subscription is known (upstream behaviour).
+        self.core.subscription_for_ack(request.msg_id.topic_name, request.subscription_name)
+
+
+class DiscoveryService:
+    def __init__(self, core):
+        self.core = core
+
+    @maps_errors()
+    async def TopicLookup(self, request, context):
+        broker_url, connect_url = self.core.lookup(request.topic)
+        return pb.TopicLookupResponse(
+            request_id=request.request_id, response_type=pb.TopicLookupResponse.Connect,
+            connect_url=connect_url, broker_url=broker_url, proxy=broker_url != connect_url)
+
+    @maps_errors()
+    async def TopicPartitions(self, request, context):
+        partitions = await self.core.partitions(request.topic)
+        return pb.TopicPartitionsResponse(request_id=request.request_id, partitions=partitions)
+
+
+def register(server, core):
+    services = pb.DESCRIPTOR.services_by_name
+    producer = ProducerService(core)
+    server.add_service(services["ProducerService"], producer)
+    server.add_method("/danube.ProducerService/SendMessage", Kind.UNARY_UNARY,
+                      producer.SendMessage)
+    server.add_service(services["ConsumerService"], ConsumerService(core))
+    server.add_service(services["Discovery"], DiscoveryService(core))

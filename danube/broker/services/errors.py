@@ -1,0 +1,51 @@
+"""The one place where broker errors become gRPC statuses (upstream's codes, reference (c))."""
+
+import functools
+
+from danube.broker import errors as e
+from danube.rpc import RpcError, StatusCode
+
+_CODES = {
+    e.InvalidTopicName: StatusCode.INVALID_ARGUMENT,
+    e.MessageTooLarge: StatusCode.INVALID_ARGUMENT,
+    e.TopicNotFound: StatusCode.NOT_FOUND,
+    e.ProducerNotFound: StatusCode.NOT_FOUND,
+    e.ConsumerNotFound: StatusCode.NOT_FOUND,
+    e.NamespaceNotFound: StatusCode.UNAVAILABLE,
+    e.TopicAlreadyExists: StatusCode.ALREADY_EXISTS,
+    e.DispatchMismatch: StatusCode.FAILED_PRECONDITION,
+    e.NotSupportedYet: StatusCode.FAILED_PRECONDITION,
+    e.ProducerLimit: StatusCode.RESOURCE_EXHAUSTED,
+    e.ConsumerLimit: StatusCode.RESOURCE_EXHAUSTED,
+    e.SubscriptionLimit: StatusCode.PERMISSION_DENIED,
+    e.SubscribeDenied: StatusCode.PERMISSION_DENIED,
+    e.PublishFailed: StatusCode.PERMISSION_DENIED,
+    e.SubscriptionNotFound: StatusCode.INTERNAL,
+    e.NamespaceNotEmpty: StatusCode.FAILED_PRECONDITION,
+    e.ConsumerTakenOver: StatusCode.ABORTED,
+    e.BrokerShuttingDown: StatusCode.UNAVAILABLE,
+}
+
+
+def to_rpc_error(exc: e.BrokerError, overrides=None) -> RpcError:
+    for cls in type(exc).__mro__:
+        if overrides and cls in overrides:
+            return RpcError(overrides[cls], str(exc))
+        if cls in _CODES:
+            return RpcError(_CODES[cls], str(exc))
+    return RpcError(StatusCode.INTERNAL, str(exc))
+
+
+def maps_errors(overrides=None):
+    """Decorator for service methods: BrokerError -> RpcError, with per-method overrides
+    where upstream answers differently (e.g. Subscribe wraps most failures as
+    PERMISSION_DENIED, Ack failures are INTERNAL)."""
+    def wrap(fn):
+        @functools.wraps(fn)
+        async def method(self, request, context):
+            try:
+                return await fn(self, request, context)
+            except e.BrokerError as exc:
+                raise to_rpc_error(exc, overrides) from None
+        return method
+    return wrap
