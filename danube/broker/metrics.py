@@ -26,6 +26,56 @@ class BrokerCollector:
                                    "Topics served by this broker")
         topics.add_metric([], self.broker.topics_owned())
         yield topics
+        core = self.broker.core
+        if core is not None:
+            yield from _topic_metrics(core)
+
+
+def _topic_metrics(core):
+    t_labels = ["topic"]
+    s_labels = ["topic", "subscription"]
+    c_labels = ["topic", "subscription", "consumer"]
+    msgs_in = CounterMetricFamily("danube_topic_messages_in", "Messages published",
+                                  labels=t_labels)
+    bytes_in = CounterMetricFamily("danube_topic_bytes_in", "Payload bytes published",
+                                   labels=t_labels)
+    producers = GaugeMetricFamily("danube_topic_active_producers", "Producers", labels=t_labels)
+    consumers = GaugeMetricFamily("danube_topic_active_consumers", "Active consumers",
+                                  labels=t_labels)
+    subs = GaugeMetricFamily("danube_topic_active_subscriptions", "Subscriptions",
+                             labels=t_labels)
+    sub_consumers = GaugeMetricFamily("danube_subscription_active_consumers",
+                                      "Active consumers of a subscription", labels=s_labels)
+    sent = CounterMetricFamily("danube_producer_send", "Messages accepted from a producer",
+                               labels=["topic", "producer"])
+    out_msgs = CounterMetricFamily("danube_consumer_messages_out",
+                                   "Messages handed to a consumer", labels=c_labels)
+    out_bytes = CounterMetricFamily("danube_consumer_bytes_out",
+                                    "Message bytes handed to a consumer", labels=c_labels)
+    dropped = CounterMetricFamily("danube_consumer_dropped",
+                                  "Non-reliable messages dropped because the consumer was "
+                                  "too far behind (ours, not upstream)", labels=c_labels)
+    for topic in list(core.topics.values()):
+        name = topic.name
+        msgs_in.add_metric([name], topic.messages_in)
+        bytes_in.add_metric([name], topic.bytes_in)
+        producers.add_metric([name], len(topic.producers))
+        subs.add_metric([name], len(topic.subscriptions))
+        active = 0
+        for producer in topic.producers.values():
+            sent.add_metric([name, producer.name], producer.sent)
+        for sub in topic.subscriptions.values():
+            n = len(sub.active_consumers())
+            active += n
+            sub_consumers.add_metric([name, sub.name], n)
+            for c in sub.consumers.values():
+                labels = [name, sub.name, c.name]
+                out_msgs.add_metric(labels, c.outbox.delivered)
+                out_bytes.add_metric(labels, c.outbox.delivered_bytes)
+                dropped.add_metric(labels, c.outbox.dropped)
+        consumers.add_metric([name], active)
+    yield from (msgs_in, bytes_in, producers, consumers, subs, sub_consumers, sent, out_msgs,
+                out_bytes, dropped)
 
 
 class MetricsExporter:

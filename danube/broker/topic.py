@@ -17,6 +17,7 @@ class Producer:
     topic: "Topic"
     access_mode: int = 0
     active: bool = True
+    sent: int = 0
 
 
 class Topic:

@@ -38,6 +38,7 @@ class ProducerService:
             topic = producer.topic
             key = msg.routing_key if msg.HasField("routing_key") else msg.producer_name
             topic.publish(raw, len(msg.payload), key)
+            producer.sent += 1
         except e.BrokerError as exc:
             raise to_rpc_error(exc) from None
         return pb.MessageResponse(request_id=msg.request_id).SerializeToString()
