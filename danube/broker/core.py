@@ -250,22 +250,19 @@ class BrokerCore:
         topic.subscriptions_changed()
 
     async def partitions(self, name):
-        """The topic itself if it exists, else its partitions `{name}-part-N` in order."""
-        ns, topic = names.validate_topic(name)
+        """The topic itself if it exists, else its partitions `{name}-part-N` in order.
+        Partitions are numbered from 0 without gaps, so probing costs O(partitions), not a
+        scan of the namespace."""
+        names.validate_topic(name)
         if name in self.topics:
             return [name]
         found = []
-        for other in await self.namespace_topics_or_empty(ns):
-            split = names.split_partition(other.split("/")[2])
-            if split is not None and split[0] == topic:
-                found.append((split[1], other))
-        return [t for _, t in sorted(found)]
-
-    async def namespace_topics_or_empty(self, ns):
-        try:
-            return await self.namespace_topics(ns)
-        except NamespaceNotFound:
-            return []
+        while True:
+            candidate = names.partition_name(name, len(found))
+            if candidate not in self.topics and \
+                    await self.store.get_entry(keys.namespace_topic(candidate)) is None:
+                return found
+            found.append(candidate)
 
     def lookup(self, name):
         names.validate_topic(name)
