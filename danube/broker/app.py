@@ -66,6 +66,9 @@ class Broker:
                                                         ssl=admin_tls)
         log.info("admin gRPC (danube_admin.*) listening on %s:%d", cfg.admin_host,
                  self.admin_port)
+        # Port 0 means "pick one": what clients are told must be the port actually bound.
+        cfg.client_port, cfg.admin_port = self.client_port, self.admin_port
+        await self.core.register()
         if cfg.prom_port is not None:
             self.metrics = MetricsExporter(self, cfg.prom_host, cfg.prom_port)
             port = self.metrics.start()

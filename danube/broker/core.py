@@ -57,15 +57,19 @@ class BrokerCore:
         self.broker_id = self._load_broker_id()
         for ns in dict.fromkeys(["default", "system", *self.cfg.bootstrap_namespaces]):
             await self._ensure_namespace(ns)
+        await self._load_topics()
+        if SYSTEM_TOPIC not in self.topics:
+            await self._create_topic(SYSTEM_TOPIC, NON_RELIABLE)
+        self._reaper = self.loop.create_task(self._reap_idle_subscriptions())
+
+    async def register(self):
+        """Publish this broker's URLs; called once the servers are bound, so the ports are
+        real even when the configuration asked for port 0."""
         await self.store.put(keys.cluster_register(self.broker_id), {
             "broker_url": self.cfg.advertised_broker_url,
             "connect_url": self.cfg.advertised_connect_url,
             "admin_addr": f"http://{self.cfg.admin_host}:{self.cfg.admin_port}",
         })
-        await self._load_topics()
-        if SYSTEM_TOPIC not in self.topics:
-            await self._create_topic(SYSTEM_TOPIC, NON_RELIABLE)
-        self._reaper = self.loop.create_task(self._reap_idle_subscriptions())
 
     async def stop(self):
         if self._reaper is not None:

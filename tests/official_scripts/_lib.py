@@ -1,0 +1,185 @@
+"""Helpers for official-client scenarios (imported as `_lib` by scripts that the runner
+executes under the official client's interpreter; see tests/official_client.py)."""
+
+import asyncio
+import base64
+import time
+
+import grpc
+from danube import DanubeClientBuilder, DispatchStrategy, SubType
+from danube.proto import DanubeApi_pb2 as pb
+from danube.proto import DanubeApi_pb2_grpc as pb_grpc
+
+
+async def new_client(url):
+    return await DanubeClientBuilder().service_url(url).build()
+
+
+def sub_type(name):
+    return SubType[name.upper()]
+
+
+async def new_producer(client, topic, name, partitions=None, reliable=False):
+    builder = client.new_producer().with_topic(topic).with_name(name)
+    if partitions:
+        builder = builder.with_partitions(partitions)
+    if reliable:
+        builder = builder.with_dispatch_strategy(DispatchStrategy.RELIABLE)
+    producer = builder.build()
+    await producer.create()
+    return producer
+
+
+def producer_ids(producer):
+    """The broker-assigned producer ids of a (possibly partitioned) official Producer."""
+    return [tp.producer_id for tp in producer._producers]
+
+
+def consumer_ids(consumer):
+    """{partition topic: consumer id} of an official Consumer."""
+    return {name: tc.consumer_id for name, tc in consumer._consumers.items()}
+
+
+class Receiver:
+    """An official consumer, subscribed and receiving: a background task takes its messages
+    off the client's queue (acking each one unless ack=False) into `messages`."""
+
+    def __init__(self, consumer, queue, ack=True):
+        self.consumer = consumer
+        self.queue = queue
+        self.ack = ack
+        self.messages = []
+        self.ack_errors = []
+        self._arrived = asyncio.Event()
+        self._pump = asyncio.ensure_future(self._run())
+
+    @classmethod
+    async def start(cls, client, topic, name, subscription, kind="shared", key_filters=(),
+                    ack=True):
+        builder = (client.new_consumer().with_topic(topic).with_consumer_name(name)
+                   .with_subscription(subscription).with_subscription_type(sub_type(kind)))
+        for pattern in key_filters:
+            builder = builder.with_key_filter(pattern)
+        consumer = builder.build()
+        await consumer.subscribe()
+        queue = await consumer.receive()
+        return cls(consumer, queue, ack)
+
+    async def _run(self):
+        while True:
+            msg = await self.queue.get()
+            if self.ack:
+                try:
+                    await self.consumer.ack(msg)
+                except Exception as exc:  # noqa: BLE001 - reported to the test
+                    self.ack_errors.append(repr(exc))
+            self.messages.append(msg_dict(msg))
+            self._arrived.set()
+
+    async def until(self, predicate, timeout=10.0):
+        """Wait until predicate(self.messages) holds or timeout; returns whether it held."""
+        deadline = time.monotonic() + timeout
+        while not predicate(self.messages):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            self._arrived.clear()
+            try:
+                await asyncio.wait_for(self._arrived.wait(), left)
+            except asyncio.TimeoutError:
+                return predicate(self.messages)
+        return True
+
+    async def count(self, n, timeout=10.0):
+        return await self.until(lambda msgs: len(msgs) >= n, timeout)
+
+    async def quiet(self, period=0.3):
+        """Wait until nothing more has arrived for `period` seconds."""
+        while True:
+            self._arrived.clear()
+            try:
+                await asyncio.wait_for(self._arrived.wait(), period)
+            except asyncio.TimeoutError:
+                return
+
+    async def close(self):
+        self._pump.cancel()
+        await asyncio.gather(self._pump, return_exceptions=True)
+        await self.consumer.close()
+
+
+async def wait_all(predicate, timeout=10.0, step=0.01):
+    """Poll predicate() until it holds or timeout; returns whether it held."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(step)
+    return True
+
+
+def msg_dict(m):
+    return {
+        "payload": m.payload.decode("utf-8", "replace"),
+        "payload_b64": base64.b64encode(m.payload).decode("ascii"),
+        "attributes": dict(m.attributes),
+        "topic": m.msg_id.topic_name,
+        "producer_id": m.msg_id.producer_id,
+        "topic_offset": m.msg_id.topic_offset,
+        "request_id": m.request_id,
+        "producer_name": m.producer_name,
+        "routing_key": m.routing_key if m.HasField("routing_key") else None,
+    }
+
+
+async def health(url, client_type, client_id):
+    """HealthCheck status name ("OK"/"CLOSE") of a producer ("producer") or consumer."""
+    target = url.split("://", 1)[-1]
+    async with grpc.aio.insecure_channel(target) as channel:
+        stub = pb_grpc.HealthCheckStub(channel)
+        kind = (pb.HealthCheckRequest.Producer if client_type == "producer"
+                else pb.HealthCheckRequest.Consumer)
+        resp = await stub.HealthCheck(pb.HealthCheckRequest(request_id=1, client=kind,
+                                                            id=client_id), timeout=5)
+        return pb.HealthCheckResponse.ClientStatus.Name(resp.status)
+
+
+async def wait_health(url, client_type, client_id, status, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        got = await health(url, client_type, client_id)
+        if got == status or time.monotonic() > deadline:
+            return got
+        await asyncio.sleep(0.05)
+
+
+def _varint(n):
+    out = bytearray()
+    while True:
+        byte = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+async def admin_delete_topic(admin_addr, topic):
+    """danube_admin.TopicAdmin/DeleteTopic (the official client has no admin stubs: the
+    TopicRequest{name = 1} is encoded by hand). Returns None or an error string."""
+    data = topic.encode()
+    request = b"\x0a" + _varint(len(data)) + data
+    async with grpc.aio.insecure_channel(admin_addr) as channel:
+        call = channel.unary_unary("/danube_admin.TopicAdmin/DeleteTopic")
+        try:
+            await call(request, timeout=10)
+        except grpc.aio.AioRpcError as exc:
+            return f"{exc.code().name}: {exc.details()}"
+    return None
+
+
+def error_info(exc):
+    if isinstance(exc, grpc.aio.AioRpcError):
+        return {"type": "rpc", "code": exc.code().name, "details": exc.details()}
+    return {"type": type(exc).__name__, "code": None, "details": str(exc)}
