@@ -10,7 +10,7 @@ import ssl
 from danube.broker.core import BrokerCore
 from danube.broker.metrics import MetricsExporter
 from danube.broker.registry import ClientRegistry
-from danube.broker.services import admin, client_api, health
+from danube.broker.services import admin, client_api, ext, health
 from danube.metadata.embedded import EmbeddedStore
 from danube.rpc.connection import TransportConfig
 from danube.rpc.server import Server
@@ -56,6 +56,7 @@ class Broker:
         self.core = BrokerCore(cfg, self.store, self.registry)
         await self.core.start()
         client_api.register(self.client_server, self.core)
+        ext.register(self.client_server, self.core)
         admin.register(self.admin_server, self.core)
         tls = server_ssl_context(cfg) if cfg.auth_mode == "tls" else None
         self.client_port = await self.client_server.start(cfg.host, cfg.client_port, ssl=tls)
