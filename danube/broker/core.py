@@ -11,8 +11,8 @@ import time
 
 from danube.broker import names
 from danube.broker.consumer import Consumer
-from danube.broker.errors import (BrokerShuttingDown, ConsumerLimit, ConsumerNotFound, DispatchMismatch,
-                                  InvalidTopicName, MessageTooLarge, NamespaceNotEmpty,
+from danube.broker.errors import (BrokerShuttingDown, ConsumerLimit, ConsumerNotFound,
+                                  DispatchMismatch, InvalidTopicName, NamespaceNotEmpty,
                                   NamespaceNotFound, NotSupportedYet, ProducerLimit,
                                   ProducerNotFound, SubscribeDenied, SubscriptionLimit,
                                   SubscriptionNotFound, TopicAlreadyExists, TopicNotFound)

@@ -5,6 +5,8 @@ import logging
 import sys
 
 from danube import __version__
+from danube.cli.consume import add_parser as _add_consume
+from danube.cli.produce import add_parser as _add_produce
 
 
 def _add_broker(sub):
@@ -64,6 +66,8 @@ def build_parser():
     parser.add_argument("--version", action="version", version=f"danube {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_broker(sub)
+    _add_produce(sub)
+    _add_consume(sub)
     return parser
 
 

@@ -1,0 +1,172 @@
+"""`danube consume`: upstream danube-cli's consume command (same flags and output lines),
+plus --count, --timeout and --output json. Every message is acknowledged."""
+
+import argparse
+import asyncio
+import base64
+import json
+import signal
+import sys
+
+# Upstream prints reliable payloads above this size as "[binary data]".
+LARGE_MESSAGE_THRESHOLD = 1024
+
+EPILOG = """\
+output:
+  text (default), as upstream danube-cli:
+    Received message: <text>
+    Size: N bytes, Total received: M bytes
+  or, for reliable messages (topic offset increased):
+    Received reliable message: "<text>"
+    Topic offset: O, Size: N bytes, Total received: M bytes
+    Producer: <producer id>, Topic: <topic>
+  followed by "Attributes: k=v, ..." when the message has attributes.
+  json: one object per message on stdout (JSON Lines):
+    {"topic", "offset", "producer", "producer_id", "request_id", "publish_time",
+     "attributes", "payload", "encoding": "utf-8"|"base64", "size"}
+  A status line ("Consuming from ...") goes to stderr once subscribed.
+  Exit status: 0 on SIGINT/SIGTERM, after --count messages, or when --timeout ends a run
+  without --count; 1 on errors or when --timeout expires before --count messages arrived.
+
+examples:
+  danube consume -s http://127.0.0.1:6650 -m my_subscription
+  danube consume -s http://127.0.0.1:6650 -t /default/orders -m sub --sub-type exclusive
+  danube consume -s http://127.0.0.1:6650 -m sub --count 100 --timeout 30 --output json
+"""
+
+SUB_TYPES = {"exclusive": "exclusive", "shared": "shared", "fail-over": "failover",
+             "key-shared": "key_shared"}
+
+
+def _positive(value):
+    number = int(value)
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {number}")
+    return number
+
+
+def _seconds(value):
+    number = float(value)
+    if number <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
+    return number
+
+
+def add_parser(sub):
+    p = sub.add_parser(
+        "consume", help="receive messages from a topic",
+        description="Receive and acknowledge messages (upstream danube-cli consume). Runs "
+                    "until interrupted unless --count or --timeout is given.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("-s", "--service-addr", required=True,
+                   help="broker service URL, e.g. http://127.0.0.1:6650")
+    p.add_argument("-t", "--topic", default="/default/test_topic", help="topic to consume")
+    p.add_argument("-n", "--consumer", default="consumer_pubsub", help="consumer name")
+    p.add_argument("-m", "--subscription", required=True, help="subscription name")
+    p.add_argument("--sub-type", choices=tuple(SUB_TYPES), default="shared",
+                   help="subscription type (default shared)")
+    p.add_argument("--count", type=_positive, help="ours: exit after N messages")
+    p.add_argument("--timeout", type=_seconds, metavar="S", help="ours: stop after S seconds")
+    p.add_argument("--output", choices=("text", "json"), default="text",
+                   help="output format (ours; see below)")
+    p.set_defaults(func=run)
+
+
+def run(args):
+    sys.stdout.reconfigure(errors="backslashreplace", line_buffering=True)
+    try:
+        import uvloop
+        runner = uvloop.run
+    except ImportError:
+        runner = asyncio.run
+    return runner(_consume(args))
+
+
+async def _consume(args):
+    from danube.client import DanubeClient, DanubeError
+
+    task = asyncio.current_task()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, task.cancel)
+    printer = Printer(args.output == "json")
+    try:
+        client = DanubeClient(args.service_addr)
+    except DanubeError as exc:
+        print(f"danube consume: error: {exc}", file=sys.stderr)
+        return 1
+    try:
+        async with asyncio.timeout(args.timeout):
+            consumer = await client.subscribe(args.topic, args.consumer, args.subscription,
+                                              SUB_TYPES[args.sub_type])
+            print(f"Consuming from {args.topic} (subscription {args.subscription!r}, "
+                  f"{args.sub_type}); press Ctrl+C to stop", file=sys.stderr, flush=True)
+            while args.count is None or printer.received < args.count:
+                msg = await consumer.receive()
+                printer.show(msg)
+                try:
+                    await consumer.ack(msg)
+                except DanubeError as exc:
+                    print(f"Failed to acknowledge message: {exc}", file=sys.stderr)
+    except asyncio.CancelledError:
+        task.uncancel()             # SIGINT/SIGTERM: a normal way to stop
+    except TimeoutError:
+        if args.count is not None:
+            print(f"danube consume: timed out after {args.timeout:g} s: received "
+                  f"{printer.received} of {args.count} messages", file=sys.stderr)
+            return 1
+    except DanubeError as exc:
+        print(f"danube consume: error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        await client.close()
+    return 0
+
+
+class Printer:
+    def __init__(self, as_json):
+        self.as_json = as_json
+        self.received = 0
+        self.total_bytes = 0
+        self.last_offset = 0
+
+    def show(self, msg):
+        self.received += 1
+        size = len(msg.payload)
+        self.total_bytes += size
+        if self.as_json:
+            print(json.dumps(self._json(msg, size)))
+            return
+        offset = msg.msg_id.topic_offset
+        try:
+            text = msg.payload.decode("utf-8")
+        except UnicodeDecodeError:
+            text = f"[Binary data - {size} bytes]"
+        # Upstream's test for a reliable message: its topic offset went up.
+        if offset > self.last_offset:
+            preview = "[binary data]" if size > LARGE_MESSAGE_THRESHOLD else f'"{text}"'
+            print(f"Received reliable message: {preview}\n"
+                  f"Topic offset: {offset}, Size: {size} bytes, "
+                  f"Total received: {self.total_bytes} bytes\n"
+                  f"Producer: {msg.msg_id.producer_id}, Topic: {msg.msg_id.topic_name}")
+        else:
+            print(f"Received message: {text}\n"
+                  f"Size: {size} bytes, Total received: {self.total_bytes} bytes")
+        if msg.attributes:
+            print("Attributes: " + ", ".join(f"{k}={v}" for k, v in sorted(msg.attributes.items())))
+        self.last_offset = offset
+
+    @staticmethod
+    def _json(msg, size):
+        try:
+            payload, encoding = msg.payload.decode("utf-8"), "utf-8"
+        except UnicodeDecodeError:
+            payload, encoding = base64.b64encode(msg.payload).decode("ascii"), "base64"
+        obj = {"topic": msg.msg_id.topic_name, "offset": msg.msg_id.topic_offset,
+               "producer": msg.producer_name, "producer_id": msg.msg_id.producer_id,
+               "request_id": msg.request_id, "publish_time": msg.publish_time,
+               "attributes": dict(msg.attributes), "payload": payload,
+               "encoding": encoding, "size": size}
+        if msg.HasField("routing_key"):
+            obj["routing_key"] = msg.routing_key
+        return obj

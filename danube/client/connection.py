@@ -1,0 +1,89 @@
+"""Connections to brokers: one self-healing HTTP/2 Channel per connect_url, shared by every
+producer, consumer and lookup that talks to that broker, and the method stubs on it."""
+
+import dataclasses
+
+from danube.proto import DanubeApi_pb2 as pb
+from danube.proto import SchemaRegistry_pb2 as sr
+from danube.rpc.client import Channel
+
+
+@dataclasses.dataclass(frozen=True)
+class BrokerAddress:
+    """Where a topic is served: `connect_url` is dialled, `broker_url` is the broker's
+    identity (stamped into MsgID, and sent as x-danube-broker-url through a proxy)."""
+    connect_url: str
+    broker_url: str
+    proxy: bool = False
+
+    def call_metadata(self):
+        # The proxy routes on this header; a broker reached directly ignores it (a.6).
+        return (("x-danube-broker-url", self.broker_url),) if self.proxy else None
+
+
+def _method(channel, path, request_cls, response_cls):
+    return channel.unary_unary(path, request_cls.SerializeToString, response_cls.FromString)
+
+
+class BrokerStub:
+    """The client-port methods of one broker, bound to its channel."""
+
+    def __init__(self, channel):
+        self.channel = channel
+        m = _method
+        self.create_producer = m(channel, "/danube.ProducerService/CreateProducer",
+                                 pb.ProducerRequest, pb.ProducerResponse)
+        # Requests are serialised by the producer itself (it reuses a template message).
+        self.send_message = channel.unary_unary("/danube.ProducerService/SendMessage",
+                                                None, pb.MessageResponse.FromString)
+        self.subscribe = m(channel, "/danube.ConsumerService/Subscribe",
+                           pb.ConsumerRequest, pb.ConsumerResponse)
+        self.receive_messages = channel.unary_stream(
+            "/danube.ConsumerService/ReceiveMessages", pb.ReceiveRequest.SerializeToString,
+            pb.StreamMessage.FromString)
+        self.ack = m(channel, "/danube.ConsumerService/Ack", pb.AckRequest, pb.AckResponse)
+        self.nack = m(channel, "/danube.ConsumerService/Nack", pb.NackRequest, pb.NackResponse)
+        self.topic_lookup = m(channel, "/danube.Discovery/TopicLookup",
+                              pb.TopicLookupRequest, pb.TopicLookupResponse)
+        self.topic_partitions = m(channel, "/danube.Discovery/TopicPartitions",
+                                  pb.TopicLookupRequest, pb.TopicPartitionsResponse)
+        self.health_check = m(channel, "/danube.HealthCheck/HealthCheck",
+                              pb.HealthCheckRequest, pb.HealthCheckResponse)
+        self.register_schema = m(channel, "/danube_schema.SchemaRegistry/RegisterSchema",
+                                 sr.RegisterSchemaRequest, sr.RegisterSchemaResponse)
+        self.get_latest_schema = m(channel, "/danube_schema.SchemaRegistry/GetLatestSchema",
+                                   sr.GetLatestSchemaRequest, sr.GetSchemaResponse)
+        self.get_schema = m(channel, "/danube_schema.SchemaRegistry/GetSchema",
+                            sr.GetSchemaRequest, sr.GetSchemaResponse)
+
+
+def pool_key(url):
+    """`http://h:p` and `h:p` name the same plain-text broker; keep https distinct."""
+    url = url.strip().rstrip("/")
+    return url[7:] if url.startswith("http://") else url
+
+
+class ConnectionPool:
+    """Channels keyed by connect_url. A Channel reconnects by itself after a connection
+    loss, so entries live as long as the client."""
+
+    def __init__(self, *, ssl=None, token=None, connect_timeout=10.0):
+        self.ssl = ssl
+        self.connect_timeout = connect_timeout
+        # The token goes into every call's headers (b.8: "authorization: Bearer <JWT>").
+        self.metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        self._stubs = {}
+
+    def stub(self, url) -> BrokerStub:
+        key = pool_key(url)
+        stub = self._stubs.get(key)
+        if stub is None:
+            channel = Channel(key, ssl=self.ssl, metadata=self.metadata,
+                              connect_timeout=self.connect_timeout)
+            stub = self._stubs[key] = BrokerStub(channel)
+        return stub
+
+    async def close(self):
+        stubs, self._stubs = list(self._stubs.values()), {}
+        for stub in stubs:
+            await stub.channel.close()

@@ -1,0 +1,270 @@
+"""Consumers. A TopicConsumer is one broker-side consumer on one topic (or partition); a
+Consumer subscribes to every partition and merges their ReceiveMessages streams into one
+bounded queue, which is where backpressure comes from: a full queue stops the stream
+readers, HTTP/2 flow control then holds the broker back."""
+
+import asyncio
+import itertools
+import logging
+
+from danube.client import errors
+from danube.client.connection import BrokerAddress
+from danube.proto import DanubeApi_pb2 as pb
+from danube.rpc import RpcError, StatusCode
+
+log = logging.getLogger("danube.client.consumer")
+
+SUB_TYPES = {
+    "exclusive": pb.ConsumerRequest.Exclusive,
+    "shared": pb.ConsumerRequest.Shared,
+    "failover": pb.ConsumerRequest.Failover,
+    "fail-over": pb.ConsumerRequest.Failover,
+    "key_shared": pb.ConsumerRequest.KeyShared,
+    "key-shared": pb.ConsumerRequest.KeyShared,
+    "keyshared": pb.ConsumerRequest.KeyShared,
+}
+
+
+def sub_type_value(sub_type):
+    if isinstance(sub_type, int):
+        if sub_type in SUB_TYPES.values():
+            return sub_type
+    elif isinstance(sub_type, str) and sub_type.lower() in SUB_TYPES:
+        return SUB_TYPES[sub_type.lower()]
+    raise errors.InvalidArgument(f"unknown subscription type {sub_type!r}; use one of "
+                                 "exclusive, shared, failover, key_shared")
+
+
+class _Failure:
+    """Queued in place of a message: a partition's stream failed for good."""
+    __slots__ = ("error",)
+
+    def __init__(self, error):
+        self.error = error
+
+
+_CLOSED = object()
+
+
+class TopicConsumer:
+    def __init__(self, client, topic, name, subscription, sub_type, key_filters):
+        self.client = client
+        self.topic = topic
+        self.name = name
+        self.subscription = subscription
+        self.sub_type = sub_type
+        self.key_filters = list(key_filters)
+        self.address = BrokerAddress(client.service_url, client.service_url)
+        self.consumer_id = None
+        self._ids = itertools.count(0)
+        self._stub = None
+        self._metadata = None
+        self._health = None
+        self._call = None
+        self.closed_by_broker = False
+
+    async def subscribe(self):
+        client = self.client
+        self.address = await client.lookup_or(self.topic, self.address)
+
+        async def attempt():
+            stub = client.pool.stub(self.address.connect_url)
+            return await stub.subscribe(pb.ConsumerRequest(
+                request_id=next(self._ids), topic_name=self.topic, consumer_name=self.name,
+                subscription=self.subscription, subscription_type=self.sub_type,
+                key_filters=self.key_filters), timeout=client.rpc_timeout,
+                metadata=self.address.call_metadata())
+
+        async def relookup():
+            self.address = await client.lookup_or(self.topic, self.address)
+
+        response = await client.retry.run(attempt, relookup)
+        self.consumer_id = response.consumer_id
+        self._stub = client.pool.stub(self.address.connect_url)
+        self._metadata = self.address.call_metadata()
+        self.closed_by_broker = False
+        self.stop()
+        self._health = client.watch_health(pb.HealthCheckRequest.Consumer, self.consumer_id,
+                                           self.address, self._on_broker_close)
+
+    def _on_broker_close(self):
+        # Wake the receive loop, which subscribes again through a fresh lookup.
+        self.closed_by_broker = True
+        if self._call is not None:
+            self._call.cancel()
+
+    async def open_stream(self):
+        self._call = await self._stub.receive_messages(
+            pb.ReceiveRequest(request_id=next(self._ids), consumer_id=self.consumer_id),
+            metadata=self._metadata)
+        return self._call
+
+    async def ack(self, msg, subscription):
+        await self._stub.ack(pb.AckRequest(request_id=msg.request_id, msg_id=msg.msg_id,
+                                           subscription_name=subscription),
+                             timeout=self.client.rpc_timeout, metadata=self._metadata)
+
+    async def nack(self, msg, subscription, delay_ms=None, reason=None):
+        request = pb.NackRequest(request_id=msg.request_id, msg_id=msg.msg_id,
+                                 subscription_name=subscription)
+        if delay_ms is not None:
+            request.delay_ms = delay_ms
+        if reason is not None:
+            request.reason = reason
+        await self._stub.nack(request, timeout=self.client.rpc_timeout, metadata=self._metadata)
+
+    def stop(self):
+        if self._health is not None:
+            self._health.cancel()
+            self._health = None
+
+
+class Consumer:
+    """`await client.subscribe(topic, consumer_name, subscription, sub_type="shared")`;
+    then `async for msg in consumer.messages()` (or `await consumer.receive()`), and
+    `await consumer.ack(msg)` for each. Messages are DanubeApi_pb2.StreamMessage."""
+
+    def __init__(self, client, topic, name, subscription, sub_type="shared", key_filters=(),
+                 queue_size=1000):
+        if not name or not subscription:
+            raise errors.InvalidArgument("a consumer needs a name and a subscription")
+        self.client = client
+        self.topic = topic
+        self.name = name
+        self.subscription = subscription
+        self.sub_type = sub_type_value(sub_type)
+        self.key_filters = tuple(key_filters)
+        self._queue = asyncio.Queue(queue_size)
+        self._consumers = {}        # partition topic -> TopicConsumer
+        self._loops = []
+        self._closed = False
+
+    async def _subscribe(self):
+        partitions = await self.client.partitions(self.topic)
+        if not partitions:
+            raise errors.NoTopicsFound(f"No topics found for {self.topic}")
+        consumers = [TopicConsumer(self.client, p, self.name, self.subscription,
+                                   self.sub_type, self.key_filters) for p in partitions]
+        try:
+            await asyncio.gather(*(c.subscribe() for c in consumers))
+        except BaseException as exc:
+            for c in consumers:
+                c.stop()
+            if isinstance(exc, RpcError):
+                raise errors.from_rpc(exc, f"subscribe {self.subscription!r} to "
+                                           f"{self.topic}") from None
+            raise
+        self._consumers = {c.topic: c for c in consumers}
+        self._loops = [self.client.spawn(self._receive_loop(c), name=f"danube-recv-{c.topic}")
+                       for c in consumers]
+
+    @property
+    def partitions(self):
+        return list(self._consumers)
+
+    async def receive(self, timeout=None):
+        """The next message. Raises ClientClosed after close(), the partition's DanubeError
+        if its stream failed for good, TimeoutError after `timeout` seconds."""
+        if self._closed and self._queue.empty():
+            raise errors.ClientClosed("the consumer is closed")
+        if timeout is None:
+            item = await self._queue.get()
+        else:
+            item = await asyncio.wait_for(self._queue.get(), timeout)
+        if item is _CLOSED:
+            self._queue.put_nowait(_CLOSED)     # for any other reader
+            raise errors.ClientClosed("the consumer is closed")
+        if type(item) is _Failure:
+            raise item.error
+        return item
+
+    async def messages(self):
+        """Messages until the consumer is closed."""
+        while True:
+            try:
+                yield await self.receive()
+            except errors.ClientClosed:
+                return
+
+    async def ack(self, msg):
+        await self._call_for(msg, "acknowledge", lambda c: c.ack(msg, self.subscription))
+
+    async def nack(self, msg, delay_ms=None, reason=None):
+        await self._call_for(msg, "negatively acknowledge",
+                             lambda c: c.nack(msg, self.subscription, delay_ms, reason))
+
+    async def _call_for(self, msg, what, call):
+        consumer = self._consumers.get(msg.msg_id.topic_name)
+        if consumer is None:
+            raise errors.InvalidArgument(
+                f"cannot {what}: message from {msg.msg_id.topic_name!r}, which this "
+                f"consumer does not read")
+        try:
+            await call(consumer)
+        except RpcError as exc:
+            raise errors.from_rpc(exc, f"{what} on {consumer.topic}") from None
+
+    async def close(self):
+        if self._closed:
+            return
+        self._closed = True
+        for consumer in self._consumers.values():
+            consumer.stop()
+        for task in self._loops:
+            task.cancel()
+        await asyncio.gather(*self._loops, return_exceptions=True)
+        # Unread messages are dropped (reliable ones are redelivered, being unacked); the
+        # marker wakes a reader blocked in receive().
+        while not self._queue.empty():
+            self._queue.get_nowait()
+        self._queue.put_nowait(_CLOSED)
+        self.client._forget(self)
+
+    async def _put(self, item):
+        if self._queue.full():
+            await self._queue.put(item)
+        else:
+            self._queue.put_nowait(item)
+
+    async def _receive_loop(self, consumer):
+        """Read one partition's stream into the queue, recovering as upstream does: retry
+        retryable errors with backoff, and subscribe again (fresh lookup) when the broker
+        closed the consumer, forgot it, or ended the stream."""
+        policy = self.client.retry
+        attempt = 0
+        resubscribe = False
+        while True:
+            if resubscribe:
+                try:
+                    await consumer.subscribe()
+                except RpcError as exc:
+                    await self._put(_Failure(errors.from_rpc(
+                        exc, f"resubscribe {self.subscription!r} to {consumer.topic}")))
+                    return
+                resubscribe = False
+            try:
+                call = await consumer.open_stream()
+                while True:
+                    batch = await call.read_batch()
+                    if not batch:
+                        break
+                    attempt = 0
+                    for msg in batch:
+                        await self._put(msg)
+                resubscribe = True      # the broker ended the stream cleanly
+            except RpcError as exc:
+                if consumer.closed_by_broker or exc.code == StatusCode.NOT_FOUND:
+                    resubscribe = True
+                elif policy.retryable(exc):
+                    attempt += 1
+                    if attempt > policy.max_retries:
+                        resubscribe, attempt = True, 0
+                else:
+                    # E.g. ABORTED: another client took this consumer name over; taking it
+                    # back would make the two fight forever.
+                    await self._put(_Failure(errors.from_rpc(
+                        exc, f"receive from {consumer.topic}")))
+                    return
+                log.debug("stream of %s ended (%s); %s", consumer.topic, exc,
+                          "resubscribing" if resubscribe else "retrying")
+            await asyncio.sleep(policy.backoff(attempt))

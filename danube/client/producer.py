@@ -1,0 +1,233 @@
+"""Producers. A TopicProducer is one broker-side producer on one topic (or partition); a
+Producer spreads messages over one TopicProducer per partition (round-robin, or by key)."""
+
+import asyncio
+import itertools
+import time
+
+from danube.client import errors
+from danube.client.connection import BrokerAddress
+from danube.client.schema import resolve_schema
+from danube.proto import DanubeApi_pb2 as pb
+from danube.rpc import RpcError, StatusCode
+
+DEFAULT_WINDOW = 256
+
+
+def fnv1a64(key: str) -> int:
+    """64-bit FNV-1a, the key hash every official client uses to pick a partition."""
+    h = 0xCBF29CE484222325
+    for byte in key.encode():
+        h = ((h ^ byte) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
+class TopicProducer:
+    def __init__(self, client, topic, name, dispatch, schema_ref=None):
+        self.client = client
+        self.topic = topic
+        self.name = name
+        self.dispatch = dispatch
+        self.schema_ref = schema_ref
+        self.address = BrokerAddress(client.service_url, client.service_url)
+        self.producer_id = None
+        self.schema_id = self.schema_version = None
+        # Upstream numbering: CreateProducer calls count from 0, messages from 1.
+        self._create_ids = itertools.count(0)
+        self._send_ids = itertools.count(1)
+        self._stub = None
+        self._msg_id = None
+        self._health = None
+        self._generation = 0        # bumped by each successful create
+        self._lock = asyncio.Lock()
+        self.closed_by_broker = False
+
+    async def create(self):
+        client = self.client
+        self.address = await client.lookup_or(self.topic, self.address)
+
+        async def attempt():
+            stub = client.pool.stub(self.address.connect_url)
+            request = pb.ProducerRequest(
+                request_id=next(self._create_ids), producer_name=self.name,
+                topic_name=self.topic, producer_access_mode=pb.Shared,
+                dispatch_strategy=self.dispatch)
+            if self.schema_ref is not None:
+                request.schema_ref.CopyFrom(self.schema_ref)
+            return await stub.create_producer(request, timeout=client.rpc_timeout,
+                                              metadata=self.address.call_metadata())
+
+        async def relookup():
+            self.address = await client.lookup_or(self.topic, self.address)
+
+        response = await client.retry.run(attempt, relookup)
+        self.producer_id = response.producer_id
+        self._stub = client.pool.stub(self.address.connect_url)
+        self._metadata = self.address.call_metadata()
+        self._msg_id = pb.MsgID(producer_id=self.producer_id, topic_name=self.topic,
+                                broker_addr=self.address.broker_url)
+        self.closed_by_broker = False
+        self._generation += 1
+        self.stop_health()
+        self._health = client.watch_health(pb.HealthCheckRequest.Producer, self.producer_id,
+                                           self.address, self._on_broker_close)
+        if self.schema_ref is not None:
+            self.schema_id, self.schema_version = await resolve_schema(
+                self._stub, self.schema_ref, client.rpc_timeout)
+
+    def _on_broker_close(self):
+        # The broker no longer knows this producer: create it again before the next send.
+        self.closed_by_broker = True
+
+    def stop_health(self):
+        if self._health is not None:
+            self._health.cancel()
+            self._health = None
+
+    async def _recreate(self, generation):
+        """Create again, once for all the senders that saw the same failure."""
+        async with self._lock:
+            if self._generation == generation:
+                await self.create()
+
+    def _encode(self, request_id, payload, attributes, key):
+        msg = pb.StreamMessage(request_id=request_id, msg_id=self._msg_id, payload=payload,
+                               publish_time=int(time.time() * 1000),
+                               producer_name=self.name)
+        if attributes:
+            msg.attributes.update(attributes)
+        if key is not None:
+            msg.routing_key = key
+        if self.schema_id is not None:
+            msg.schema_id = self.schema_id
+            msg.schema_version = self.schema_version
+        return msg.SerializeToString()
+
+    async def send(self, payload, attributes=None, key=None):
+        """Send one message; returns the request id the broker acknowledged. Raises
+        RpcError once retries (and one re-creation of the producer) are exhausted."""
+        if self.closed_by_broker:
+            await self._recreate(self._generation)
+        policy = self.client.retry
+        request_id = next(self._send_ids)
+        attempt = 0
+        recreated = False
+        while True:
+            generation = self._generation
+            data = self._encode(request_id, payload, attributes, key)
+            try:
+                response = await self._stub.send_message(
+                    data, timeout=self.client.rpc_timeout, metadata=self._metadata)
+                return response.request_id
+            except RpcError as exc:
+                # NOT_FOUND: the broker lost this producer (restart, topic unloaded or
+                # moved); the reference clients recreate it after a health CLOSE, we do it
+                # as soon as a send tells us.
+                lost = exc.code == StatusCode.NOT_FOUND
+                if not (lost or policy.retryable(exc)):
+                    raise
+                if lost or attempt >= policy.max_retries:
+                    if recreated:
+                        raise
+                    await self._recreate(generation)
+                    recreated, attempt = True, 0
+                    continue
+            await asyncio.sleep(policy.backoff(attempt))
+            attempt += 1
+
+
+class Producer:
+    """`await client.create_producer(topic, name, partitions=None, reliable=False)`."""
+
+    def __init__(self, client, topic, name, partitions=None, reliable=False, schema=None):
+        if not name:
+            raise errors.InvalidArgument("a producer needs a name")
+        if partitions is not None and partitions < 1:
+            raise errors.InvalidArgument("partitions must be at least 1")
+        self.client = client
+        self.topic = topic
+        self.name = name
+        self.partitions = partitions
+        dispatch = pb.Reliable if reliable else pb.NonReliable
+        if partitions is None:
+            self.producers = [TopicProducer(client, topic, name, dispatch, schema)]
+        else:
+            self.producers = [TopicProducer(client, f"{topic}-part-{i}", f"{name}-{i}",
+                                            dispatch, schema) for i in range(partitions)]
+        self._next = 0
+        self._closed = False
+
+    async def _create(self):
+        try:
+            await asyncio.gather(*(p.create() for p in self.producers))
+        except RpcError as exc:
+            self._stop_all()
+            raise errors.from_rpc(exc, f"create producer {self.name!r} on {self.topic}") from None
+        except BaseException:
+            self._stop_all()
+            raise
+
+    def _pick(self, key):
+        n = len(self.producers)
+        if n == 1:
+            return self.producers[0]
+        if key is not None:
+            return self.producers[fnv1a64(key) % n]
+        index = self._next
+        self._next = (index + 1) % n
+        return self.producers[index]
+
+    async def send(self, payload, attributes=None, key=None):
+        """Send one message (bytes or str) and return its request id. With a `key`, the
+        partition is fnv1a64(key) % partitions and the key becomes the routing key."""
+        if self._closed:
+            raise errors.ClientClosed("the producer is closed")
+        if isinstance(payload, str):
+            payload = payload.encode()
+        producer = self._pick(key)
+        try:
+            return await producer.send(payload, attributes, key)
+        except RpcError as exc:
+            raise errors.from_rpc(exc, f"send to {producer.topic}") from None
+
+    async def send_many(self, payloads, attributes=None, key=None, *, window=DEFAULT_WINDOW,
+                        on_result=None, return_exceptions=False):
+        """Send every payload with up to `window` SendMessage calls in flight on the HTTP/2
+        connection; returns the request ids in payload order. Messages in flight together
+        may reach the broker in any order. `on_result(index, request_id_or_error)` is called
+        as each completes; with `return_exceptions`, failures are returned in place of
+        their ids instead of cancelling the rest and raising the first."""
+        items = list(payloads)
+        results = [None] * len(items)
+        pending = iter(enumerate(items))
+
+        async def worker():
+            for index, payload in pending:
+                try:
+                    outcome = await self.send(payload, attributes, key)
+                except errors.DanubeError as exc:
+                    if not return_exceptions:
+                        raise
+                    outcome = exc
+                results[index] = outcome
+                if on_result is not None:
+                    on_result(index, outcome)
+
+        try:
+            async with asyncio.TaskGroup() as group:
+                for _ in range(max(1, min(window, len(items)))):
+                    group.create_task(worker())
+        except BaseExceptionGroup as group_error:
+            # One error is what callers of a send want to see, not a group.
+            raise group_error.exceptions[0] from None
+        return results
+
+    def _stop_all(self):
+        for producer in self.producers:
+            producer.stop_health()
+
+    async def close(self):
+        if not self._closed:
+            self._closed = True
+            self._stop_all()
+            self.client._forget(self)

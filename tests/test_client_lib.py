@@ -1,0 +1,192 @@
+"""danube.client against the real broker process: round trips, partitions and keys,
+pipelined sends, acks, typed errors, health-check recovery and structured shutdown."""
+
+import asyncio
+import time
+
+import pytest
+
+from broker_process import BrokerProcess
+from danube.client import (ClientClosed, DanubeClient, FailedPrecondition, InvalidArgument,
+                           NoTopicsFound, NotFound, PermissionDenied, RetryPolicy, Unavailable,
+                           fnv1a64)
+from danube.proto import DanubeAdmin_pb2 as admin_pb
+from danube.rpc import StatusCode
+from danube.rpc.client import Channel
+
+FAST_RETRY = RetryPolicy(max_retries=1, base_backoff_ms=10, max_backoff_ms=20)
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory):
+    b = BrokerProcess(data_dir=tmp_path_factory.mktemp("d")).start()
+    yield b
+    b.stop()
+
+
+@pytest.fixture
+async def client(broker):
+    c = DanubeClient(f"http://{broker.client_addr}")
+    yield c
+    await c.close()
+
+
+async def _receive(consumer, n, timeout=10):
+    return [await consumer.receive(timeout=timeout) for _ in range(n)]
+
+
+async def test_round_trip_fields_and_ack(client):
+    topic = "/default/lib_round_trip"
+    producer = await client.create_producer(topic, "p1")
+    consumer = await client.subscribe(topic, "c1", "sub1")
+    before = int(time.time() * 1000)
+    first = await producer.send(b"hello", {"k": "v"})
+    second = await producer.send("text payload")
+    # Request ids count per producer from 1; send() returns the id the broker echoed.
+    assert (first, second) == (1, 2)
+    m1, m2 = await _receive(consumer, 2)
+    assert m1.payload == b"hello" and dict(m1.attributes) == {"k": "v"}
+    assert m2.payload == b"text payload"
+    assert m1.request_id == 1 and m2.request_id == 2
+    assert m1.producer_name == "p1"
+    assert m1.msg_id.producer_id == producer.producers[0].producer_id
+    assert m1.msg_id.topic_name == topic
+    assert m1.msg_id.broker_addr.startswith("http://")
+    assert m1.msg_id.topic_offset == 0
+    assert before <= m1.publish_time <= int(time.time() * 1000)
+    assert not m1.HasField("routing_key")
+    await consumer.ack(m1)
+    await consumer.nack(m2, delay_ms=10, reason="test")
+
+
+async def test_partitions_round_robin_and_keys(client):
+    topic = "/default/lib_parts"
+    producer = await client.create_producer(topic, "pp", partitions=3)
+    assert await client.partitions(topic) == [f"{topic}-part-{i}" for i in range(3)]
+    consumer = await client.subscribe(topic, "c", "sub", sub_type="shared")
+    assert sorted(consumer.partitions) == [f"{topic}-part-{i}" for i in range(3)]
+
+    for i in range(30):
+        await producer.send(b"rr%d" % i)
+    per_partition = {}
+    for msg in await _receive(consumer, 30):
+        per_partition[msg.msg_id.topic_name] = per_partition.get(msg.msg_id.topic_name, 0) + 1
+        # Per-partition producers are named {name}-{i} after their partition.
+        assert msg.producer_name == "pp-" + msg.msg_id.topic_name.rsplit("-", 1)[1]
+    assert per_partition == {f"{topic}-part-{i}": 10 for i in range(3)}
+
+    keys = ["alpha", "beta", "gamma", "delta"]
+    for _ in range(5):
+        for key in keys:
+            await producer.send(key.encode(), key=key)
+    seen = {}
+    for msg in await _receive(consumer, 20):
+        assert msg.routing_key == msg.payload.decode()
+        seen.setdefault(msg.routing_key, set()).add(msg.msg_id.topic_name)
+    for key in keys:
+        assert seen[key] == {f"{topic}-part-{fnv1a64(key) % 3}"}
+
+
+def test_fnv1a64_matches_reference_vectors():
+    assert fnv1a64("") == 0xCBF29CE484222325
+    assert fnv1a64("a") == 0xAF63DC4C8601EC8C
+    assert fnv1a64("foobar") == 0x85944171F73967E8
+
+
+async def test_send_many_10000_all_received_and_acked(client):
+    topic = "/default/lib_send_many"
+    producer = await client.create_producer(topic, "bulk")
+    consumer = await client.subscribe(topic, "c", "sub")
+    n = 10_000
+    done = []
+    ids = await producer.send_many([b"m%d" % i for i in range(n)], window=256,
+                                   on_result=lambda i, r: done.append(i))
+    assert sorted(ids) == list(range(1, n + 1)) and len(done) == n
+    got = await _receive(consumer, n)
+    assert {m.payload for m in got} == {b"m%d" % i for i in range(n)}
+    # Ack concurrently, as an application draining a backlog would.
+    await asyncio.gather(*(consumer.ack(m) for m in got[:2000]))
+
+
+async def test_typed_errors(broker, client):
+    with pytest.raises(NoTopicsFound, match="No topics found"):
+        await client.subscribe("/default/lib_never_created", "c", "s")
+    with pytest.raises(FailedPrecondition) as err:
+        await client.create_producer("/default/lib_reliable", "p", reliable=True)
+    assert err.value.code == StatusCode.FAILED_PRECONDITION
+    assert "reliable" in str(err.value)
+    with pytest.raises(InvalidArgument):
+        await client.create_producer("/default/bad.name", "p")
+    with pytest.raises(InvalidArgument):
+        DanubeClient("no-port-here")
+
+    topic = "/default/lib_exclusive"
+    await client.create_producer(topic, "p")
+    await client.subscribe(topic, "first", "ex", sub_type="exclusive")
+    with pytest.raises(PermissionDenied):
+        await client.subscribe(topic, "second", "ex", sub_type="exclusive")
+
+
+async def test_retryable_errors_are_retried_then_reported():
+    # Nothing listens on port 1: UNAVAILABLE on every attempt.
+    async with DanubeClient("http://127.0.0.1:1", retry=FAST_RETRY) as client:
+        with pytest.raises(Unavailable) as err:
+            await client.create_producer("/default/t", "p")
+        assert err.value.code == StatusCode.UNAVAILABLE
+        assert "failed to connect" in str(err.value)
+
+
+async def test_missing_namespace_is_retried_as_unavailable(broker):
+    # The broker answers UNAVAILABLE for a missing namespace (b.3), which the policy
+    # retries with backoff before giving up.
+    async with DanubeClient(broker.client_addr, retry=FAST_RETRY) as client:
+        with pytest.raises(Unavailable, match="namespace"):
+            await client.create_producer("/no_such_ns/t", "p")
+
+
+async def _delete_topic(broker, topic):
+    async with Channel(broker.admin_addr) as channel:
+        call = channel.unary_unary("/danube_admin.TopicAdmin/DeleteTopic",
+                                   admin_pb.TopicRequest.SerializeToString,
+                                   admin_pb.TopicResponse.FromString)
+        await call(admin_pb.TopicRequest(name=topic), timeout=5)
+
+
+async def test_health_close_recreates_producer_and_consumer_reports_loss(broker):
+    topic = "/default/lib_health"
+    async with DanubeClient(broker.client_addr, health_check_interval=0.1) as client:
+        producer = await client.create_producer(topic, "p")
+        consumer = await client.subscribe(topic, "c", "s")
+        old_id = producer.producers[0].producer_id
+        await _delete_topic(broker, topic)
+        # The consumer's stream ends and its resubscribe finds no topic: a typed error.
+        with pytest.raises(NotFound):
+            await consumer.receive(timeout=10)
+        for _ in range(100):
+            if producer.producers[0].closed_by_broker:
+                break
+            await asyncio.sleep(0.05)
+        assert producer.producers[0].closed_by_broker
+        # The next send creates the producer again (and with it the topic).
+        assert await producer.send(b"after") >= 1
+        assert producer.producers[0].producer_id != old_id
+
+
+async def test_close_cancels_every_task(broker):
+    client = DanubeClient(broker.client_addr, health_check_interval=0.1)
+    topic = "/default/lib_close"
+    producer = await client.create_producer(topic, "p", partitions=None)
+    consumer = await client.subscribe(topic, "c", "s")
+    tasks = set(client._tasks)
+    assert len(tasks) >= 3          # two health checks and one receive loop
+    reader = asyncio.ensure_future(consumer.receive())
+    await asyncio.sleep(0.05)
+    await client.close()
+    assert all(t.done() for t in tasks) and not client._tasks
+    with pytest.raises(ClientClosed):
+        await reader
+    with pytest.raises(ClientClosed):
+        await producer.send(b"x")
+    with pytest.raises(ClientClosed):
+        await client.create_producer(topic, "p2")
+    assert [m async for m in consumer.messages()] == []
