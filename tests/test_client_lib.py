@@ -190,3 +190,49 @@ async def test_close_cancels_every_task(broker):
     with pytest.raises(ClientClosed):
         await client.create_producer(topic, "p2")
     assert [m async for m in consumer.messages()] == []
+
+
+async def test_send_many_uses_batches_and_keeps_order(client):
+    topic = "/default/lib_send_many_batched"
+    producer = await client.create_producer(topic, "bp")
+    consumer = await client.subscribe(topic, "bc", "bs", sub_type="exclusive")
+    ids = await producer.send_many([f"m{i}" for i in range(2500)], batch_size=1000)
+    assert client.batch_publish is True
+    assert ids == list(range(1, 2501))
+    got = await _receive(consumer, 2500)
+    assert [m.payload for m in got] == [f"m{i}".encode() for i in range(2500)]
+
+
+async def test_send_many_falls_back_without_the_batch_extension(tmp_path):
+    """A broker without danube_ext (as upstream): the real broker core served without the
+    extension answers UNIMPLEMENTED, and send_many falls back to pipelined SendMessage."""
+    from danube.broker.core import BrokerCore
+    from danube.broker.registry import ClientRegistry
+    from danube.broker.services import client_api, health
+    from danube.config import BrokerConfig
+    from danube.metadata.memory import MemoryStore
+    from danube.rpc.server import Server
+
+    server = Server()
+    port = await server.start("127.0.0.1", 0)
+    cfg = BrokerConfig(data_dir=str(tmp_path), client_port=port)
+    store = await MemoryStore.open()
+    registry = ClientRegistry()
+    core = BrokerCore(cfg, store, registry)
+    await core.start()
+    client_api.register(server, core)
+    health.register(server, registry)
+    client = DanubeClient(f"http://127.0.0.1:{port}")
+    try:
+        producer = await client.create_producer("/default/no-ext", "p")
+        consumer = await client.subscribe("/default/no-ext", "c", "s")
+        ids = await producer.send_many([b"a", b"b", b"c"])
+        assert client.batch_publish is False
+        assert sorted(ids) == [1, 2, 3]
+        got = sorted([(await consumer.receive(timeout=10)).payload for _ in range(3)])
+        assert got == [b"a", b"b", b"c"]
+    finally:
+        await client.close()
+        await core.stop()
+        await server.stop(1)
+        await store.close()

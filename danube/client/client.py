@@ -44,6 +44,8 @@ class DanubeClient:
         self._tasks = set()
         self._members = set()       # open producers and consumers
         self._closed = False
+        # Whether the broker has danube_ext.BatchProducer: None until a send_many finds out.
+        self.batch_publish = None
 
     # -- public API ----------------------------------------------------------------------
 

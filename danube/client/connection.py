@@ -4,6 +4,7 @@ producer, consumer and lookup that talks to that broker, and the method stubs on
 import dataclasses
 
 from danube.proto import DanubeApi_pb2 as pb
+from danube.proto import DanubeExt_pb2 as ext
 from danube.proto import SchemaRegistry_pb2 as sr
 from danube.rpc.client import Channel
 
@@ -36,6 +37,9 @@ class BrokerStub:
         # Requests are serialised by the producer itself (it reuses a template message).
         self.send_message = channel.unary_unary("/danube.ProducerService/SendMessage",
                                                 None, pb.MessageResponse.FromString)
+        # Our extension (protocol/DanubeExt.proto); UNIMPLEMENTED on an upstream broker.
+        self.send_messages = m(channel, "/danube_ext.BatchProducer/SendMessages",
+                               ext.MessageBatch, ext.BatchResponse)
         self.subscribe = m(channel, "/danube.ConsumerService/Subscribe",
                            pb.ConsumerRequest, pb.ConsumerResponse)
         self.receive_messages = channel.unary_stream(

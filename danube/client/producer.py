@@ -9,9 +9,11 @@ from danube.client import errors
 from danube.client.connection import BrokerAddress
 from danube.client.schema import resolve_schema
 from danube.proto import DanubeApi_pb2 as pb
+from danube.proto import DanubeExt_pb2 as ext
 from danube.rpc import RpcError, StatusCode
 
 DEFAULT_WINDOW = 256
+DEFAULT_BATCH = 1000
 
 
 def fnv1a64(key: str) -> int:
@@ -34,7 +36,7 @@ class TopicProducer:
         self.schema_id = self.schema_version = None
         # Upstream numbering: CreateProducer calls count from 0, messages from 1.
         self._create_ids = itertools.count(0)
-        self._send_ids = itertools.count(1)
+        self._next_send_id = 1
         self._stub = None
         self._msg_id = None
         self._health = None
@@ -90,9 +92,9 @@ class TopicProducer:
             if self._generation == generation:
                 await self.create()
 
-    def _encode(self, request_id, payload, attributes, key):
+    def _message(self, request_id, payload, attributes, key, publish_time=None):
         msg = pb.StreamMessage(request_id=request_id, msg_id=self._msg_id, payload=payload,
-                               publish_time=int(time.time() * 1000),
+                               publish_time=publish_time or int(time.time() * 1000),
                                producer_name=self.name)
         if attributes:
             msg.attributes.update(attributes)
@@ -101,7 +103,47 @@ class TopicProducer:
         if self.schema_id is not None:
             msg.schema_id = self.schema_id
             msg.schema_version = self.schema_version
-        return msg.SerializeToString()
+        return msg
+
+    def _take_ids(self, n):
+        first = self._next_send_id
+        self._next_send_id = first + n
+        return list(range(first, first + n))
+
+    def _give_back_ids(self, ids):
+        # A batch the broker could not take at all (no extension): its ids are reused by
+        # the fallback, so the broker sees the producer's ids without a gap.
+        if ids and self._next_send_id == ids[-1] + 1:
+            self._next_send_id = ids[0]
+
+    def _encode(self, request_id, payload, attributes, key):
+        return self._message(request_id, payload, attributes, key).SerializeToString()
+
+    async def send_batch(self, payloads, attributes=None, key=None):
+        """Send payloads in order in one danube_ext.BatchProducer call; returns their request
+        ids. Raises RpcError (UNIMPLEMENTED from an upstream broker: use `send`)."""
+        if self.closed_by_broker:
+            await self._recreate(self._generation)
+        now = int(time.time() * 1000)
+        ids = self._take_ids(len(payloads))
+        batch = ext.MessageBatch(request_id=ids[0] if ids else 0, producer_id=self.producer_id,
+                                 messages=[self._message(i, p, attributes, key, now)
+                                           for i, p in zip(ids, payloads)])
+        policy = self.client.retry
+        attempt = 0
+        while True:
+            try:
+                await self._stub.send_messages(batch, timeout=self.client.rpc_timeout,
+                                               metadata=self._metadata)
+                return ids
+            except RpcError as exc:
+                if exc.code == StatusCode.UNIMPLEMENTED:
+                    self._give_back_ids(ids)
+                # Retrying is only safe when nothing of the batch was published.
+                if not policy.retryable(exc) or attempt >= policy.max_retries:
+                    raise
+            await asyncio.sleep(policy.backoff(attempt))
+            attempt += 1
 
     async def send(self, payload, attributes=None, key=None):
         """Send one message; returns the request id the broker acknowledged. Raises
@@ -109,7 +151,7 @@ class TopicProducer:
         if self.closed_by_broker:
             await self._recreate(self._generation)
         policy = self.client.retry
-        request_id = next(self._send_ids)
+        request_id = self._take_ids(1)[0]
         attempt = 0
         recreated = False
         while True:
@@ -191,13 +233,58 @@ class Producer:
             raise errors.from_rpc(exc, f"send to {producer.topic}") from None
 
     async def send_many(self, payloads, attributes=None, key=None, *, window=DEFAULT_WINDOW,
-                        on_result=None, return_exceptions=False):
-        """Send every payload with up to `window` SendMessage calls in flight on the HTTP/2
-        connection; returns the request ids in payload order. Messages in flight together
-        may reach the broker in any order. `on_result(index, request_id_or_error)` is called
-        as each completes; with `return_exceptions`, failures are returned in place of
-        their ids instead of cancelling the rest and raising the first."""
-        items = list(payloads)
+                        batch_size=DEFAULT_BATCH, on_result=None, return_exceptions=False):
+        """Send every payload and return the request ids in payload order.
+
+        Against this project's broker the payloads go in batches of `batch_size` through
+        danube_ext.BatchProducer, one batch at a time per partition, so order is kept per
+        partition. Against an upstream broker (UNIMPLEMENTED) it falls back to up to
+        `window` SendMessage calls in flight, where messages in flight together may arrive
+        in any order. `on_result(index, request_id_or_error)` is called as each completes;
+        with `return_exceptions`, failures are returned in place of their ids instead of
+        raising the first."""
+        if self._closed:
+            raise errors.ClientClosed("the producer is closed")
+        items = [p.encode() if isinstance(p, str) else p for p in payloads]
+        if self.client.batch_publish is not False and items:
+            try:
+                return await self._send_batched(items, attributes, key, batch_size, on_result)
+            except RpcError as exc:
+                if exc.code != StatusCode.UNIMPLEMENTED:
+                    error = errors.from_rpc(exc, f"send to {self.topic}")
+                    if not return_exceptions:
+                        raise error from None
+                    results = [error] * len(items)
+                    for index in range(len(items)):
+                        if on_result is not None:
+                            on_result(index, error)
+                    return results
+                self.client.batch_publish = False
+        return await self._send_pipelined(items, attributes, key, window, on_result,
+                                          return_exceptions)
+
+    async def _send_batched(self, items, attributes, key, batch_size, on_result):
+        # Group by partition, keeping payload order within each, then one batch call at a
+        # time per partition.
+        groups = {}
+        for index, payload in enumerate(items):
+            groups.setdefault(self._pick(key), []).append(index)
+        results = [None] * len(items)
+
+        async def run(producer, indexes):
+            for start in range(0, len(indexes), batch_size):
+                chunk = indexes[start:start + batch_size]
+                ids = await producer.send_batch([items[i] for i in chunk], attributes, key)
+                for index, request_id in zip(chunk, ids):
+                    results[index] = request_id
+                    if on_result is not None:
+                        on_result(index, request_id)
+        await asyncio.gather(*(run(p, idx) for p, idx in groups.items()))
+        self.client.batch_publish = True
+        return results
+
+    async def _send_pipelined(self, items, attributes, key, window, on_result,
+                              return_exceptions):
         results = [None] * len(items)
         pending = iter(enumerate(items))
 
