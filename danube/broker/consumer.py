@@ -12,6 +12,7 @@ slow consumer hold memory beyond its limit or slow down the publisher or other c
 
 import asyncio
 import logging
+import time
 
 from danube._core import Outbox
 from danube.broker.errors import ConsumerTakenOver
@@ -22,7 +23,7 @@ log = logging.getLogger("danube.broker.consumer")
 class Consumer:
     __slots__ = ("consumer_id", "name", "subscription", "outbox", "stream", "active",
                  "_loop", "_flush_scheduled", "_drainer", "_detached", "key_filters",
-                 "__weakref__")
+                 "inactive_since", "__weakref__")
 
     def __init__(self, consumer_id, name, subscription, key_filters=(), outbox_limit=4 << 20,
                  loop=None):
@@ -36,6 +37,7 @@ class Consumer:
         # Active from Subscribe until its ReceiveMessages stream ends (or it is removed);
         # messages published in between wait in the outbox.
         self.active = True
+        self.inactive_since = None
         self._flush_scheduled = False
         self._drainer = None
         self._detached = None
@@ -50,6 +52,7 @@ class Consumer:
                 f"consumer {self.name!r} was taken over by a newer ReceiveMessages stream"))
         self.stream = stream
         self.active = True
+        self.inactive_since = None
         self._detached = self._loop.create_future()
         stream.start_response()
         if self.outbox.count:
@@ -62,6 +65,7 @@ class Consumer:
         if self.stream is stream:
             self.stream = None
             self.active = False
+            self.inactive_since = time.monotonic()
             self._cancel_drainer()
             self.subscription.consumer_changed(self)
 

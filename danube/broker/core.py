@@ -247,8 +247,6 @@ class BrokerCore:
             self.producers.pop(producer.producer_id, None)
             self.registry.remove_producer(producer.producer_id)
         for sub in topic.subscriptions.values():
-            for consumer in list(sub.consumers.values()):
-                self.consumers.pop(consumer.consumer_id, None)
             sub.close(reason)
         topic.subscriptions.clear()
         topic.subscriptions_changed()
@@ -343,6 +341,7 @@ class BrokerCore:
             if existing is not None:
                 # Reconnect by name: same id; the next ReceiveMessages takes over the stream.
                 existing.active = True
+                existing.inactive_since = None
                 sub.consumer_changed(existing)
                 return existing.consumer_id
             if sub.sub_type != sub_type:
@@ -381,6 +380,12 @@ class BrokerCore:
             raise ConsumerNotFound(f"The consumer with id {consumer_id} does not exist")
         return consumer
 
+    def consumer_removed(self, consumer):
+        """A subscription let a consumer go: forget its id everywhere."""
+        if self.consumers.get(consumer.consumer_id) is consumer:
+            del self.consumers[consumer.consumer_id]
+        self.registry.remove_consumer(consumer.consumer_id)
+
     def subscription_for_ack(self, topic_name, sub_name):
         topic = self.topics.get(topic_name)
         if topic is None:
@@ -392,19 +397,23 @@ class BrokerCore:
         return sub
 
     async def _reap_idle_subscriptions(self):
+        """Consumers whose stream ended and that did not come back within the grace are
+        removed (their ids then answer CLOSE); a subscription left without consumers for the
+        grace is removed too (upstream: non-reliable subscriptions, 60 s)."""
         while True:
             await asyncio.sleep(min(REAP_INTERVAL, self.idle_subscription_grace))
             now = time.monotonic()
+            grace = self.idle_subscription_grace
             for topic in list(self.topics.values()):
                 for sub in list(topic.subscriptions.values()):
-                    if sub.idle_since is not None and \
-                            now - sub.idle_since >= self.idle_subscription_grace:
-                        for consumer in list(sub.consumers.values()):
-                            self.consumers.pop(consumer.consumer_id, None)
+                    for consumer in list(sub.consumers.values()):
+                        if consumer.inactive_since is not None and \
+                                now - consumer.inactive_since >= grace:
+                            sub.remove(consumer)
+                    if sub.idle_since is not None and now - sub.idle_since >= grace:
                         sub.close()
                         del topic.subscriptions[sub.name]
                         topic.subscriptions_changed()
                         await self.store.delete_prefix(
                             keys.topic_subscription(topic.name, sub.name))
                         log.info("removed idle subscription %s on %s", sub.name, topic.name)
-

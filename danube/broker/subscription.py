@@ -69,7 +69,7 @@ class Subscription:
             return
         if self.by_name.get(consumer.name) is consumer:
             del self.by_name[consumer.name]
-        self.topic.broker.registry.remove_consumer(consumer.consumer_id)
+        self.topic.broker.consumer_removed(consumer)
         consumer.close(reason)
         self.consumer_changed(consumer)
 
