@@ -7,7 +7,6 @@ The orchestrator only sleeps during the measured window; CPU comes from /proc/<p
 """
 
 import argparse
-import ctypes
 import datetime
 import json
 import os
@@ -25,10 +24,11 @@ import urllib.request
 import uuid
 from pathlib import Path
 
+from bench._proc import popen, proc_cpu, reap, reap_all, system_busy
+
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 RESULTS = REPO / "bench" / "results" / "e2e.json"
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 OFFICIAL_PYTHON = os.environ.get("DANUBE_OFFICIAL_PYTHON",
                                  str(REPO / ".venv-official" / "bin" / "python"))
 
@@ -67,68 +67,9 @@ SCENARIOS = [
 
 # -- child processes ---------------------------------------------------------------------
 
-_children = []
-
-
-def _pdeathsig():
-    """In the child: get SIGTERM if the benchmark process dies without cleaning up."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except Exception:  # noqa: BLE001 - best effort
-        pass
-
-
 def spawn(cmd, *, env, cwd, stderr):
-    p = subprocess.Popen(cmd, cwd=cwd, env=env, preexec_fn=_pdeathsig, text=True,
-                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr)
-    _children.append(p)
-    return p
-
-
-def reap(p, timeout=10.0):
-    """Stop a child we started: close its stdin, SIGTERM, then SIGKILL."""
-    try:
-        if p.stdin and not p.stdin.closed:
-            p.stdin.close()
-    except OSError:
-        pass
-    if p.poll() is None:
-        try:
-            p.wait(min(timeout, 2.0))       # workers exit on stdin EOF
-        except subprocess.TimeoutExpired:
-            try:
-                p.terminate()
-                p.wait(timeout)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-            except ProcessLookupError:
-                pass
-    if p in _children:
-        _children.remove(p)
-
-
-def reap_all():
-    for p in reversed(list(_children)):   # clients first, the broker last
-        try:
-            reap(p, 5.0)
-        except Exception:  # noqa: BLE001 - cleanup must go on
-            pass
-
-
-def proc_cpu(pid):
-    """utime+stime of a whole process (all threads), in seconds."""
-    with open(f"/proc/{pid}/stat", "rb") as f:
-        data = f.read()
-    fields = data[data.rindex(b")") + 2:].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
-
-
-def system_busy():
-    """Busy CPU seconds of the whole machine since boot (/proc/stat)."""
-    with open("/proc/stat", "rb") as f:
-        vals = [int(v) for v in f.readline().split()[1:]]
-    return (sum(vals[:8]) - vals[3] - vals[4]) / CLK_TCK
+    return popen(cmd, cwd=cwd, env=env, text=True, stdin=subprocess.PIPE,
+                 stdout=subprocess.PIPE, stderr=stderr)
 
 
 def loadavg():

@@ -12,27 +12,12 @@ measurement window. Prints one JSON object on stdout.
 import argparse
 import asyncio
 import json
-import os
 import sys
 import time
 
-CLK_TCK = os.sysconf("SC_CLK_TCK")
+from bench._proc import proc_cpu, system_busy
+
 PAYLOAD = b"x" * 100
-
-
-def proc_cpu_seconds(pid):
-    """utime+stime of a whole process (all threads), in seconds."""
-    with open(f"/proc/{pid}/stat", "rb") as f:
-        data = f.read()
-    fields = data[data.rindex(b")") + 2:].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
-
-
-def system_busy():
-    """CPU seconds spent busy by the whole machine (all CPUs) since boot, from /proc/stat."""
-    with open("/proc/stat", "rb") as f:
-        vals = [int(v) for v in f.readline().split()[1:]]
-    return (sum(vals[:8]) - vals[3] - vals[4]) / CLK_TCK
 
 
 async def measure(unary, server_pid, duration, warmup, concurrency):
@@ -55,11 +40,11 @@ async def measure(unary, server_pid, duration, warmup, concurrency):
     try:
         await asyncio.sleep(warmup)
         c0, e0 = count, errors
-        t0, s0, p0, b0 = (time.perf_counter(), proc_cpu_seconds(server_pid), time.process_time(),
+        t0, s0, p0, b0 = (time.perf_counter(), proc_cpu(server_pid), time.process_time(),
                           system_busy())
         await asyncio.sleep(duration)
         c1, e1 = count, errors
-        t1, s1, p1, b1 = (time.perf_counter(), proc_cpu_seconds(server_pid), time.process_time(),
+        t1, s1, p1, b1 = (time.perf_counter(), proc_cpu(server_pid), time.process_time(),
                           system_busy())
     finally:
         stop = True

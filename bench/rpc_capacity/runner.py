@@ -6,7 +6,6 @@ processes. CPU figures come from /proc/<pid>/stat (utime+stime, all threads).
 """
 
 import argparse
-import ctypes
 import datetime
 import json
 import os
@@ -23,9 +22,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench._proc import children, popen, proc_cpu, reap, reap_all, system_busy
+
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "bench" / "results" / "rpc_capacity.json"
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 GRPC_HEADERS = ["-H", "content-type: application/grpc", "-H", "te: trailers"]
 MSG_WIRE = 105          # 5-byte gRPC prefix + 100-byte message
 UNARY_C, UNARY_M = 4, 64
@@ -37,76 +37,19 @@ IDLE_TARGET = 0.10             # within 10%
 
 # -- child processes ---------------------------------------------------------------------
 
-_children = []
-
-
-def _pdeathsig():
-    """In the child: get SIGTERM if the benchmark process dies without cleaning up."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except Exception:  # noqa: BLE001 - best effort
-        pass
-
-
 def spawn(cmd, **kw):
     env = os.environ.copy()
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
-    p = subprocess.Popen(cmd, cwd=REPO, env=env, preexec_fn=_pdeathsig, **kw)
-    _children.append(p)
-    return p
-
-
-def reap(p, timeout=10.0):
-    """Stop a child we started: SIGTERM, then SIGKILL."""
-    if p.returncode is None:
-        try:
-            if p.stdin:
-                p.stdin.close()
-        except OSError:
-            pass
-        try:
-            p.terminate()
-            p.wait(timeout)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
-        except ProcessLookupError:
-            pass
-    if p in _children:
-        _children.remove(p)
-
-
-def reap_all():
-    for p in reversed(list(_children)):  # load generators first, then the servers
-        try:
-            reap(p, 5.0)
-        except Exception:  # noqa: BLE001 - cleanup must go on
-            pass
+    return popen(cmd, cwd=REPO, env=env, **kw)
 
 
 def wait_child(p):
     """Wait for a child and return its total CPU seconds (from wait4's rusage)."""
     _, status, ru = os.wait4(p.pid, 0)
     p.returncode = os.waitstatus_to_exitcode(status)
-    if p in _children:
-        _children.remove(p)
+    if p in children:
+        children.remove(p)
     return ru.ru_utime + ru.ru_stime
-
-
-def proc_cpu(pid):
-    """utime+stime of a whole process (all threads), in seconds."""
-    with open(f"/proc/{pid}/stat", "rb") as f:
-        data = f.read()
-    fields = data[data.rindex(b")") + 2:].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
-
-
-def system_busy():
-    """CPU seconds spent busy by the whole machine (all CPUs) since boot, from /proc/stat."""
-    with open("/proc/stat", "rb") as f:
-        vals = [int(v) for v in f.readline().split()[1:]]
-    # user nice system idle iowait irq softirq steal [guest guest_nice: already in user]
-    return (sum(vals[:8]) - vals[3] - vals[4]) / CLK_TCK
 
 
 def is_zombie(pid):
