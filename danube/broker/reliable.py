@@ -1,0 +1,289 @@
+"""At-least-once dispatch of one reliable subscription from its topic's log.
+
+State, owned here and nowhere else:
+  cursor      the last offset acked with every offset before it acked (persisted, so a
+              consumer that reconnects, or a restarted broker, resumes at cursor + 1)
+  next_read   the next offset never delivered yet
+  inflight    delivered, not yet acked: offset -> Delivery (consumer, ack deadline, attempts)
+  acked       acks above the cursor that arrived out of order
+  retry       messages waiting to be delivered again: a heap of (due time, offset)
+
+At most `window` (max_unacked_messages) messages are in flight. A nack, an ack timeout or a
+consumer leaving sends a message back for redelivery; nacks and timeouts count as failed
+attempts (a consumer leaving does not), with the policy's fixed or exponential backoff (or
+the nack's delay_ms if larger). After max_redelivery_count failures the poison policy
+decides: Block stalls the subscription (on KeyShared only that message's key), Drop treats it
+as acked, DeadLetter republishes it to the dead-letter topic and then treats it as acked.
+Messages are handed to consumers in offset order per subscription (per key on KeyShared).
+"""
+
+import asyncio
+import heapq
+import logging
+import time
+
+from danube.broker import failure_policy as fp
+from danube.broker.subscription import EXCLUSIVE, FAILOVER, KEY_SHARED
+from danube.proto import DanubeApi_pb2 as pb
+
+log = logging.getLogger("danube.broker.reliable")
+
+HEARTBEAT = 0.5          # upstream's dispatcher heartbeat
+READ_BATCH = 256
+
+
+class Delivery:
+    __slots__ = ("offset", "consumer", "deadline", "payload", "key")
+
+    def __init__(self, offset, consumer, deadline, payload, key):
+        self.offset = offset
+        self.consumer = consumer
+        self.deadline = deadline
+        self.payload = payload
+        self.key = key
+
+
+class ReliableDispatcher:
+    def __init__(self, subscription, topic, cursor, policy, window, *, loop, on_cursor,
+                 dead_letter):
+        self.sub = subscription
+        self.topic = topic
+        self.cursor = cursor
+        self.next_read = cursor + 1
+        self.policy = policy
+        self.window = window
+        self.loop = loop
+        self._on_cursor = on_cursor        # async (cursor) -> None: persist it
+        self._dead_letter = dead_letter    # async (delivery, attempts, reason) -> None
+        self.inflight = {}
+        self.acked = set()
+        self.retry = []                    # heap of (due, offset)
+        self.retry_payloads = {}           # offset -> (payload, key)
+        self.attempts = {}                 # offset -> failed deliveries so far
+        self.blocked_offset = None         # Block on non-KeyShared: the stalled message
+        self.blocked_keys = {}             # Block on KeyShared: key -> offset
+        self.held = {}                     # KeyShared: key -> [(offset, payload)] behind a block
+        self._rr = 0
+        self._wake = asyncio.Event()
+        self._saved_cursor = cursor
+        self._save_task = None
+        self._dead_lettering = set()
+        self.stats = {"redelivered": 0, "nacked": 0, "ack_timeouts": 0, "exhausted": 0,
+                      "dead_lettered": 0, "dropped": 0}
+        self._task = loop.create_task(self._run())
+
+    # -- the outside world ---------------------------------------------------------------
+
+    def notify(self):
+        """New messages in the log, a consumer came or went, or an ack freed the window."""
+        self._wake.set()
+
+    @property
+    def lag(self):
+        return max(0, self.topic.dispatchable_end - 1 - self.cursor)
+
+    async def close(self):
+        self._task.cancel()
+        try:
+            await self._task
+        except asyncio.CancelledError:
+            pass
+        await self.flush_cursor()
+
+    async def flush_cursor(self):
+        if self._saved_cursor != self.cursor:
+            cursor = self.cursor
+            await self._on_cursor(cursor)
+            self._saved_cursor = max(self._saved_cursor, cursor)
+
+    def ack(self, offset):
+        delivery = self.inflight.pop(offset, None)
+        if delivery is None:
+            if offset in self.retry_payloads:
+                # Acked while waiting for redelivery (a late ack of an earlier delivery):
+                # the consumer did process it.
+                del self.retry_payloads[offset]
+            elif offset <= self.cursor or offset >= self.next_read or offset in self.acked:
+                return
+        self._settle(offset)
+
+    def nack(self, offset, delay_ms=None, reason=None):
+        delivery = self.inflight.pop(offset, None)
+        if delivery is None:
+            return
+        self.stats["nacked"] += 1
+        self._failed(delivery, delay_ms, reason or "nacked")
+
+    def consumer_left(self, consumer):
+        """Its in-flight messages go back for immediate redelivery (not a failed attempt)."""
+        now = self.loop.time()
+        for offset, delivery in list(self.inflight.items()):
+            if delivery.consumer is consumer:
+                del self.inflight[offset]
+                self._schedule(delivery, now)
+        self.notify()
+
+    # -- bookkeeping ---------------------------------------------------------------------
+
+    def _settle(self, offset):
+        """The message is done with (acked, dropped or dead-lettered)."""
+        self.attempts.pop(offset, None)
+        if offset == self.cursor + 1:
+            self.cursor = offset
+            while self.cursor + 1 in self.acked:
+                self.cursor += 1
+                self.acked.discard(self.cursor)
+            self._schedule_save()
+        elif offset > self.cursor:
+            self.acked.add(offset)
+        self.notify()
+
+    def _schedule_save(self):
+        # Debounced: the cursor is written at most about once a second while acks flow,
+        # and on close / consumer disconnect (flush_cursor).
+        if self._save_task is None or self._save_task.done():
+            self._save_task = self.loop.create_task(self._save_later())
+
+    async def _save_later(self):
+        await asyncio.sleep(1.0)
+        await self.flush_cursor()
+
+    def _schedule(self, delivery, due):
+        heapq.heappush(self.retry, (due, delivery.offset))
+        self.retry_payloads[delivery.offset] = (delivery.payload, delivery.key)
+
+    def _failed(self, delivery, delay_ms, reason):
+        attempts = self.attempts.get(delivery.offset, 0) + 1
+        self.attempts[delivery.offset] = attempts
+        if attempts > self.policy.max_redelivery_count:
+            self.stats["exhausted"] += 1
+            self._poison(delivery, attempts, reason)
+            return
+        delay = max(self.policy.redelivery_delay_ms(attempts), delay_ms or 0)
+        self._schedule(delivery, self.loop.time() + delay / 1000.0)
+        self.notify()
+
+    def _poison(self, delivery, attempts, reason):
+        policy = self.policy.poison_policy
+        log.warning("%s/%s: offset %d failed %d times (%s): %s", self.topic.name, self.sub.name,
+                    delivery.offset, attempts, reason, policy)
+        if policy == fp.DROP:
+            self.stats["dropped"] += 1
+            self._settle(delivery.offset)
+        elif policy == fp.DEAD_LETTER:
+            self._dead_lettering.add(delivery.offset)
+            self.loop.create_task(self._send_to_dead_letter(delivery, attempts, reason))
+        elif self.sub.sub_type == KEY_SHARED:
+            self.blocked_keys[delivery.key] = delivery.offset
+        else:
+            self.blocked_offset = delivery.offset
+
+    async def _send_to_dead_letter(self, delivery, attempts, reason):
+        try:
+            await self._dead_letter(delivery, attempts, reason)
+        except Exception:  # noqa: BLE001 - keep the message; retry on the next failure
+            log.exception("dead-lettering offset %d of %s failed", delivery.offset,
+                          self.topic.name)
+            self._dead_lettering.discard(delivery.offset)
+            self.attempts[delivery.offset] -= 1
+            self._schedule(delivery, self.loop.time() + 1.0)
+            return
+        self._dead_lettering.discard(delivery.offset)
+        self.stats["dead_lettered"] += 1
+        self._settle(delivery.offset)
+
+    @property
+    def stalled(self):
+        return self.blocked_offset is not None
+
+    # -- the dispatch loop ---------------------------------------------------------------
+
+    async def _run(self):
+        while True:
+            timeout = self._dispatch()
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout)
+            except asyncio.TimeoutError:
+                pass
+            self._wake.clear()
+
+    def _dispatch(self):
+        """One pass: expire acks, redeliver what is due, deliver new messages. Returns how
+        long to sleep at most before the next pass."""
+        now = self.loop.time()
+        next_deadline = now + HEARTBEAT
+        ack_timeout = self.policy.ack_timeout_ms / 1000.0
+        for offset, delivery in list(self.inflight.items()):
+            if delivery.deadline <= now:
+                del self.inflight[offset]
+                self.stats["ack_timeouts"] += 1
+                self._failed(delivery, None, "ack timeout")
+            else:
+                next_deadline = min(next_deadline, delivery.deadline)
+        consumers = self._consumers()
+        if consumers:
+            # Redeliveries first, in offset order among those due.
+            while self.retry and self.retry[0][0] <= now and len(self.inflight) < self.window:
+                due, offset = heapq.heappop(self.retry)
+                entry = self.retry_payloads.pop(offset, None)
+                if entry is None:
+                    continue            # acked meanwhile
+                payload, key = entry
+                if not self._deliver(consumers, offset, payload, key, now + ack_timeout):
+                    heapq.heappush(self.retry, (due, offset))
+                    self.retry_payloads[offset] = entry
+                    break
+                self.stats["redelivered"] += 1
+            if not self.stalled:
+                self._deliver_new(consumers, now + ack_timeout)
+        if self.retry:
+            next_deadline = min(next_deadline, self.retry[0][0])
+        return max(0.0, next_deadline - now)
+
+    def _deliver_new(self, consumers, deadline):
+        end = self.topic.dispatchable_end
+        while self.next_read < end and len(self.inflight) < self.window:
+            want = min(READ_BATCH, self.window - len(self.inflight), end - self.next_read)
+            batch = self.topic.read(self.next_read, want)
+            if not batch:
+                return
+            for offset, payload in batch:
+                key = self._key(payload)
+                if key in self.blocked_keys or key in self.held:
+                    # Behind a blocked message of the same key: keep key order.
+                    self.held.setdefault(key, []).append(offset)
+                    self.next_read = offset + 1
+                    continue
+                if not self._deliver(consumers, offset, payload, key, deadline):
+                    return
+                self.next_read = offset + 1
+
+    def _key(self, payload):
+        if self.sub.sub_type != KEY_SHARED:
+            return None
+        msg = pb.StreamMessage.FromString(payload)
+        return msg.routing_key if msg.HasField("routing_key") else msg.producer_name
+
+    def _consumers(self):
+        # Same order as the subscription's fan-out ring (KeyShared owner indexes into it).
+        return self.sub.active_consumers()
+
+    def _deliver(self, consumers, offset, payload, key, deadline):
+        consumer = self._pick(consumers, key)
+        if consumer is None or not consumer.outbox.offer(payload):
+            return False
+        self.inflight[offset] = Delivery(offset, consumer, deadline, payload, key)
+        return True
+
+    def _pick(self, consumers, key):
+        kind = self.sub.sub_type
+        if kind in (EXCLUSIVE, FAILOVER):
+            return consumers[0]
+        if kind == KEY_SHARED:
+            index = self.sub.fanout.owner_of(key)
+            return consumers[index] if 0 <= index < len(consumers) else None
+        # Shared: round-robin.
+        n = len(consumers)
+        start = self._rr % n
+        self._rr += 1
+        return consumers[start]

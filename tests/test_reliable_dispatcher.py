@@ -1,0 +1,224 @@
+"""The reliable dispatcher's state machine against an in-memory log: window, out-of-order
+acks and the cursor, nack and ack-timeout redelivery with backoff, poison policies, consumer
+loss, KeyShared per-key blocking. End-to-end behaviour over the real WAL and the official
+client is tested in test_e2e_reliable.py."""
+
+import asyncio
+
+import pytest
+
+from danube._core import GrpcDeframer
+from danube.broker import failure_policy as fp
+from danube.broker.consumer import Consumer
+from danube.broker.reliable import ReliableDispatcher
+from danube.broker.subscription import EXCLUSIVE, KEY_SHARED, SHARED, Subscription
+from danube.proto import DanubeApi_pb2 as pb
+
+
+class MemoryTopic:
+    """The two things a dispatcher reads from a topic: the log and how far it may read."""
+
+    def __init__(self):
+        self.name = "/default/t"
+        self.messages = []
+        self.broker = self
+        self.subs = []
+
+    @property
+    def dispatchable_end(self):
+        return len(self.messages)
+
+    def read(self, offset, n):
+        return [(o, self.messages[o]) for o in range(offset, min(offset + n, len(self.messages)))]
+
+    def publish(self, payload, key=None):
+        msg = pb.StreamMessage(payload=payload, producer_name="p",
+                               msg_id=pb.MsgID(topic_offset=len(self.messages)))
+        if key is not None:
+            msg.routing_key = key
+        self.messages.append(msg.SerializeToString())
+        for d in self.subs:
+            d.notify()
+
+    def consumer_removed(self, consumer):
+        pass
+
+
+def drain(consumer):
+    return [pb.StreamMessage.FromString(m) for m in GrpcDeframer().feed(bytes(consumer.outbox.take()))]
+
+
+async def make(sub_type=EXCLUSIVE, window=10, consumers=("c1",), **policy):
+    loop = asyncio.get_running_loop()
+    topic = MemoryTopic()
+    sub = Subscription(topic, "s", sub_type)
+    made = []
+    for i, name in enumerate(consumers):
+        c = Consumer(i + 1, name, sub, loop=loop)
+        sub.add(c)
+        made.append(c)
+    saved = []
+    dead = []
+
+    async def on_cursor(cursor):
+        saved.append(cursor)
+
+    async def dead_letter(delivery, attempts, reason):
+        dead.append((delivery.offset, attempts, reason))
+    d = ReliableDispatcher(sub, topic, -1, fp.FailurePolicy(**policy).validate(), window,
+                           loop=loop, on_cursor=on_cursor, dead_letter=dead_letter)
+    topic.subs.append(d)
+    return topic, d, made, saved, dead
+
+
+async def settle():
+    for _ in range(5):
+        await asyncio.sleep(0.01)
+
+
+async def test_window_bounds_inflight_and_acks_advance_the_cursor():
+    topic, d, (c,), saved, _ = await make(window=3)
+    for i in range(5):
+        topic.publish(b"m%d" % i)
+    await settle()
+    assert [m.msg_id.topic_offset for m in drain(c)] == [0, 1, 2]
+    d.ack(1)                                    # out of order
+    await settle()
+    assert d.cursor == -1 and d.acked == {1}
+    assert [m.msg_id.topic_offset for m in drain(c)] == [3]
+    d.ack(0)
+    assert d.cursor == 1
+    d.ack(2)
+    d.ack(3)
+    await settle()
+    assert [m.msg_id.topic_offset for m in drain(c)] == [4]
+    assert d.cursor == 3
+    await d.close()
+    assert saved[-1] == 3
+
+
+async def test_nack_redelivers_the_same_offset_after_the_delay():
+    topic, d, (c,), _, _ = await make(base_redelivery_delay_ms=50, backoff_strategy="fixed")
+    topic.publish(b"x")
+    await settle()
+    assert [m.payload for m in drain(c)] == [b"x"]
+    d.nack(0)
+    await settle()
+    assert drain(c) == []                      # not before the delay
+    await asyncio.sleep(0.1)
+    again = drain(c)
+    assert [(m.payload, m.msg_id.topic_offset) for m in again] == [(b"x", 0)]
+    assert d.stats["redelivered"] == 1
+    await d.close()
+
+
+async def test_nack_delay_wins_when_larger_than_backoff():
+    topic, d, (c,), _, _ = await make(base_redelivery_delay_ms=1)
+    topic.publish(b"x")
+    await settle()
+    drain(c)
+    d.nack(0, delay_ms=200)
+    await asyncio.sleep(0.1)
+    assert drain(c) == []
+    await asyncio.sleep(0.2)
+    assert len(drain(c)) == 1
+    await d.close()
+
+
+async def test_ack_timeout_redelivers():
+    topic, d, (c,), _, _ = await make(ack_timeout_ms=50, base_redelivery_delay_ms=0)
+    topic.publish(b"x")
+    await settle()
+    drain(c)
+    await asyncio.sleep(0.15)
+    assert [m.payload for m in drain(c)] == [b"x"]
+    assert d.stats["ack_timeouts"] >= 1
+    await d.close()
+
+
+async def test_exponential_backoff_values():
+    p = fp.FailurePolicy(base_redelivery_delay_ms=100, max_redelivery_delay_ms=500)
+    assert [p.redelivery_delay_ms(a) for a in (1, 2, 3, 4, 5)] == [100, 200, 400, 500, 500]
+    f = fp.FailurePolicy(base_redelivery_delay_ms=100, backoff_strategy="fixed")
+    assert [f.redelivery_delay_ms(a) for a in (1, 5)] == [100, 100]
+
+
+@pytest.mark.parametrize("policy", ["drop", "block", "dead_letter"])
+async def test_poison_policies(policy):
+    extra = {"dead_letter_topic": "/default/dlq"} if policy == "dead_letter" else {}
+    topic, d, (c,), _, dead = await make(max_redelivery_count=2, base_redelivery_delay_ms=0,
+                                         poison_policy=policy, **extra)
+    topic.publish(b"poison")
+    topic.publish(b"next")
+    await settle()
+    delivered = [m.payload for m in drain(c)]
+    assert delivered == [b"poison", b"next"]
+    d.ack(1)
+    for _ in range(3):                          # 1 delivery + 2 redeliveries, all nacked
+        d.nack(0)
+        await settle()
+        drain(c)
+    await settle()
+    assert d.stats["exhausted"] == 1
+    if policy == "block":
+        assert d.stalled and d.cursor == -1
+        topic.publish(b"after")
+        await settle()
+        assert drain(c) == []                   # the subscription is stalled
+    else:
+        assert d.cursor == 1                    # the poison message counts as done
+        topic.publish(b"after")
+        await settle()
+        assert [m.payload for m in drain(c)] == [b"after"]
+    if policy == "dead_letter":
+        assert dead == [(0, 3, "nacked")]
+    await d.close()
+
+
+async def test_key_shared_block_stalls_only_that_key():
+    topic, d, (a, b), _, _ = await make(KEY_SHARED, consumers=("a", "b"), window=100,
+                                        max_redelivery_count=0, poison_policy="block")
+    topic.publish(b"k1-0", key="k1")
+    await settle()
+    got = drain(a) + drain(b)
+    assert [m.payload for m in got] == [b"k1-0"]
+    d.nack(0)                                   # max_redelivery_count 0: poisoned at once
+    await settle()
+    for i in range(1, 4):
+        topic.publish(b"k1-%d" % i, key="k1")
+        topic.publish(b"k2-%d" % i, key="k2")
+    await settle()
+    got = [m.payload for m in drain(a) + drain(b)]
+    assert sorted(got) == [b"k2-1", b"k2-2", b"k2-3"]
+    assert d.blocked_keys == {"k1": 0}
+    await d.close()
+
+
+async def test_consumer_leaving_hands_its_messages_to_another_shared_consumer():
+    topic, d, (a, b), _, _ = await make(SHARED, consumers=("a", "b"))
+    for i in range(4):
+        topic.publish(b"m%d" % i)
+    await settle()
+    from_a = drain(a)
+    drain(b)
+    assert from_a
+    d.sub.remove(a)
+    d.consumer_left(a)
+    await settle()
+    again = drain(b)
+    assert sorted(m.msg_id.topic_offset for m in again) == \
+        sorted(m.msg_id.topic_offset for m in from_a)
+    assert d.stats["redelivered"] == len(from_a)
+    assert all(d.attempts.get(m.msg_id.topic_offset, 0) == 0 for m in again)
+    await d.close()
+
+
+def test_dead_letter_needs_a_topic():
+    with pytest.raises(fp.InvalidFailurePolicy, match="dead_letter_topic"):
+        fp.FailurePolicy(poison_policy="dead_letter").validate()
+    policy = fp.FailurePolicy.from_config({"poison_policy": "DeadLetter",
+                                           "dead_letter_topic": "/{namespace}/{topic}-dlq"})
+    assert policy.for_subscription("/default/orders", "s").dead_letter_topic == \
+        "/default/orders-dlq"
+    with pytest.raises(fp.InvalidFailurePolicy, match="unknown keys"):
+        fp.FailurePolicy.from_config({"max_retries": 3})
