@@ -20,7 +20,6 @@ Messages are handed to consumers in offset order per subscription (per key on Ke
 import asyncio
 import heapq
 import logging
-import time
 
 from danube.broker import failure_policy as fp
 from danube.broker.subscription import EXCLUSIVE, FAILOVER, KEY_SHARED
