@@ -57,6 +57,18 @@ class BrokerConfig:
     admin_tls: bool = False
     policies: Policies = dataclasses.field(default_factory=Policies)
     max_unacked_messages: int = 10
+    # Reliable topics (reference d.1 keys where upstream has them; durability is ours).
+    wal_root: str | None = None                 # storage.local_wal_root (default data_dir/wal)
+    wal_durability: str = "always"              # storage.wal.durability: always|interval|none
+    wal_topic_durability: dict = dataclasses.field(default_factory=dict)
+    wal_sync_interval_ms: int = 5000            # storage.wal.advanced.file_sync.interval_ms
+    wal_segment_max_bytes: int = 64 * 1024 * 1024   # storage.wal.rotation.max_bytes
+    wal_segment_max_hours: float | None = None  # storage.wal.rotation.max_hours
+    wal_cache_capacity: int = 1024              # storage.wal.advanced.cache_capacity
+    retention_time_minutes: int = 2880          # storage.local_retention.time_minutes
+    retention_size_mb: int = 20480              # storage.local_retention.size_mb
+    retention_check_interval_minutes: float = 5  # storage.local_retention.check_interval_minutes
+    failure_policy: object = None               # dispatch.failure_policy (ours): defaults
     # Transport cap on one gRPC message (our key, not upstream's); policies.max_message_size
     # must stay below it so oversize publishes get INVALID_ARGUMENT, not RESOURCE_EXHAUSTED.
     grpc_max_message_size: int = 16 * 1024 * 1024
@@ -89,7 +101,20 @@ class BrokerConfig:
                 f"the gRPC transport limit grpc.max_message_size ({self.grpc_max_message_size})")
         if not 1 <= self.max_unacked_messages <= 10000:
             raise ConfigError("dispatch.max_unacked_messages must be between 1 and 10000")
+        for where, mode in [("storage.wal.durability", self.wal_durability),
+                            *((f"storage.wal.topic_durability[{t}]", m)
+                              for t, m in self.wal_topic_durability.items())]:
+            if mode not in ("always", "interval", "none"):
+                raise ConfigError(f"{where}: expected always, interval or none, got {mode!r}")
+        if self.wal_root is None:
+            self.wal_root = os.path.join(self.data_dir, "wal")
+        if self.failure_policy is None:
+            from danube.broker.failure_policy import FailurePolicy
+            self.failure_policy = FailurePolicy()
         return self
+
+    def durability_for(self, topic):
+        return self.wal_topic_durability.get(topic, self.wal_durability)
 
 
 def _get(tree, dotted, default=None):
@@ -152,10 +177,48 @@ def load_config(path: str | None) -> BrokerConfig:
     for field in dataclasses.fields(Policies):
         value = _int(tree, f"policies.{field.name}", getattr(cfg.policies, field.name))
         setattr(cfg.policies, field.name, value)
+    _load_storage(cfg, tree)
     cfg.grpc_max_message_size = _int(tree, "grpc.max_message_size", cfg.grpc_max_message_size)
     cfg.grpc_max_concurrent_streams = _int(tree, "grpc.max_concurrent_streams",
                                            cfg.grpc_max_concurrent_streams)
     return cfg
+
+
+def _load_storage(cfg, tree):
+    from danube.broker.failure_policy import FailurePolicy, InvalidFailurePolicy
+
+    root = _get(tree, "storage.local_wal_root")
+    if root is not None:
+        cfg.wal_root = str(root)
+    cfg.wal_durability = str(_get(tree, "storage.wal.durability", cfg.wal_durability))
+    per_topic = _get(tree, "storage.wal.topic_durability", {}) or {}
+    if not isinstance(per_topic, dict):
+        raise ConfigError("storage.wal.topic_durability: expected a mapping of topic -> mode")
+    cfg.wal_topic_durability = {str(k): str(v) for k, v in per_topic.items()}
+    cfg.wal_sync_interval_ms = _int(tree, "storage.wal.advanced.file_sync.interval_ms",
+                                    cfg.wal_sync_interval_ms)
+    cfg.wal_segment_max_bytes = _int(tree, "storage.wal.rotation.max_bytes",
+                                     cfg.wal_segment_max_bytes)
+    hours = _get(tree, "storage.wal.rotation.max_hours")
+    if hours is not None:
+        if not isinstance(hours, (int, float)) or hours <= 0:
+            raise ConfigError("storage.wal.rotation.max_hours: expected a positive number")
+        cfg.wal_segment_max_hours = float(hours)
+    cfg.wal_cache_capacity = _int(tree, "storage.wal.advanced.cache_capacity",
+                                  cfg.wal_cache_capacity)
+    cfg.retention_time_minutes = _int(tree, "storage.local_retention.time_minutes",
+                                      cfg.retention_time_minutes)
+    cfg.retention_size_mb = _int(tree, "storage.local_retention.size_mb", cfg.retention_size_mb)
+    interval = _get(tree, "storage.local_retention.check_interval_minutes")
+    if interval is not None:
+        if not isinstance(interval, (int, float)) or interval <= 0:
+            raise ConfigError("storage.local_retention.check_interval_minutes: expected a "
+                              "positive number")
+        cfg.retention_check_interval_minutes = float(interval)
+    try:
+        cfg.failure_policy = FailurePolicy.from_config(_get(tree, "dispatch.failure_policy"))
+    except (InvalidFailurePolicy, TypeError) as exc:
+        raise ConfigError(f"dispatch.failure_policy: {exc}") from None
 
 
 def apply_overrides(cfg: BrokerConfig, args) -> BrokerConfig:
