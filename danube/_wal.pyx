@@ -1,5 +1,5 @@
 # cython: language_level=3
-"""WAL frame codec (grows into the mmap WAL in the reliable-dispatch issue).
+"""WAL frame codec, and the per-message helpers of the mmap WAL (``danube.storage.wal``).
 
 A WAL segment is a sequence of frames, each a 16-byte little-endian header followed by the
 payload::
@@ -28,7 +28,7 @@ in C with the GIL released for large inputs.
 """
 
 from cpython.buffer cimport (PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE,
-                             PyBUF_WRITABLE)
+                             PyBUF_WRITABLE, PyBUF_FORMAT, PyBUF_ND)
 from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING, PyBytes_CheckExact, \
     PyBytes_GET_SIZE
 from cpython.mem cimport PyMem_Malloc, PyMem_Free
@@ -149,14 +149,10 @@ cdef struct _Src:
     bint exported           # view holds a buffer export to release
 
 
-def encode_frames_into(out, Py_ssize_t pos, unsigned long long first_offset, payloads):
-    """Write one frame per payload into the writable buffer ``out`` starting at ``pos``.
-
-    Frames get offsets ``first_offset, first_offset + 1, ...``. Returns the position just past
-    the last frame. Raises ValueError, writing nothing, if the frames do not fit (or ``pos``
-    is out of range, or a payload is too large). ``payloads`` is a list (or any sequence) of
-    buffers; bytes take a fast path.
-    """
+cdef Py_ssize_t _encode(out, Py_ssize_t pos, unsigned long long first_offset, payloads,
+                        uint64_t *index, Py_ssize_t index_room) except -1:
+    """Frame ``payloads`` into ``out`` at ``pos``; store each frame's position in ``index``
+    (when not NULL, room for ``index_room`` entries). Returns the end position."""
     cdef Py_buffer outv
     cdef _Src *src = NULL
     cdef Py_ssize_t n, i, acquired = 0, total = 0, p
@@ -172,6 +168,8 @@ def encode_frames_into(out, Py_ssize_t pos, unsigned long long first_offset, pay
             return pos
         if first_offset + <unsigned long long>(n - 1) < first_offset:
             raise ValueError("frame offsets would overflow 64 bits")
+        if index != NULL and n > index_room:
+            raise ValueError(f"index has room for {index_room} positions, {n} frames given")
         src = <_Src *>PyMem_Malloc(n * sizeof(_Src))
         if src == NULL:
             raise MemoryError()
@@ -196,11 +194,15 @@ def encode_frames_into(out, Py_ssize_t pos, unsigned long long first_offset, pay
         if total > _NOGIL_MIN:
             with nogil:
                 for i in range(n):
+                    if index != NULL:
+                        index[i] = <uint64_t>p
                     _write_frame(base + p, first_offset + <unsigned long long>i,
                                  <const unsigned char *>src[i].view.buf, src[i].view.len)
                     p += _HDR + src[i].view.len
         else:
             for i in range(n):
+                if index != NULL:
+                    index[i] = <uint64_t>p
                 _write_frame(base + p, first_offset + <unsigned long long>i,
                              <const unsigned char *>src[i].view.buf, src[i].view.len)
                 p += _HDR + src[i].view.len
@@ -212,6 +214,17 @@ def encode_frames_into(out, Py_ssize_t pos, unsigned long long first_offset, pay
                     PyBuffer_Release(&src[i].view)
             PyMem_Free(src)
         PyBuffer_Release(&outv)
+
+
+def encode_frames_into(out, Py_ssize_t pos, unsigned long long first_offset, payloads):
+    """Write one frame per payload into the writable buffer ``out`` starting at ``pos``.
+
+    Frames get offsets ``first_offset, first_offset + 1, ...``. Returns the position just past
+    the last frame. Raises ValueError, writing nothing, if the frames do not fit (or ``pos``
+    is out of range, or a payload is too large). ``payloads`` is a list (or any sequence) of
+    buffers; bytes take a fast path.
+    """
+    return _encode(out, pos, first_offset, payloads, NULL, 0)
 
 
 cdef struct _Scan:
@@ -398,3 +411,234 @@ def read_frame(buffer, Py_ssize_t pos):
     finally:
         PyBuffer_Release(&view)
     return off, payload, pos + _HDR + ln
+
+
+# ---------------------------------------------------------------- WAL storage helpers
+#
+# What danube.storage's WAL needs per message, kept here so Python runs once per batch:
+# measuring a batch against the room left in a segment, framing it into the mmap while
+# recording each frame's position, reading a run of frames back out, and the hot-tail cache.
+
+cdef uint64_t *_index_ptr(obj, Py_buffer *view, Py_ssize_t at, Py_ssize_t n) except NULL:
+    """Borrow ``obj[at:at + n]`` of a writable, contiguous uint64 array (numpy) as a pointer.
+    The caller releases ``view``."""
+    PyObject_GetBuffer(obj, view, PyBUF_WRITABLE | PyBUF_FORMAT | PyBUF_ND)
+    fmt = (<bytes>view.format).lstrip(b"<=@") if view.format != NULL else b"B"
+    if view.itemsize != 8 or fmt not in (b"Q", b"L") or view.ndim != 1:
+        PyBuffer_Release(view)
+        raise TypeError(f"index must be a 1-D uint64 array, got format {fmt!r}")
+    if at < 0 or at > view.shape[0]:
+        PyBuffer_Release(view)
+        raise ValueError(f"index position {at} out of range for {view.shape[0]} entries")
+    return <uint64_t *>view.buf + at
+
+
+def encode_frames_indexed(out, Py_ssize_t pos, unsigned long long first_offset, payloads,
+                          index, Py_ssize_t index_at):
+    """``encode_frames_into`` that also records where each frame starts.
+
+    ``index`` is a writable 1-D uint64 array (numpy); the header position of frame ``i`` is
+    stored at ``index[index_at + i]``. Raises ValueError, writing nothing, if the index has
+    no room for every frame or the frames do not fit in ``out``. Returns the end position.
+    """
+    cdef Py_buffer iv
+    cdef uint64_t *ip = _index_ptr(index, &iv, index_at, 0)
+    try:
+        return _encode(out, pos, first_offset, payloads, ip, iv.shape[0] - index_at)
+    finally:
+        PyBuffer_Release(&iv)
+
+
+def measure_frames(payloads, Py_ssize_t room):
+    """Size up a batch before writing it: returns ``(total, n_fit, all_bytes)``.
+
+    ``total`` is the bytes all its frames take, ``n_fit`` how many leading frames fit in
+    ``room`` bytes, ``all_bytes`` whether every payload is an exact ``bytes`` object. Raises
+    ValueError for a payload over MAX_PAYLOAD, TypeError for a non-buffer.
+    """
+    cdef Py_buffer view
+    cdef Py_ssize_t i, n, ln, total = 0, n_fit = -1
+    cdef bint all_bytes = True
+    seq = payloads if type(payloads) is list or type(payloads) is tuple else list(payloads)
+    n = len(seq)
+    for i in range(n):
+        obj = seq[i]
+        if PyBytes_CheckExact(obj):
+            ln = PyBytes_GET_SIZE(obj)
+        else:
+            PyObject_GetBuffer(obj, &view, PyBUF_SIMPLE)
+            ln = view.len
+            PyBuffer_Release(&view)
+            all_bytes = False
+        if ln > _MAX_PAYLOAD:
+            raise ValueError(f"payload {i} of {ln} bytes exceeds MAX_PAYLOAD ({_MAX_PAYLOAD})")
+        total += _HDR + ln
+        if n_fit < 0 and total > room:
+            n_fit = i
+    return total, (n if n_fit < 0 else n_fit), all_bytes
+
+
+def read_frames(buffer, Py_ssize_t pos, Py_ssize_t end, long long first_offset,
+                Py_ssize_t max_messages, long long max_bytes=-1, bint verify=False):
+    """Read consecutive frames of ``buffer[pos:end]`` as a list of ``(offset, payload)``.
+
+    ``pos`` must be the start of the frame carrying ``first_offset``; each frame's stored
+    offset is checked against the expected one. Stops after ``max_messages`` frames, at
+    ``end``, or before the frame that would take the payload total over ``max_bytes``
+    (``< 0``: no limit) -- but always returns the first frame, however large, so a reader
+    makes progress. ``verify`` also checks every CRC. Raises FrameError on a frame that is
+    cut short, zero, misnumbered or (with ``verify``) fails its CRC.
+    """
+    cdef list out = []
+    read_frames_into(out, buffer, pos, end, first_offset, max_messages, max_bytes, verify)
+    return out
+
+
+def read_frames_into(list out, buffer, Py_ssize_t pos, Py_ssize_t end, long long first_offset,
+                     Py_ssize_t max_messages, long long max_bytes=-1, bint verify=False):
+    """``read_frames`` appending to ``out``; returns the payload bytes appended. The limits
+    apply to this call; the first frame is exempt from ``max_bytes`` only while ``out`` is
+    empty (so a read spanning segments is bounded as a whole)."""
+    cdef Py_buffer view
+    cdef const unsigned char *p
+    cdef uint64_t off
+    cdef uint32_t ln, crc
+    cdef long long expect = first_offset, nbytes = 0
+    cdef Py_ssize_t count = 0
+    cdef bint exempt = len(out) == 0
+    PyObject_GetBuffer(buffer, &view, PyBUF_SIMPLE)
+    try:
+        if pos < 0 or pos > end or end > view.len:
+            raise ValueError(f"bad range [{pos}, {end}) for a buffer of {view.len} bytes")
+        while count < max_messages and end - pos >= _HDR:
+            p = <const unsigned char *>view.buf + pos
+            off = danube_wal_get_le64(p)
+            ln = danube_wal_get_le32(p + 8)
+            crc = danube_wal_get_le32(p + 12)
+            if off == 0 and ln == 0 and crc == 0:
+                raise FrameError(f"no frame at position {pos}: all-zero header "
+                                 f"(expected offset {expect})")
+            if <Py_ssize_t>ln > end - pos - _HDR:
+                raise FrameError(f"truncated frame at position {pos} (offset {off}): payload "
+                                 f"of {ln} bytes runs past {end}")
+            if off != <uint64_t>expect:
+                raise FrameError(f"frame at position {pos} carries offset {off}, expected "
+                                 f"{expect}")
+            if max_bytes >= 0 and nbytes + ln > max_bytes and not (exempt and count == 0):
+                break
+            if verify and _frame_crc(p, ln) != crc:
+                raise FrameError(f"CRC mismatch in frame at position {pos} (offset {off})")
+            out.append((expect, PyBytes_FromStringAndSize(<const char *>p + _HDR, ln)))
+            nbytes += ln
+            count += 1
+            expect += 1
+            pos += _HDR + ln
+    finally:
+        PyBuffer_Release(&view)
+    return nbytes
+
+
+def last_nonzero(buffer, Py_ssize_t start=0):
+    """Position just past the last non-zero byte of ``buffer[start:]`` (``start`` if none):
+    how far real data reaches beyond a point, e.g. a torn tail before recovery drops it."""
+    cdef Py_buffer view
+    cdef const unsigned char *b
+    cdef Py_ssize_t i
+    cdef uint64_t w
+    PyObject_GetBuffer(buffer, &view, PyBUF_SIMPLE)
+    try:
+        if start < 0 or start > view.len:
+            raise ValueError(f"start {start} out of range for a buffer of {view.len} bytes")
+        b = <const unsigned char *>view.buf
+        i = view.len
+        with nogil:
+            while i - start >= 8:
+                memcpy(&w, b + i - 8, 8)
+                if w:
+                    break
+                i -= 8
+            while i > start and b[i - 1] == 0:
+                i -= 1
+    finally:
+        PyBuffer_Release(&view)
+    return i
+
+
+cdef class TailCache:
+    """The newest ``capacity`` payloads of a log, by offset (a ring indexed by offset modulo
+    capacity). Readers near the head are served from here without touching the segments and
+    without a copy: the cached objects are the very bytes that were appended."""
+
+    cdef list _slots
+    cdef Py_ssize_t _cap
+    cdef long long _first       # oldest offset held
+    cdef long long _next        # one past the newest
+
+    def __init__(self, Py_ssize_t capacity, long long next_offset=0):
+        if capacity < 0:
+            raise ValueError("capacity must be >= 0")
+        self._cap = capacity
+        self._slots = [None] * capacity
+        self._first = self._next = next_offset
+
+    @property
+    def capacity(self):
+        return self._cap
+
+    @property
+    def first_offset(self):
+        """Oldest offset held (== next_offset when empty)."""
+        return self._first
+
+    @property
+    def next_offset(self):
+        return self._next
+
+    def __len__(self):
+        return self._next - self._first
+
+    def reset(self, long long next_offset):
+        """Drop everything; the next extend must start at ``next_offset``."""
+        cdef Py_ssize_t i
+        for i in range(self._cap):
+            self._slots[i] = None
+        self._first = self._next = next_offset
+
+    def extend(self, long long first_offset, payloads):
+        """Add payloads at ``first_offset, first_offset + 1, ...``; a batch that does not
+        continue the cache restarts it. Non-bytes payloads are stored as bytes copies."""
+        cdef Py_ssize_t i, n, start
+        cdef list slots = self._slots
+        seq = payloads if type(payloads) is list or type(payloads) is tuple else list(payloads)
+        n = len(seq)
+        if first_offset != self._next:
+            self.reset(first_offset)
+        if self._cap:
+            start = n - self._cap if n > self._cap else 0
+            for i in range(start, n):
+                obj = seq[i]
+                if not PyBytes_CheckExact(obj):
+                    obj = bytes(obj)
+                slots[(first_offset + i) % self._cap] = obj
+        self._next = first_offset + n
+        if self._next - self._first > self._cap:
+            self._first = self._next - self._cap
+
+    def read(self, long long from_offset, Py_ssize_t max_messages, long long max_bytes=-1):
+        """``[(offset, payload), ...]`` from ``from_offset`` (limits as ``read_frames``), or
+        None when ``from_offset`` is older than what the cache holds. Empty at the head."""
+        cdef list out = [], slots = self._slots
+        cdef long long o = from_offset, nbytes = 0
+        cdef Py_ssize_t ln, count = 0
+        if from_offset < self._first or from_offset > self._next:
+            return None
+        while o < self._next and count < max_messages:
+            obj = slots[o % self._cap]
+            ln = PyBytes_GET_SIZE(obj)
+            if count and max_bytes >= 0 and nbytes + ln > max_bytes:
+                break
+            out.append((o, obj))
+            nbytes += ln
+            count += 1
+            o += 1
+        return out

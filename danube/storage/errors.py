@@ -1,0 +1,51 @@
+"""Typed storage errors. The broker core catches these; exactly one place maps them to gRPC
+status codes."""
+
+
+class WALError(Exception):
+    """Base class of every error the WAL raises on purpose."""
+
+
+class WALClosedError(WALError):
+    """The WAL is closed (or closing): no more appends, reads or waits."""
+
+
+class WALLockedError(WALError):
+    """Another WAL (in this process or another) has the directory open. Two writers on one
+    topic directory would interleave offsets, so the second one is refused."""
+
+
+class WALFailedError(WALError):
+    """A sync or a write failed (disk full, I/O error). After a failed ``fdatasync`` the
+    kernel may have dropped the dirty pages it could not write, so a retry could report
+    success for data that is gone: the WAL refuses further appends and must be reopened
+    (recovery then shows what really is on disk). ``__cause__`` holds the OSError."""
+
+
+class CorruptSegmentError(WALError):
+    """Data in a sealed segment is damaged, or segments do not join up (an offset gap).
+
+    Sealed data is not silently dropped: it was acknowledged long ago and a hole in the
+    middle of a topic's history would go unnoticed by every reader. ``path`` is the file,
+    ``offset`` the first offset that cannot be read, ``position`` the byte position in the
+    file where the damage starts (None for a gap between files), ``status`` the scan result
+    (``SCAN_TORN``, ``SCAN_CORRUPT``, ``SCAN_GAP``) or None.
+    """
+
+    def __init__(self, message, *, path, offset, position=None, status=None):
+        super().__init__(message)
+        self.path = path
+        self.offset = offset
+        self.position = position
+        self.status = status
+
+
+class OffsetTruncatedError(WALError, LookupError):
+    """A read asked for an offset below the first offset the WAL still holds (retention
+    deleted it). ``first_offset`` says where the local log begins; older history lives in
+    the tiered store, if any."""
+
+    def __init__(self, offset, first_offset):
+        super().__init__(f"offset {offset} is below the first retained offset {first_offset}")
+        self.offset = offset
+        self.first_offset = first_offset

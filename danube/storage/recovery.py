@@ -1,0 +1,193 @@
+"""Opening a WAL directory: lock it, find the segments, validate them, cut a torn tail.
+
+Runs in the WAL's executor (it is all blocking file work). The rules:
+
+* Segment files are ``wal.{first_offset:020d}.log``; sorted by name they are the log in
+  order, and each must start where the previous one ends (a gap is ``CorruptSegmentError``).
+* Sealed segments (all but the last) must consist of clean frames only. Damage there is an
+  error naming the file and the first unreadable offset: it is acknowledged history, and
+  dropping it would leave a hole in the middle of the topic that no reader would notice. A
+  zero tail after the last frame is tolerated and trimmed (a seal whose truncation did not
+  reach the disk before a machine crash). With ``validate_sealed="lazy"`` (the default) a
+  sealed segment that the checkpoint lists with the same size is scanned on its first read
+  instead of at open, so opening a long history costs a directory listing, not a full read.
+* The last segment keeps every complete, CRC-clean frame; whatever follows (a torn frame, a
+  corrupt one, stray bytes after a hole) is cut off with ftruncate and logged with its size.
+  Offsets continue right after the last good frame.
+* With no segment at all, the log starts at ``max(start_offset, checkpoint next_offset)``.
+* Everything recovered is made durable before the WAL is used (fdatasync of the segments the
+  checkpoint does not mark as synced, and of the last one; fsync of the directory), so a
+  later sync's promise covers the recovered data too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import logging
+import os
+import time
+
+from danube.storage.checkpoint import (build_checkpoint, read_checkpoint, remove_stale_tmp,
+                                       write_checkpoint)
+from danube.storage.errors import CorruptSegmentError, WALLockedError
+from danube.storage.segment import STATUS_NAMES, Segment, parse_segment_name
+
+LOCK_NAME = "wal.lock"
+
+log = logging.getLogger("danube.storage.wal")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RecoveryReport:
+    """What ``WAL.open`` found. ``dropped_bytes`` is the torn/corrupt tail cut from the last
+    segment (``dropped_status`` says why: "torn", "corrupt", "offset gap" or "clean" for
+    stray bytes after a zero hole); ``trimmed_bytes`` the zero tails trimmed from sealed
+    segments; ``lazy_segments`` the sealed segments left to validate on first read."""
+    segments: int
+    first_offset: int
+    next_offset: int
+    dropped_bytes: int
+    dropped_status: str | None
+    trimmed_bytes: int
+    lazy_segments: int
+    checkpoint_used: bool
+    seconds: float
+
+
+@dataclasses.dataclass(slots=True)
+class Recovered:
+    lock_fd: int
+    segments: list[Segment]
+    report: RecoveryReport
+
+
+def lock_directory(directory: str) -> int:
+    fd = os.open(os.path.join(directory, LOCK_NAME), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
+                 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise WALLockedError(f"WAL directory {directory} is open in another WAL") from None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _number(entry, key, default):
+    value = entry.get(key) if entry else None
+    return value if isinstance(value, (int, float)) else default
+
+
+def recover(directory: str, config, start_offset: int, clock) -> Recovered:
+    started = time.perf_counter()
+    os.makedirs(directory, exist_ok=True)
+    lock_fd = lock_directory(directory)
+    segments: list[Segment] = []
+    try:
+        remove_stale_tmp(directory)
+        ckpt = read_checkpoint(directory)
+        entries = {}
+        if ckpt:
+            entries = {e.get("name"): e for e in ckpt["segments"] if isinstance(e, dict)}
+        active_entry = ckpt.get("active") if ckpt else None
+        found = sorted((base, name) for name in os.listdir(directory)
+                       if (base := parse_segment_name(name)) is not None)
+        now = clock()
+        dropped, dropped_status, trimmed, lazy = 0, None, 0, 0
+        for i, (base, name) in enumerate(found):
+            path = os.path.join(directory, name)
+            if segments and base != segments[-1].end_offset:
+                prev = segments[-1]
+                raise CorruptSegmentError(
+                    f"WAL {directory}: {prev.name} ends at offset {prev.end_offset - 1} but the "
+                    f"next segment {name} starts at offset {base}", path=path,
+                    offset=prev.end_offset)
+            if i < len(found) - 1:
+                st = os.stat(path)
+                e = entries.get(name)
+                created = _number(e, "created_at", st.st_mtime)
+                sealed_at = _number(e, "sealed_at", st.st_mtime)
+                synced = bool(e and e.get("synced") is True and e.get("size") == st.st_size)
+                last = e.get("last_offset") if e else None
+                if (config.validate_sealed == "lazy" and e and e.get("first_offset") == base
+                        and e.get("size") == st.st_size and st.st_size > 0
+                        and isinstance(last, int) and last >= base):
+                    seg = Segment.lazy_sealed(path, base, count=last - base + 1,
+                                              size=st.st_size, max_size=config.segment_max_bytes,
+                                              created_at=created, sealed_at=sealed_at,
+                                              synced=synced)
+                    lazy += 1
+                else:
+                    seg, t = Segment.recover_sealed(path, base,
+                                                    max_size=config.segment_max_bytes,
+                                                    created_at=created, sealed_at=sealed_at)
+                    if t:
+                        log.info("WAL %s: trimmed %d zero bytes after the last frame of sealed "
+                                 "segment %s", directory, t, name)
+                        trimmed += t
+                    elif synced:
+                        seg.synced_pos = seg.write_pos
+                segments.append(seg)
+            else:
+                created = now
+                if active_entry and active_entry.get("name") == name:
+                    created = _number(active_entry, "created_at", now)
+                seg, dropped, status = Segment.recover_active(
+                    path, base, initial_size=config.segment_initial_bytes,
+                    max_size=config.segment_max_bytes, created_at=created)
+                segments.append(seg)
+                if dropped:
+                    dropped_status = STATUS_NAMES.get(status, str(status))
+                    log.warning("WAL %s: dropped %d bytes of %s tail from %s at byte %d, after "
+                                "offset %d (the last complete, CRC-clean frame)", directory,
+                                dropped, dropped_status, name, seg.write_pos,
+                                seg.end_offset - 1)
+        if not segments:
+            base = max(start_offset, ckpt["next_offset"] if ckpt else 0)
+            segments.append(Segment.create(directory, base,
+                                           size=min(config.segment_initial_bytes,
+                                                    config.segment_max_bytes),
+                                           max_size=config.segment_max_bytes, created_at=now))
+        elif start_offset > segments[-1].end_offset:
+            log.warning("WAL %s: start_offset %d ignored, the directory holds offsets up to %d",
+                        directory, start_offset, segments[-1].end_offset - 1)
+        # Make the recovered state durable, so later promises cover it.
+        for seg in segments[:-1]:
+            if seg.synced_pos < seg.write_pos:
+                fd = os.open(seg.path, os.O_RDONLY | os.O_CLOEXEC)
+                try:
+                    os.fdatasync(fd)
+                finally:
+                    os.close(fd)
+                seg.synced_pos = seg.write_pos
+        active = segments[-1]
+        os.fdatasync(active.fd)
+        active.synced_pos = active.write_pos
+        write_checkpoint(directory, build_checkpoint(segments, active.end_offset,
+                                                     active.end_offset - 1, now))
+        report = RecoveryReport(
+            segments=len(found), first_offset=segments[0].base, next_offset=active.end_offset,
+            dropped_bytes=dropped, dropped_status=dropped_status, trimmed_bytes=trimmed,
+            lazy_segments=lazy, checkpoint_used=ckpt is not None,
+            seconds=time.perf_counter() - started)
+        return Recovered(lock_fd=lock_fd, segments=segments, report=report)
+    except BaseException:
+        for seg in segments:
+            seg.unmap()
+            if seg.fd is not None:
+                os.close(seg.fd)
+        os.close(lock_fd)
+        raise
+
+
+def release(recovered: Recovered) -> None:
+    """Undo a recovery whose WAL never got built (its opener was cancelled)."""
+    for seg in recovered.segments:
+        seg.unmap()
+        if seg.fd is not None:
+            os.close(seg.fd)
+            seg.fd = None
+    os.close(recovered.lock_fd)

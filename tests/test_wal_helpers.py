@@ -1,0 +1,139 @@
+"""The WAL's per-message helpers in danube._wal: measure_frames, encode_frames_indexed,
+read_frames(_into), last_nonzero, TailCache."""
+
+import random
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from danube._wal import (MAX_PAYLOAD, FrameError, TailCache, encode_frames_indexed,
+                         encode_frames_into, frame_size, last_nonzero, measure_frames,
+                         read_frames, read_frames_into, scan_frames)
+
+
+def test_measure_frames():
+    ps = [b"a", b"bb", bytearray(b"ccc"), memoryview(b"dddd")]
+    sizes = [frame_size(len(p)) for p in ps]
+    assert measure_frames(ps, 10**9) == (sum(sizes), 4, False)
+    assert measure_frames(ps[:2], 10**9) == (sum(sizes[:2]), 2, True)
+    assert measure_frames((b"x",), 10) == (17, 0, True)
+    assert measure_frames([], 0) == (0, 0, True)
+    for room in range(sum(sizes) + 1):
+        fit = sum(1 for k in range(1, 5) if sum(sizes[:k]) <= room)
+        assert measure_frames(ps, room)[1] == fit
+    with pytest.raises(ValueError, match="payload 1"):
+        measure_frames([b"", np.zeros(MAX_PAYLOAD + 1, np.uint8)], 10)
+    with pytest.raises(TypeError):
+        measure_frames(["str"], 10)
+
+
+def test_encode_frames_indexed_matches_encode_frames_into():
+    rnd = random.Random(1)
+    ps = [rnd.randbytes(rnd.randint(0, 300)) for _ in range(200)]
+    total = measure_frames(ps, 0)[0]
+    a, b = bytearray(total + 50), bytearray(total + 50)
+    index = np.full(300, 7, dtype=np.uint64)
+    end = encode_frames_indexed(a, 50, 1000, ps, index, 10)
+    assert end == encode_frames_into(b, 50, 1000, ps) == total + 50
+    assert a == b
+    offs, poss, valid_end, status = scan_frames(a, 50, -1, 1000)
+    assert (valid_end, status) == (end, 0)
+    assert np.array_equal(index[10:210], poss)
+    assert (index[:10] == 7).all() and (index[210:] == 7).all()
+
+
+def test_encode_frames_indexed_errors():
+    buf = bytearray(1000)
+    with pytest.raises(ValueError, match="room for 2"):
+        encode_frames_indexed(buf, 0, 0, [b"a"] * 3, np.zeros(5, np.uint64), 3)
+    with pytest.raises(ValueError, match="out of range"):
+        encode_frames_indexed(buf, 0, 0, [b"a"], np.zeros(5, np.uint64), 6)
+    for bad in (np.zeros(5, np.int64), np.zeros(5, np.uint32), np.zeros((2, 2), np.uint64)):
+        with pytest.raises(TypeError):
+            encode_frames_indexed(buf, 0, 0, [b"a"], bad, 0)
+    with pytest.raises(ValueError, match="need"):
+        encode_frames_indexed(buf, 990, 0, [b"a"], np.zeros(5, np.uint64), 0)
+    assert buf == bytearray(1000)       # nothing written on any error
+
+
+def _log(n, first=5):
+    rnd = random.Random(n)
+    ps = [rnd.randbytes(rnd.randint(0, 50)) for _ in range(n)]
+    buf = bytearray(measure_frames(ps, 0)[0] + 64)
+    index = np.zeros(n, np.uint64)
+    end = encode_frames_indexed(buf, 0, first, ps, index, 0)
+    return ps, buf, index, end
+
+
+def test_read_frames():
+    ps, buf, index, end = _log(100)
+    assert read_frames(buf, 0, end, 5, 1000) == [(5 + i, p) for i, p in enumerate(ps)]
+    assert read_frames(buf, int(index[40]), end, 45, 3, -1, True) == [
+        (45, ps[40]), (46, ps[41]), (47, ps[42])]
+    # max_bytes: the first message is always returned, later ones only within the budget.
+    big = [b"x" * 100] * 5
+    buf2 = bytearray(measure_frames(big, 0)[0])
+    e2 = encode_frames_into(buf2, 0, 0, big)
+    assert len(read_frames(buf2, 0, e2, 0, 10, 0)) == 1
+    assert len(read_frames(buf2, 0, e2, 0, 10, 250)) == 2
+    assert len(read_frames(buf2, 0, e2, 0, 10, 300)) == 3
+    out = [(0, b"prior")]
+    assert read_frames_into(out, buf2, 0, e2, 0, 10, 50) == 0 and len(out) == 1
+    assert read_frames_into(out, buf2, 0, e2, 0, 10, 200) == 200 and len(out) == 3
+    # Stops at end; empty range.
+    assert read_frames(buf, 0, int(index[3]), 5, 100) == [(5, ps[0]), (6, ps[1]), (7, ps[2])]
+    assert read_frames(buf, 0, 0, 5, 100) == []
+
+
+def test_read_frames_errors():
+    ps, buf, index, end = _log(10)
+    with pytest.raises(FrameError, match="expected 6"):
+        read_frames(buf, 0, end, 6, 10)
+    with pytest.raises(FrameError, match="all-zero"):
+        read_frames(buf, end, end + 32, 15, 10)
+    with pytest.raises(FrameError, match="truncated"):
+        read_frames(buf, 0, end - 1, 5, 100)
+    with pytest.raises(ValueError, match="bad range"):
+        read_frames(buf, 10, 5, 5, 1)
+    bad = bytearray(buf)
+    bad[int(index[2]) + 12] ^= 1                                # the stored CRC
+    assert len(read_frames(bad, 0, end, 5, 100)) == 10            # not verified
+    with pytest.raises(FrameError, match="CRC"):
+        read_frames(bad, 0, end, 5, 100, -1, True)
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.binary(max_size=200), start=st.integers(0, 200))
+def test_last_nonzero(data, start):
+    start = min(start, len(data))
+    stripped = len(data[start:].rstrip(b"\0"))
+    assert last_nonzero(data, start) == start + stripped
+    with pytest.raises(ValueError):
+        last_nonzero(data, len(data) + 1)
+
+
+def test_tail_cache():
+    c = TailCache(4, 10)
+    assert (c.first_offset, c.next_offset, len(c), c.capacity) == (10, 10, 0, 4)
+    assert c.read(10, 5) == [] and c.read(9, 5) is None and c.read(11, 5) is None
+    c.extend(10, [b"a", b"b", bytearray(b"c")])
+    assert c.read(10, 5) == [(10, b"a"), (11, b"b"), (12, b"c")]
+    assert type(c.read(12, 1)[0][1]) is bytes
+    c.extend(13, [b"d", b"e"])
+    assert (c.first_offset, len(c)) == (11, 4)
+    assert c.read(10, 5) is None
+    assert c.read(11, 2) == [(11, b"b"), (12, b"c")]
+    assert c.read(11, 10, 1) == [(11, b"b")]
+    assert c.read(11, 10, 2) == [(11, b"b"), (12, b"c")]
+    c.extend(15, [bytes([i]) for i in range(10)])     # longer than the capacity
+    assert c.read(21, 10) == [(21 + i, bytes([6 + i])) for i in range(4)]
+    c.extend(100, [b"z"])                               # a jump restarts the cache
+    assert (c.first_offset, c.next_offset) == (100, 101)
+    c.reset(5)
+    assert (c.first_offset, c.next_offset, len(c)) == (5, 5, 0)
+    z = TailCache(0, 3)
+    z.extend(3, [b"a"])
+    assert (z.first_offset, z.next_offset) == (4, 4) and z.read(3, 1) is None
+    with pytest.raises(ValueError):
+        TailCache(-1)
