@@ -169,13 +169,23 @@ def test_unreachable_broker_is_a_clean_error():
         assert "127.0.0.1:1" in lines[0] and "UNAVAILABLE" in lines[0]
 
 
-def test_reliable_reports_the_brokers_refusal(broker):
+def test_reliable_produce_with_attributes(broker):
+    # upstream basic_workflow.rs: produce with -a attributes and --reliable, "Success: 3".
     result = run("produce", "-s", broker.client_addr, "-t", "/default/cli_reliable", "-m",
                  "Message with metadata", "-a", "priority:high,source:test", "--reliable",
-                 "-c", "3")
+                 "-c", "3", "-i", "100")
+    assert result.returncode == 0, result.stderr
+    assert "Success: 3" in result.stdout
+
+
+def test_producer_strategy_mismatch_reports_the_brokers_refusal(broker):
+    topic = "/default/cli_reliable_mismatch"
+    assert run("produce", "-s", broker.client_addr, "-t", topic, "-m", "x",
+               "--reliable").returncode == 0
+    result = run("produce", "-s", broker.client_addr, "-t", topic, "-m", "x")
     assert result.returncode == 1
     assert "Traceback" not in result.stderr
-    assert "FAILED_PRECONDITION" in result.stderr and "reliable" in result.stderr
+    assert "FAILED_PRECONDITION" in result.stderr and "dispatch strategy" in result.stderr
 
 
 def test_argument_rules(broker):

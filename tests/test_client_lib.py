@@ -111,10 +111,11 @@ async def test_send_many_10000_all_received_and_acked(client):
 async def test_typed_errors(broker, client):
     with pytest.raises(NoTopicsFound, match="No topics found"):
         await client.subscribe("/default/lib_never_created", "c", "s")
+    await client.create_producer("/default/lib_reliable", "p", reliable=True)
     with pytest.raises(FailedPrecondition) as err:
-        await client.create_producer("/default/lib_reliable", "p", reliable=True)
+        await client.create_producer("/default/lib_reliable", "p2")
     assert err.value.code == StatusCode.FAILED_PRECONDITION
-    assert "reliable" in str(err.value)
+    assert "dispatch strategy" in str(err.value)
     with pytest.raises(InvalidArgument):
         await client.create_producer("/default/bad.name", "p")
     with pytest.raises(InvalidArgument):

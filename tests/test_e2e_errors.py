@@ -241,15 +241,16 @@ def test_producer_in_missing_namespace_is_unavailable(stubs):
     stubs.assert_serving()
 
 
-def test_reliable_producer_is_refused_and_creates_no_topic(stubs):
-    topic = unique_topic("reliable")
-    err = rpc_error(stubs.create_producer, topic, "reliable-producer", reliable=True)
+def test_dispatch_strategy_mismatch_is_failed_precondition(stubs):
+    reliable = unique_topic("reliable")
+    assert stubs.create_producer(reliable, "reliable-producer", reliable=True).producer_id
+    err = rpc_error(stubs.create_producer, reliable, "plain-producer")
     assert err.code() == grpc.StatusCode.FAILED_PRECONDITION
-    assert "reliable" in err.details().lower()
-    assert rpc_error(stubs.lookup, topic).code() == grpc.StatusCode.NOT_FOUND
-    listed = stubs.topics.ListNamespaceTopics(stubs.admin.NamespaceRequest(name="default"),
-                                              timeout=5)
-    assert topic not in [t.name for t in listed.topics]
+    assert "dispatch strategy does not match" in err.details()
+    plain = unique_topic("plain")
+    stubs.create_producer(plain, "plain-producer")
+    err = rpc_error(stubs.create_producer, plain, "reliable-producer", reliable=True)
+    assert err.code() == grpc.StatusCode.FAILED_PRECONDITION
     stubs.assert_serving()
 
 

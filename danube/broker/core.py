@@ -3,23 +3,29 @@ subscriptions and consumers, persisted through the MetadataStore with upstream's
 It raises typed errors (danube.broker.errors); the gRPC services map them to status codes."""
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import logging
 import os
 import secrets
+import shutil
 import time
 
 from danube.broker import names
 from danube.broker.consumer import Consumer
+from danube.broker.failure_policy import FailurePolicy
+from danube.broker.reliable import ReliableDispatcher
 from danube.broker.errors import (BrokerShuttingDown, ConsumerLimit, ConsumerNotFound,
                                   DispatchMismatch, InvalidTopicName, NamespaceNotEmpty,
-                                  NamespaceNotFound, NotSupportedYet, ProducerLimit,
+                                  NamespaceNotFound, ProducerLimit,
                                   ProducerNotFound, SubscribeDenied, SubscriptionLimit,
                                   SubscriptionNotFound, TopicAlreadyExists, TopicNotFound)
 from danube.broker.subscription import TYPE_NAMES, Subscription
 from danube.broker.topic import DELIVERY_NAMES, NON_RELIABLE, RELIABLE, Producer, Topic
 from danube.config import Policies
 from danube.metadata import keys
+from danube.proto import DanubeApi_pb2 as pb
+from danube.storage.wal import WAL, WALConfig
 
 log = logging.getLogger("danube.broker")
 
@@ -48,12 +54,19 @@ class BrokerCore:
         self.consumers = {}               # consumer_id -> Consumer
         self.broker_id = None
         self._reaper = None
+        self._retention = None
         self._lock = asyncio.Lock()       # serialises topic creation and deletion
         self.idle_subscription_grace = IDLE_SUBSCRIPTION_GRACE
+        # Blocking WAL work (recovery, syncs) of every reliable topic shares these threads.
+        self.wal_executor = None
+        self.wal_root = cfg.wal_root or os.path.join(cfg.data_dir, "wal")
+        self.default_failure_policy = cfg.failure_policy or FailurePolicy()
 
     # -- lifecycle -----------------------------------------------------------------------
 
     async def start(self):
+        self.wal_executor = concurrent.futures.ThreadPoolExecutor(
+            2, thread_name_prefix="danube-wal")
         self.broker_id = self._load_broker_id()
         for ns in dict.fromkeys(["default", "system", *self.cfg.bootstrap_namespaces]):
             await self._ensure_namespace(ns)
@@ -61,6 +74,7 @@ class BrokerCore:
         if SYSTEM_TOPIC not in self.topics:
             await self._create_topic(SYSTEM_TOPIC, NON_RELIABLE)
         self._reaper = self.loop.create_task(self._reap_idle_subscriptions())
+        self._retention = self.loop.create_task(self._enforce_retention())
 
     async def register(self):
         """Publish this broker's URLs; called once the servers are bound, so the ports are
@@ -72,14 +86,17 @@ class BrokerCore:
         })
 
     async def stop(self):
-        if self._reaper is not None:
-            self._reaper.cancel()
-            try:
-                await self._reaper
-            except asyncio.CancelledError:
-                pass
+        for task in (self._reaper, self._retention):
+            if task is not None:
+                task.cancel()
+                try:
+                    await task
+                except asyncio.CancelledError:
+                    pass
         for topic in list(self.topics.values()):
-            self._unload(topic, BrokerShuttingDown("the broker is shutting down"))
+            await self._unload(topic, BrokerShuttingDown("the broker is shutting down"))
+        if self.wal_executor is not None:
+            self.wal_executor.shutdown(wait=True)
 
     def _load_broker_id(self):
         path = os.path.join(self.cfg.data_dir, "broker_id")
@@ -114,12 +131,45 @@ class BrokerCore:
             delivery = await self.store.get(keys.topic_delivery(name))
             topic = Topic(self, name, RELIABLE if delivery == "Reliable" else NON_RELIABLE)
             topic.policies = await self.policies_for(name)
-            self.topics[name] = topic
             await self.store.delete_prefix(keys.topic_producers_prefix(name))
-            await self.store.delete_prefix(keys.topic_subscriptions_prefix(name))
+            if topic.delivery == RELIABLE:
+                await self._open_log(topic)
+                await self._restore_subscriptions(topic)
+            else:
+                await self.store.delete_prefix(keys.topic_subscriptions_prefix(name))
+            self.topics[name] = topic
             await self.store.put(keys.cluster_broker_topic(self.broker_id, name), None)
         if self.topics:
             log.info("serving %d topics from metadata", len(self.topics))
+
+    async def _open_log(self, topic):
+        ns, name = names.validate_topic(topic.name)
+        cfg = self.cfg
+        topic.durability = cfg.durability_for(topic.name)
+        hours = cfg.wal_segment_max_hours
+        topic.log = await WAL.open(
+            os.path.join(self.wal_root, ns, name),
+            WALConfig(durability=topic.durability, sync_interval_ms=cfg.wal_sync_interval_ms,
+                      segment_max_bytes=cfg.wal_segment_max_bytes,
+                      max_age_seconds=hours * 3600 if hours else None,
+                      cache_capacity=cfg.wal_cache_capacity),
+            executor=self.wal_executor)
+
+    async def _restore_subscriptions(self, topic):
+        """A reliable subscription outlives its consumers and broker restarts: it resumes
+        at its persisted cursor + 1."""
+        for key, record in await self.store.scan(keys.topic_subscriptions_prefix(topic.name)):
+            if not isinstance(record, dict) or key.count("/") != 6:
+                continue
+            sub_name = record.get("subscription_name")
+            sub_type = {v: k for k, v in TYPE_NAMES.items()}.get(record.get("subscription_type"))
+            if not sub_name or sub_type is None:
+                continue
+            cursor = await self.store.get(keys.subscription_cursor(topic.name, sub_name))
+            policy = await self._load_failure_policy(topic.name, sub_name)
+            self._attach_subscription(topic, Subscription(topic, sub_name, sub_type),
+                                      cursor if isinstance(cursor, int) else
+                                      topic.log.next_offset - 1, policy)
 
     # -- namespaces ----------------------------------------------------------------------
 
@@ -212,11 +262,13 @@ class BrokerCore:
         ns, _ = names.validate_topic(name)
         if not await self.namespace_exists(ns):
             raise NamespaceNotFound(f"Unable to find the namespace {ns}")
+        topic = Topic(self, name, delivery)
+        topic.policies = await self.policies_for(name)
+        if delivery == RELIABLE:
+            await self._open_log(topic)
         await self.store.put(keys.namespace_topic(name), None)
         await self.store.put(keys.topic_delivery(name), DELIVERY_NAMES[delivery])
         await self.store.put(keys.cluster_broker_topic(self.broker_id, name), None)
-        topic = Topic(self, name, delivery)
-        topic.policies = await self.policies_for(name)
         self.topics[name] = topic
         log.info("topic %s created (%s)", name, DELIVERY_NAMES[delivery])
         return topic
@@ -234,13 +286,16 @@ class BrokerCore:
             for target in targets:
                 topic = self.topics.pop(target, None)
                 if topic is not None:
-                    self._unload(topic, TopicNotFound(f"topic {target} was deleted"))
+                    await self._unload(topic, TopicNotFound(f"topic {target} was deleted"))
+                    if topic.log is not None:
+                        await self.loop.run_in_executor(
+                            self.wal_executor, shutil.rmtree, topic.log.directory, True)
                 await self.store.delete(keys.namespace_topic(target))
                 await self.store.delete_prefix(keys.topic_root(target))
                 await self.store.delete(keys.cluster_broker_topic(self.broker_id, target))
                 log.info("topic %s deleted", target)
 
-    def _unload(self, topic, reason):
+    async def _unload(self, topic, reason):
         topic.closed = True
         for producer in topic.producers.values():
             producer.active = False
@@ -248,8 +303,12 @@ class BrokerCore:
             self.registry.remove_producer(producer.producer_id)
         for sub in topic.subscriptions.values():
             sub.close(reason)
+            if sub.dispatcher is not None:
+                await sub.dispatcher.close()
         topic.subscriptions.clear()
         topic.subscriptions_changed()
+        if topic.log is not None:
+            await topic.log.close()
 
     async def partitions(self, name):
         """The topic itself if it exists, else its partitions `{name}-part-N` in order.
@@ -283,10 +342,6 @@ class BrokerCore:
         if topic is None:
             if not self.cfg.auto_create_topics:
                 raise TopicNotFound(f"Unable to find the requested topic: {topic_name}")
-            if delivery == RELIABLE:
-                raise NotSupportedYet(
-                    "reliable dispatch is not available on this broker yet; create the "
-                    "producer with the NonReliable dispatch strategy")
             async with self._lock:
                 topic = self.topics.get(topic_name)
                 if topic is None:
@@ -357,12 +412,22 @@ class BrokerCore:
             if count >= policies.max_consumers_per_topic:
                 raise ConsumerLimit(f"topic {topic_name} already has {count} consumers "
                                     f"(max_consumers_per_topic)")
-        if sub is None:
+        new_sub = sub is None
+        if new_sub:
             sub = Subscription(topic, sub_name, sub_type)
         sub.check_new_consumer(consumer_name, policies.max_consumers_per_subscription)
-        if sub_name not in topic.subscriptions:
-            topic.subscriptions[sub_name] = sub
-            topic.subscriptions_changed()
+        if new_sub:
+            if topic.delivery == RELIABLE:
+                # A new reliable subscription starts at the live tail (upstream: Latest).
+                policy = self.default_failure_policy.for_subscription(topic_name, sub_name)
+                await self.store.put(keys.subscription_failure_policy(topic_name, sub_name),
+                                     policy.to_json())
+                cursor = topic.log.next_offset - 1
+                await self.store.put(keys.subscription_cursor(topic_name, sub_name), cursor)
+                self._attach_subscription(topic, sub, cursor, policy)
+            else:
+                topic.subscriptions[sub_name] = sub
+                topic.subscriptions_changed()
         consumer_id = _random_id(self.consumers)
         consumer = Consumer(consumer_id, consumer_name, sub, key_filters, loop=self.loop)
         sub.add(consumer)
@@ -379,6 +444,63 @@ class BrokerCore:
         if consumer is None or consumer.subscription.topic.closed:
             raise ConsumerNotFound(f"The consumer with id {consumer_id} does not exist")
         return consumer
+
+    def _attach_subscription(self, topic, sub, cursor, policy):
+        topic_name, sub_name = topic.name, sub.name
+
+        async def save_cursor(value):
+            await self.store.put(keys.subscription_cursor(topic_name, sub_name), value)
+
+        async def dead_letter(delivery, attempts, reason):
+            await self.dead_letter(topic, sub, policy, delivery, attempts, reason)
+
+        sub.dispatcher = ReliableDispatcher(
+            sub, topic, cursor, policy, self.cfg.max_unacked_messages, loop=self.loop,
+            on_cursor=save_cursor, dead_letter=dead_letter)
+        topic.subscriptions[sub_name] = sub
+        topic.subscriptions_changed()
+
+    async def _load_failure_policy(self, topic_name, sub_name):
+        record = await self.store.get(keys.subscription_failure_policy(topic_name, sub_name))
+        default = self.default_failure_policy.for_subscription(topic_name, sub_name)
+        if not isinstance(record, dict):
+            return default
+        try:
+            return FailurePolicy.from_config({k: v for k, v in record.items()
+                                              if v is not None or k == "dead_letter_topic"})
+        except (ValueError, TypeError):
+            log.warning("ignoring unreadable failure policy of %s/%s", topic_name, sub_name)
+            return default
+
+    async def dead_letter(self, topic, sub, policy, delivery, attempts, reason):
+        """Republish a poisoned message to the dead-letter topic (created reliable if it
+        does not exist), with upstream's x-original-* attributes."""
+        msg = pb.StreamMessage.FromString(delivery.payload)
+        original = msg.msg_id
+        attributes = {
+            "x-original-topic": topic.name,
+            "x-original-subscription": sub.name,
+            "x-original-topic-offset": str(original.topic_offset),
+            "x-original-producer-id": str(original.producer_id),
+            "x-original-broker-addr": original.broker_addr,
+            "x-poison-policy": "DeadLetter",
+            "x-delivery-attempt": str(attempts),
+        }
+        if reason:
+            attributes["x-failure-reason"] = reason
+        msg.attributes.update(attributes)
+        target = policy.dead_letter_topic
+        msg.msg_id.CopyFrom(pb.MsgID(producer_id=0, topic_name=target,
+                                     broker_addr=original.broker_addr))
+        dlq = self.topics.get(target)
+        if dlq is None:
+            async with self._lock:
+                dlq = self.topics.get(target) or await self._create_topic(target, RELIABLE)
+        if dlq.delivery == RELIABLE:
+            await dlq.publish_reliable([msg])
+        else:
+            key = msg.routing_key if msg.HasField("routing_key") else msg.producer_name
+            dlq.publish(msg.SerializeToString(), len(msg.payload), key)
 
     def consumer_removed(self, consumer):
         """A subscription let a consumer go: forget its id everywhere."""
@@ -410,10 +532,37 @@ class BrokerCore:
                         if consumer.inactive_since is not None and \
                                 now - consumer.inactive_since >= grace:
                             sub.remove(consumer)
-                    if sub.idle_since is not None and now - sub.idle_since >= grace:
+                    if sub.dispatcher is None and sub.idle_since is not None and \
+                            now - sub.idle_since >= grace:
                         sub.close()
                         del topic.subscriptions[sub.name]
                         topic.subscriptions_changed()
                         await self.store.delete_prefix(
                             keys.topic_subscription(topic.name, sub.name))
                         log.info("removed idle subscription %s on %s", sub.name, topic.name)
+
+    async def _enforce_retention(self):
+        """Local retention (storage.local_retention): delete old sealed WAL segments by age
+        and total size, but never one holding an offset a subscription still needs (above
+        the slowest cursor). A stuck subscription therefore keeps its backlog on disk; the
+        tiered-storage issue moves such history to object storage instead."""
+        cfg = self.cfg
+        while True:
+            await asyncio.sleep(cfg.retention_check_interval_minutes * 60)
+            for topic in list(self.topics.values()):
+                if topic.log is None or topic.closed:
+                    continue
+                needed = [s.dispatcher.cursor + 1 for s in topic.subscriptions.values()
+                          if s.dispatcher is not None]
+                keep_from = min(needed) if needed else topic.log.next_offset
+                try:
+                    deleted = await topic.log.retention(
+                        max_age_seconds=cfg.retention_time_minutes * 60,
+                        max_bytes=cfg.retention_size_mb * 1024 * 1024,
+                        keep_from_offset=keep_from)
+                except Exception:  # noqa: BLE001 - retry on the next pass
+                    log.exception("retention on %s failed", topic.name)
+                    continue
+                if deleted:
+                    log.info("retention deleted %d WAL segments of %s", len(deleted),
+                             topic.name)

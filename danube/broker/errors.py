@@ -42,10 +42,6 @@ class DispatchMismatch(BrokerError):
     """The producer's dispatch strategy differs from the topic's."""
 
 
-class NotSupportedYet(BrokerError):
-    """A feature the wire accepts that this build refuses rather than silently downgrades."""
-
-
 class MessageTooLarge(BrokerError):
     pass
 
@@ -75,4 +71,12 @@ class ConsumerTakenOver(BrokerError):
 
 
 class BrokerShuttingDown(BrokerError):
+    pass
+
+
+class StorageFailed(BrokerError):
+    """The WAL could not take or sync a message."""
+
+
+class InvalidPolicy(BrokerError):
     pass

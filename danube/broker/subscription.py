@@ -37,6 +37,7 @@ class Subscription:
         else:
             self.fanout = ActiveFanout()
         self.idle_since = time.monotonic()
+        self.dispatcher = None       # ReliableDispatcher on a reliable topic
 
     @property
     def type_name(self):
@@ -81,6 +82,9 @@ class Subscription:
             self.idle_since = None
         elif self.idle_since is None:
             self.idle_since = time.monotonic()
+        if self.dispatcher is not None and consumer is not None and not consumer.active:
+            self.dispatcher.consumer_left(consumer)
+            self.topic.broker.loop.create_task(self.dispatcher.flush_cursor())
         if self.sub_type == KEY_SHARED:
             self.fanout.set_consumers([c.outbox for c in active], [c.name for c in active],
                                       [key_matcher(c.key_filters) for c in active])
@@ -88,6 +92,8 @@ class Subscription:
             # Exclusive and Failover deliver to the first active consumer in join order, so
             # when it leaves the next one is promoted.
             self.fanout.set_outboxes([c.outbox for c in active])
+        if self.dispatcher is not None:
+            self.dispatcher.notify()
 
     def close(self, reason=None):
         for consumer in list(self.consumers.values()):

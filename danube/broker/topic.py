@@ -3,8 +3,10 @@
 import dataclasses
 
 from danube._core import fanout
-from danube.broker.errors import MessageTooLarge, PublishFailed
+from danube.broker.errors import MessageTooLarge, PublishFailed, StorageFailed
 from danube.config import Policies
+from danube.storage.errors import WALError
+from danube.storage.wal import ALWAYS
 
 NON_RELIABLE, RELIABLE = 0, 1
 DELIVERY_NAMES = {NON_RELIABLE: "NonReliable", RELIABLE: "Reliable"}
@@ -33,23 +35,68 @@ class Topic:
         self.policies = Policies()
         self.messages_in = 0
         self.bytes_in = 0
+        self.log = None               # the WAL, for reliable topics
+        self.durability = None
+
+    @property
+    def dispatchable_end(self):
+        """Offsets below this may be delivered. In mode `always` only what a sync covers is
+        delivered, so a consumer never sees a message that a machine crash could take back
+        (and whose offset would then be given to another message)."""
+        if self.durability == ALWAYS:
+            return self.log.durable_offset + 1
+        return self.log.next_offset
+
+    def read(self, offset, max_messages):
+        return self.log.read(offset, max_messages)
+
+    def _check_size(self, payload_len):
+        limit = self.policies.max_message_size
+        if limit and payload_len > limit:
+            raise MessageTooLarge(f"message of {payload_len} bytes exceeds max_message_size "
+                                  f"({limit} bytes) on {self.name}")
+
+    async def publish_reliable(self, messages):
+        """Append StreamMessages to the log with their offsets stamped in msg_id.topic_offset,
+        wait for durability as the topic's mode says, then wake the subscriptions. Returns
+        the offsets. Messages are all checked first, so a batch is taken whole or not at
+        all."""
+        if self.closed:
+            raise PublishFailed(f"topic {self.name} is closed")
+        for msg in messages:
+            self._check_size(len(msg.payload))
+        log = self.log
+        first = log.next_offset
+        raws = []
+        for i, msg in enumerate(messages):
+            msg.msg_id.topic_offset = first + i
+            raws.append(msg.SerializeToString())
+        try:
+            first, last = log.append(raws)
+            if self.durability == ALWAYS:
+                await log.sync_to(last)
+        except WALError as exc:
+            raise StorageFailed(f"could not store the message on {self.name}: {exc}") from exc
+        self.messages_in += len(messages)
+        self.bytes_in += sum(len(m.payload) for m in messages)
+        for sub in self.subscriptions.values():
+            sub.dispatcher.notify()
+        return list(range(first, last + 1))
 
     @property
     def delivery_name(self):
         return DELIVERY_NAMES[self.delivery]
 
     def subscriptions_changed(self):
-        self._fanouts = [s.fanout for s in self.subscriptions.values()]
+        if self.delivery == NON_RELIABLE:
+            self._fanouts = [s.fanout for s in self.subscriptions.values()]
 
     def publish(self, raw, payload_len, key):
         """Non-reliable publish: the producer's StreamMessage bytes go to every subscription
         as they are (upstream delivers them unchanged, topic_offset 0)."""
         if self.closed:
             raise PublishFailed(f"topic {self.name} is closed")
-        limit = self.policies.max_message_size
-        if limit and payload_len > limit:
-            raise MessageTooLarge(f"message of {payload_len} bytes exceeds max_message_size "
-                                  f"({limit} bytes) on {self.name}")
+        self._check_size(payload_len)
         self.messages_in += 1
         self.bytes_in += payload_len
         if self._fanouts:

@@ -12,15 +12,12 @@ from danube.rpc import RpcError, StatusCode
 # except an existing topic, which is ALREADY_EXISTS.
 _ADMIN_CODES = {e.InvalidTopicName: StatusCode.INVALID_ARGUMENT,
                 e.NamespaceNotFound: StatusCode.NOT_FOUND,
-                e.NamespaceNotEmpty: StatusCode.FAILED_PRECONDITION,
-                e.NotSupportedYet: StatusCode.FAILED_PRECONDITION}
+                e.NamespaceNotEmpty: StatusCode.FAILED_PRECONDITION}
 
 
 def _delivery(value):
     if value not in (pb.NonReliable, pb.Reliable):
         raise RpcError(StatusCode.INVALID_ARGUMENT, f"invalid dispatch_strategy {value}")
-    if value == pb.Reliable:
-        raise e.NotSupportedYet("reliable topics are not available on this broker yet")
     return NON_RELIABLE if value == pb.NonReliable else RELIABLE
 
 

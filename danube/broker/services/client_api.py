@@ -36,8 +36,11 @@ class ProducerService:
         try:
             producer = self.core.producer(msg.msg_id.producer_id)
             topic = producer.topic
-            key = msg.routing_key if msg.HasField("routing_key") else msg.producer_name
-            topic.publish(raw, len(msg.payload), key)
+            if topic.log is not None:
+                await topic.publish_reliable([msg])
+            else:
+                key = msg.routing_key if msg.HasField("routing_key") else msg.producer_name
+                topic.publish(raw, len(msg.payload), key)
             producer.sent += 1
         except e.BrokerError as exc:
             raise to_rpc_error(exc) from None
@@ -71,19 +74,27 @@ class ConsumerService:
 
     @maps_errors({e.TopicNotFound: StatusCode.INTERNAL})
     async def Ack(self, request, context):
-        self._check_ack(request, "acknowledging")
+        dispatcher = self._dispatcher(request, "acknowledging")
+        if dispatcher is not None:
+            dispatcher.ack(request.msg_id.topic_offset)
         return pb.AckResponse(request_id=request.request_id)
 
     @maps_errors({e.TopicNotFound: StatusCode.INTERNAL})
     async def Nack(self, request, context):
-        self._check_ack(request, "negatively acknowledging")
+        dispatcher = self._dispatcher(request, "negatively acknowledging")
+        if dispatcher is not None:
+            dispatcher.nack(request.msg_id.topic_offset,
+                            request.delay_ms if request.HasField("delay_ms") else None,
+                            request.reason if request.HasField("reason") else None)
         return pb.NackResponse(request_id=request.request_id)
 
-    def _check_ack(self, request, what):
+    def _dispatcher(self, request, what):
+        """The subscription's reliable dispatcher, or None on a non-reliable topic, where
+        acks are no-ops once the subscription is known (upstream behaviour)."""
         if not request.HasField("msg_id"):
             raise RpcError(StatusCode.INVALID_ARGUMENT, f"Error {what} message: msg_id is required")
-        # Non-reliable topics: a no-op once the subscription is known (upstream behaviour).
-        self.core.subscription_for_ack(request.msg_id.topic_name, request.subscription_name)
+        return self.core.subscription_for_ack(request.msg_id.topic_name,
+                                              request.subscription_name).dispatcher
 
 
 class DiscoveryService:

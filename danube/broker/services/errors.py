@@ -14,7 +14,6 @@ _CODES = {
     e.NamespaceNotFound: StatusCode.UNAVAILABLE,
     e.TopicAlreadyExists: StatusCode.ALREADY_EXISTS,
     e.DispatchMismatch: StatusCode.FAILED_PRECONDITION,
-    e.NotSupportedYet: StatusCode.FAILED_PRECONDITION,
     e.ProducerLimit: StatusCode.RESOURCE_EXHAUSTED,
     e.ConsumerLimit: StatusCode.RESOURCE_EXHAUSTED,
     e.SubscriptionLimit: StatusCode.PERMISSION_DENIED,
@@ -24,6 +23,8 @@ _CODES = {
     e.NamespaceNotEmpty: StatusCode.FAILED_PRECONDITION,
     e.ConsumerTakenOver: StatusCode.ABORTED,
     e.BrokerShuttingDown: StatusCode.UNAVAILABLE,
+    e.StorageFailed: StatusCode.UNAVAILABLE,
+    e.InvalidPolicy: StatusCode.INVALID_ARGUMENT,
 }
 
 

@@ -17,14 +17,23 @@ class BatchProducerService:
         except e.BrokerError as exc:
             raise to_rpc_error(exc) from None
         topic = producer.topic
+        for msg in request.messages:
+            mid = msg.msg_id
+            mid.producer_id = producer.producer_id
+            mid.topic_name = topic.name
+            if not msg.producer_name:
+                msg.producer_name = producer.name
+        if topic.log is not None:
+            try:
+                offsets = await topic.publish_reliable(list(request.messages))
+            except e.BrokerError as exc:
+                raise to_rpc_error(exc) from None
+            producer.sent += len(offsets)
+            return ext.BatchResponse(request_id=request.request_id, accepted=len(offsets),
+                                     offsets=offsets)
         accepted = 0
         try:
             for msg in request.messages:
-                mid = msg.msg_id
-                mid.producer_id = producer.producer_id
-                mid.topic_name = topic.name
-                if not msg.producer_name:
-                    msg.producer_name = producer.name
                 key = msg.routing_key if msg.HasField("routing_key") else msg.producer_name
                 topic.publish(msg.SerializeToString(), len(msg.payload), key)
                 accepted += 1
