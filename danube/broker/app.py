@@ -4,6 +4,7 @@ them cleanly on SIGINT/SIGTERM."""
 import asyncio
 import logging
 import os
+import resource
 import signal
 import ssl
 
@@ -16,6 +17,18 @@ from danube.rpc.connection import TransportConfig
 from danube.rpc.server import Server
 
 log = logging.getLogger("danube.broker")
+
+
+def raise_open_file_limit():
+    """Each reliable topic holds a few files open (WAL segments, lock); lift the soft limit
+    to the hard one so thousands of topics fit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError) as exc:
+            log.warning("could not raise the open-file limit from %d: %s", soft, exc)
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
 def server_ssl_context(cfg):
@@ -52,6 +65,7 @@ class Broker:
     async def start(self):
         cfg = self.cfg
         os.makedirs(cfg.data_dir, exist_ok=True)
+        log.debug("open-file limit %d", raise_open_file_limit())
         self.store = await EmbeddedStore.open(os.path.join(cfg.data_dir, "metadata"))
         self.core = BrokerCore(cfg, self.store, self.registry)
         await self.core.start()
