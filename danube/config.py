@@ -68,6 +68,7 @@ class BrokerConfig:
     retention_time_minutes: int = 2880          # storage.local_retention.time_minutes
     retention_size_mb: int = 20480              # storage.local_retention.size_mb
     retention_check_interval_minutes: float = 5  # storage.local_retention.check_interval_minutes
+    retention_delete_unconsumed: bool = False   # storage.local_retention.delete_unconsumed (ours)
     failure_policy: object = None               # dispatch.failure_policy (ours): defaults
     # Transport cap on one gRPC message (our key, not upstream's); policies.max_message_size
     # must stay below it so oversize publishes get INVALID_ARGUMENT, not RESOURCE_EXHAUSTED.
@@ -215,6 +216,10 @@ def _load_storage(cfg, tree):
             raise ConfigError("storage.local_retention.check_interval_minutes: expected a "
                               "positive number")
         cfg.retention_check_interval_minutes = float(interval)
+    unconsumed = _get(tree, "storage.local_retention.delete_unconsumed", False)
+    if not isinstance(unconsumed, bool):
+        raise ConfigError("storage.local_retention.delete_unconsumed: expected true or false")
+    cfg.retention_delete_unconsumed = unconsumed
     try:
         cfg.failure_policy = FailurePolicy.from_config(_get(tree, "dispatch.failure_policy"))
     except (InvalidFailurePolicy, TypeError) as exc:

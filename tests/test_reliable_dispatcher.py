@@ -222,3 +222,23 @@ def test_dead_letter_needs_a_topic():
         "/default/orders-dlq"
     with pytest.raises(fp.InvalidFailurePolicy, match="unknown keys"):
         fp.FailurePolicy.from_config({"max_retries": 3})
+
+
+async def test_messages_deleted_by_retention_are_skipped_with_a_count():
+    from danube.storage.errors import OffsetTruncatedError
+
+    topic, d, (c,), _, _ = await make(window=100)
+    for i in range(10):
+        topic.publish(b"m%d" % i)
+    original_read = topic.read
+
+    def read(offset, n):                       # retention deleted offsets 0..5
+        if offset < 6:
+            raise OffsetTruncatedError(offset, 6)
+        return original_read(offset, n)
+    d.next_read = 0
+    topic.read = read
+    await settle()
+    assert [m.msg_id.topic_offset for m in drain(c)] == [6, 7, 8, 9]
+    assert d.cursor == 5 and d.stats["dropped"] == 6
+    await d.close()

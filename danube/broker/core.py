@@ -544,8 +544,9 @@ class BrokerCore:
     async def _enforce_retention(self):
         """Local retention (storage.local_retention): delete old sealed WAL segments by age
         and total size, but never one holding an offset a subscription still needs (above
-        the slowest cursor). A stuck subscription therefore keeps its backlog on disk; the
-        tiered-storage issue moves such history to object storage instead."""
+        the slowest cursor) unless `delete_unconsumed` is set. By default a stuck
+        subscription therefore keeps its backlog on disk; with `delete_unconsumed` it loses
+        what retention deleted and resumes at the oldest message left."""
         cfg = self.cfg
         while True:
             await asyncio.sleep(cfg.retention_check_interval_minutes * 60)
@@ -559,7 +560,7 @@ class BrokerCore:
                     deleted = await topic.log.retention(
                         max_age_seconds=cfg.retention_time_minutes * 60,
                         max_bytes=cfg.retention_size_mb * 1024 * 1024,
-                        keep_from_offset=keep_from)
+                        keep_from_offset=keep_from, force=cfg.retention_delete_unconsumed)
                 except Exception:  # noqa: BLE001 - retry on the next pass
                     log.exception("retention on %s failed", topic.name)
                     continue

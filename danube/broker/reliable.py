@@ -24,6 +24,7 @@ import logging
 from danube.broker import failure_policy as fp
 from danube.broker.subscription import EXCLUSIVE, FAILOVER, KEY_SHARED
 from danube.proto import DanubeApi_pb2 as pb
+from danube.storage.errors import OffsetTruncatedError
 
 log = logging.getLogger("danube.broker.reliable")
 
@@ -243,7 +244,11 @@ class ReliableDispatcher:
         end = self.topic.dispatchable_end
         while self.next_read < end and len(self.inflight) < self.window:
             want = min(READ_BATCH, self.window - len(self.inflight), end - self.next_read)
-            batch = self.topic.read(self.next_read, want)
+            try:
+                batch = self.topic.read(self.next_read, want)
+            except OffsetTruncatedError as exc:
+                self._skip_truncated(exc.first_offset)
+                continue
             if not batch:
                 return
             for offset, payload in batch:
@@ -256,6 +261,20 @@ class ReliableDispatcher:
                 if not self._deliver(consumers, offset, payload, key, deadline):
                     return
                 self.next_read = offset + 1
+
+    def _skip_truncated(self, first_offset):
+        """Retention was told to delete unconsumed data (storage.local_retention.
+        delete_unconsumed): what is gone is gone for this subscription too."""
+        lost = first_offset - self.next_read
+        log.warning("%s/%s: %d unconsumed messages (offsets %d..%d) were deleted by "
+                    "retention; resuming at %d", self.topic.name, self.sub.name, lost,
+                    self.next_read, first_offset - 1, first_offset)
+        self.stats["dropped"] += lost
+        self.next_read = first_offset
+        if self.cursor < first_offset - 1:
+            self.cursor = first_offset - 1
+            self.acked = {o for o in self.acked if o > self.cursor}
+            self._schedule_save()
 
     def _key(self, payload):
         if self.sub.sub_type != KEY_SHARED:
