@@ -81,3 +81,29 @@ def test_publish_and_delivery_are_counted(broker):
     assert _metric(body, "danube_broker_topics_owned") == 2
     assert _metric(body, "danube_broker_rpc_total", method="/danube.ProducerService/SendMessage",
                    code="OK") == 3
+
+
+def test_reliable_subscription_metrics(broker):
+    topic = "/default/metrics-reliable"
+    with grpc.insecure_channel(broker.client_addr) as ch:
+        producer = _call(ch, "/danube.ProducerService/CreateProducer",
+                         pb.ProducerRequest(request_id=1, producer_name="p1", topic_name=topic,
+                                            dispatch_strategy=pb.Reliable),
+                         pb.ProducerResponse)
+        _call(ch, "/danube.ConsumerService/Subscribe",
+              pb.ConsumerRequest(request_id=1, topic_name=topic, consumer_name="c1",
+                                 subscription="rs", subscription_type=pb.ConsumerRequest.Exclusive),
+              pb.ConsumerResponse)
+        for i in range(4):
+            _call(ch, "/danube.ProducerService/SendMessage",
+                  pb.StreamMessage(request_id=i + 1, payload=b"r", producer_name="p1",
+                                   msg_id=pb.MsgID(producer_id=producer.producer_id,
+                                                   topic_name=topic)),
+                  pb.MessageResponse)
+        body = urllib.request.urlopen(f"http://127.0.0.1:{broker.prom_port}/metrics",
+                                      timeout=5).read().decode()
+    # Nothing acked yet: all four are lag.
+    assert _metric(body, "danube_subscription_lag_messages", topic=topic, subscription="rs") == 4
+    assert _metric(body, "danube_subscription_redelivery_total", topic=topic,
+                   subscription="rs") == 0
+    assert _metric(body, "danube_topic_messages_in_total", topic=topic) == 4

@@ -98,14 +98,14 @@ async def test_window_bounds_inflight_and_acks_advance_the_cursor():
 
 
 async def test_nack_redelivers_the_same_offset_after_the_delay():
-    topic, d, (c,), _, _ = await make(base_redelivery_delay_ms=50, backoff_strategy="fixed")
+    topic, d, (c,), _, _ = await make(base_redelivery_delay_ms=300, backoff_strategy="fixed")
     topic.publish(b"x")
     await settle()
     assert [m.payload for m in drain(c)] == [b"x"]
     d.nack(0)
     await settle()
     assert drain(c) == []                      # not before the delay
-    await asyncio.sleep(0.1)
+    await asyncio.sleep(0.35)
     again = drain(c)
     assert [(m.payload, m.msg_id.topic_offset) for m in again] == [(b"x", 0)]
     assert d.stats["redelivered"] == 1
@@ -126,11 +126,11 @@ async def test_nack_delay_wins_when_larger_than_backoff():
 
 
 async def test_ack_timeout_redelivers():
-    topic, d, (c,), _, _ = await make(ack_timeout_ms=50, base_redelivery_delay_ms=0)
+    topic, d, (c,), _, _ = await make(ack_timeout_ms=300, base_redelivery_delay_ms=0)
     topic.publish(b"x")
     await settle()
-    drain(c)
-    await asyncio.sleep(0.15)
+    assert len(drain(c)) == 1
+    await asyncio.sleep(0.4)
     assert [m.payload for m in drain(c)] == [b"x"]
     assert d.stats["ack_timeouts"] >= 1
     await d.close()

@@ -55,6 +55,25 @@ def _topic_metrics(core):
     dropped = CounterMetricFamily("danube_consumer_dropped",
                                   "Non-reliable messages dropped because the consumer was "
                                   "too far behind (ours, not upstream)", labels=c_labels)
+    reliable = {
+        "lag": GaugeMetricFamily("danube_subscription_lag_messages",
+                                 "Messages published but not yet acked", labels=s_labels),
+        "nacked": CounterMetricFamily("danube_subscription_nack", "Nacks", labels=s_labels),
+        "redelivered": CounterMetricFamily("danube_subscription_redelivery", "Redeliveries",
+                                           labels=s_labels),
+        "ack_timeouts": CounterMetricFamily("danube_subscription_ack_timeout", "Ack timeouts",
+                                            labels=s_labels),
+        "exhausted": CounterMetricFamily("danube_subscription_retry_exhausted",
+                                         "Messages past max_redelivery_count", labels=s_labels),
+        "dead_lettered": CounterMetricFamily("danube_subscription_dlq",
+                                             "Messages sent to the dead-letter topic",
+                                             labels=s_labels),
+        "pending": GaugeMetricFamily("danube_subscription_pending_redelivery",
+                                     "Messages waiting for redelivery", labels=s_labels),
+        "blocked": GaugeMetricFamily("danube_subscription_terminal_blocked",
+                                     "Messages blocked by the Block poison policy",
+                                     labels=s_labels),
+    }
     for topic in list(core.topics.values()):
         name = topic.name
         msgs_in.add_metric([name], topic.messages_in)
@@ -68,6 +87,16 @@ def _topic_metrics(core):
             n = len(sub.active_consumers())
             active += n
             sub_consumers.add_metric([name, sub.name], n)
+            d = sub.dispatcher
+            if d is not None:
+                labels = [name, sub.name]
+                reliable["lag"].add_metric(labels, d.lag)
+                for stat in ("nacked", "redelivered", "ack_timeouts", "exhausted",
+                             "dead_lettered"):
+                    reliable[stat].add_metric(labels, d.stats[stat])
+                reliable["pending"].add_metric(labels, len(d.retry_payloads))
+                reliable["blocked"].add_metric(
+                    labels, len(d.blocked_keys) + (d.blocked_offset is not None))
             for c in sub.consumers.values():
                 labels = [name, sub.name, c.name]
                 out_msgs.add_metric(labels, c.outbox.delivered)
@@ -75,7 +104,7 @@ def _topic_metrics(core):
                 dropped.add_metric(labels, c.outbox.dropped)
         consumers.add_metric([name], active)
     yield from (msgs_in, bytes_in, producers, consumers, subs, sub_consumers, sent, out_msgs,
-                out_bytes, dropped)
+                out_bytes, dropped, *reliable.values())
 
 
 class MetricsExporter:

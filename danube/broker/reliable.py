@@ -68,6 +68,7 @@ class ReliableDispatcher:
         self._saved_cursor = cursor
         self._save_task = None
         self._dead_lettering = set()
+        self._closing = False
         self.stats = {"redelivered": 0, "nacked": 0, "ack_timeouts": 0, "exhausted": 0,
                       "dead_lettered": 0, "dropped": 0}
         self._task = loop.create_task(self._run())
@@ -83,6 +84,7 @@ class ReliableDispatcher:
         return max(0, self.topic.dispatchable_end - 1 - self.cursor)
 
     async def close(self):
+        self._closing = True
         self._task.cancel()
         try:
             await self._task
@@ -199,11 +201,14 @@ class ReliableDispatcher:
     # -- the dispatch loop ---------------------------------------------------------------
 
     async def _run(self):
-        while True:
+        while not self._closing:
             timeout = self._dispatch()
+            # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation
+            # that arrives as the event is set, and close() would then wait forever.
             try:
-                await asyncio.wait_for(self._wake.wait(), timeout)
-            except asyncio.TimeoutError:
+                async with asyncio.timeout(timeout):
+                    await self._wake.wait()
+            except TimeoutError:
                 pass
             self._wake.clear()
 
