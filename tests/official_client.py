@@ -102,3 +102,68 @@ def start_broker(data_dir, *args):
 def unique_topic(prefix, namespace="default"):
     import uuid
     return f"/{namespace}/{prefix}-{uuid.uuid4().hex[:12]}"
+
+
+class SpawnedScenario:
+    """An official-client scenario running in the background (see spawn_scenario): its
+    stdout lines are collected as they come, so a test can wait for a progress line the
+    scenario prints (with flush=True) and act on the process meanwhile (signals)."""
+
+    def __init__(self, proc, cwd):
+        import threading
+        self.proc = proc
+        self._cwd = cwd
+        self.lines = []
+        self._cond = threading.Condition()
+        self._reader = threading.Thread(target=self._pump, daemon=True)
+        self._reader.start()
+
+    def _pump(self):
+        for line in self.proc.stdout:
+            with self._cond:
+                self.lines.append(line.rstrip("\n"))
+                self._cond.notify_all()
+        with self._cond:
+            self.lines.append(None)          # end of output
+            self._cond.notify_all()
+
+    def wait_line(self, prefix, timeout=10.0):
+        """The first stdout line starting with `prefix`; OfficialClientError on timeout or
+        if the scenario ended first."""
+        import time
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                for line in self.lines:
+                    if line is not None and line.startswith(prefix):
+                        return line
+                if None in self.lines:
+                    raise OfficialClientError(
+                        f"scenario ended without printing {prefix!r}:\n" +
+                        "\n".join(x for x in self.lines if x is not None) +
+                        f"\n--- stderr ---\n{self.proc.stderr.read()}")
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise OfficialClientError(f"no {prefix!r} line within {timeout}s: "
+                                              f"{self.lines}")
+                self._cond.wait(left)
+
+    def kill(self):
+        import signal
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+        self._cwd.cleanup()
+
+
+def spawn_scenario(script, args=None, timeout=60):
+    """Start `script` (as for run_scenario) in the background; returns a SpawnedScenario.
+    The caller must kill() it."""
+    python = official_python()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    cwd = tempfile.TemporaryDirectory(prefix="danube-official-")
+    path = os.path.join(SCRIPTS, script)
+    cmd = [python, "-I", "-u", RUNNER, path, json.dumps(args or {}), str(timeout)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env, cwd=cwd.name)
+    return SpawnedScenario(proc, cwd)

@@ -171,7 +171,7 @@ async def test_poison_policies(policy):
         await settle()
         assert [m.payload for m in drain(c)] == [b"after"]
     if policy == "dead_letter":
-        assert dead == [(0, 3, "nacked")]
+        assert dead == [(0, 3, None)]
     await d.close()
 
 

@@ -47,14 +47,23 @@ class Consumer:
     def attach(self, stream):
         """Make `stream` this consumer's delivery stream; an earlier one is ended (takeover)."""
         old = self.stream
-        if old is not None and old is not stream:
+        taken_over = old is not None and old is not stream
+        if taken_over:
             self._end_stream(ConsumerTakenOver(
                 f"consumer {self.name!r} was taken over by a newer ReceiveMessages stream"))
+            self._cancel_drainer()
+            # What was queued for the old stream never reached anyone.
+            self.outbox.take()
         self.stream = stream
         self.active = True
         self.inactive_since = None
         self._detached = self._loop.create_future()
         stream.start_response()
+        dispatcher = self.subscription.dispatcher
+        if taken_over and dispatcher is not None:
+            # Messages in flight on the old stream may never have arrived: redeliver them
+            # on the new one rather than after the ack timeout.
+            dispatcher.consumer_left(self)
         if self.outbox.count:
             self._schedule_flush()
         return self._detached

@@ -159,9 +159,12 @@ class BrokerCore:
         """A reliable subscription outlives its consumers and broker restarts: it resumes
         at its persisted cursor + 1."""
         for key, record in await self.store.scan(keys.topic_subscriptions_prefix(topic.name)):
-            if not isinstance(record, dict) or key.count("/") != 6:
+            if not isinstance(record, dict):
                 continue
             sub_name = record.get("subscription_name")
+            # The subtree also holds each subscription's cursor and policy keys.
+            if not sub_name or key != keys.topic_subscription(topic.name, sub_name):
+                continue
             sub_type = {v: k for k, v in TYPE_NAMES.items()}.get(record.get("subscription_type"))
             if not sub_name or sub_type is None:
                 continue
@@ -483,7 +486,7 @@ class BrokerCore:
             "x-original-topic-offset": str(original.topic_offset),
             "x-original-producer-id": str(original.producer_id),
             "x-original-broker-addr": original.broker_addr,
-            "x-poison-policy": "DeadLetter",
+            "x-poison-policy": "dead_letter",      # upstream's poison_policy_label
             "x-delivery-attempt": str(attempts),
         }
         if reason:

@@ -114,7 +114,7 @@ class ReliableDispatcher:
         if delivery is None:
             return
         self.stats["nacked"] += 1
-        self._failed(delivery, delay_ms, reason or "nacked")
+        self._failed(delivery, delay_ms, reason)
 
     def consumer_left(self, consumer):
         """Its in-flight messages go back for immediate redelivery (not a failed attempt)."""
@@ -168,7 +168,7 @@ class ReliableDispatcher:
     def _poison(self, delivery, attempts, reason):
         policy = self.policy.poison_policy
         log.warning("%s/%s: offset %d failed %d times (%s): %s", self.topic.name, self.sub.name,
-                    delivery.offset, attempts, reason, policy)
+                    delivery.offset, attempts, reason or "nacked or timed out", policy)
         if policy == fp.DROP:
             self.stats["dropped"] += 1
             self._settle(delivery.offset)
@@ -222,7 +222,7 @@ class ReliableDispatcher:
             if delivery.deadline <= now:
                 del self.inflight[offset]
                 self.stats["ack_timeouts"] += 1
-                self._failed(delivery, None, "ack timeout")
+                self._failed(delivery, None, None)
             else:
                 next_deadline = min(next_deadline, delivery.deadline)
         consumers = self._consumers()

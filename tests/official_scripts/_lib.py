@@ -183,3 +183,131 @@ def error_info(exc):
     if isinstance(exc, grpc.aio.AioRpcError):
         return {"type": "rpc", "code": exc.code().name, "details": exc.details()}
     return {"type": type(exc).__name__, "code": None, "details": str(exc)}
+
+
+# -- reliable topics ---------------------------------------------------------------------
+
+def action_of(plan, msg, attempt):
+    """The action a PlannedReceiver takes on delivery number `attempt` (1-based) of a
+    message: plan["by_payload"][payload] or plan["by_key"][routing key] is a list of actions
+    for attempts 1, 2, ... (the last one repeats), else plan["default"] ("ack"). Actions:
+    "ack", "hold" (neither ack nor nack), "nack", "nack@<delay_ms>", "nack:<reason>",
+    "nack@<delay_ms>:<reason>", "close" (hold it and close the consumer)."""
+    payload = msg.payload.decode("utf-8", "replace")
+    key = msg.routing_key if msg.HasField("routing_key") else None
+    actions = plan.get("by_payload", {}).get(payload)
+    if actions is None and key is not None:
+        actions = plan.get("by_key", {}).get(key)
+    if not actions:
+        return plan.get("default", "ack")
+    return actions[min(attempt, len(actions)) - 1]
+
+
+class PlannedReceiver:
+    """An official consumer that acks, nacks or holds each delivery as a plan says (see
+    action_of) and records every delivery as msg_dict + {"attempt", "action", "t"}.
+
+    attempt counts deliveries of the same topic offset, over all receivers sharing `counts`.
+    With plan["reverse_batch"] = k, acks are held back and sent k at a time in reverse
+    order (the rest once nothing new arrived for 0.2 s): out-of-order acks."""
+
+    def __init__(self, consumer, queue, plan=None, counts=None, t0=None):
+        self.consumer = consumer
+        self.queue = queue
+        self.plan = plan or {}
+        self.counts = {} if counts is None else counts
+        self.t0 = time.monotonic() if t0 is None else t0
+        self.deliveries = []
+        self.errors = []
+        self.pending_acks = []
+        self.closed = False
+        self._arrived = asyncio.Event()
+        self._pump = asyncio.ensure_future(self._run())
+
+    @classmethod
+    async def start(cls, client, topic, name, subscription, kind="exclusive", plan=None,
+                    counts=None, t0=None):
+        consumer = (client.new_consumer().with_topic(topic).with_consumer_name(name)
+                    .with_subscription(subscription).with_subscription_type(sub_type(kind))
+                    .build())
+        await consumer.subscribe()
+        queue = await consumer.receive()
+        return cls(consumer, queue, plan, counts, t0)
+
+    async def _run(self):
+        batch = self.plan.get("reverse_batch")
+        while True:
+            if batch and self.pending_acks:
+                try:
+                    msg = await asyncio.wait_for(self.queue.get(), 0.2)
+                except asyncio.TimeoutError:
+                    await self._flush_acks()
+                    continue
+            else:
+                msg = await self.queue.get()
+            offset = msg.msg_id.topic_offset
+            attempt = self.counts[offset] = self.counts.get(offset, 0) + 1
+            action = action_of(self.plan, msg, attempt)
+            record = msg_dict(msg)
+            record.update(attempt=attempt, action=action, broker_addr=msg.msg_id.broker_addr,
+                          t=round(time.monotonic() - self.t0, 4))
+            self.deliveries.append(record)
+            self._arrived.set()
+            try:
+                if action == "ack":
+                    if batch:
+                        self.pending_acks.append(msg)
+                        if len(self.pending_acks) >= batch:
+                            await self._flush_acks()
+                    else:
+                        await self.consumer.ack(msg)
+                elif action.startswith("nack"):
+                    head, _, reason = action.partition(":")
+                    delay = head.partition("@")[2]
+                    await self.consumer.nack(msg, int(delay) if delay else None,
+                                             reason or None)
+                elif action == "close":
+                    await self.close()
+                    return
+            except Exception as exc:  # noqa: BLE001 - reported to the test
+                self.errors.append(repr(exc))
+
+    async def _flush_acks(self):
+        held, self.pending_acks = self.pending_acks, []
+        for msg in reversed(held):
+            await self.consumer.ack(msg)
+
+    def settled(self):
+        """Payloads of deliveries that were acked (or are about to be, reverse_batch)."""
+        return [d["payload"] for d in self.deliveries if d["action"] == "ack"]
+
+    async def until(self, predicate, timeout=10.0):
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            self._arrived.clear()
+            try:
+                await asyncio.wait_for(self._arrived.wait(), min(left, 0.1))
+            except asyncio.TimeoutError:
+                pass
+        return True
+
+    async def quiet(self, period=0.3):
+        while True:
+            self._arrived.clear()
+            try:
+                await asyncio.wait_for(self._arrived.wait(), period)
+            except asyncio.TimeoutError:
+                return
+
+    async def close(self):
+        """Close the consumer: its stream ends, so the broker takes back what it holds."""
+        if self.closed:
+            return
+        self.closed = True
+        if self._pump is not asyncio.current_task():
+            self._pump.cancel()
+            await asyncio.gather(self._pump, return_exceptions=True)
+        await self.consumer.close()
