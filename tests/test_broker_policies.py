@@ -233,3 +233,28 @@ async def test_idle_non_reliable_subscriptions_are_reaped(tmp_path):
     finally:
         await core.stop()
         await store.close()
+
+
+async def test_reliable_window_per_subscription_override(tmp_path):
+    from danube.broker.core import BrokerCore
+    from danube.broker.registry import ClientRegistry
+    from danube.broker.topic import RELIABLE
+    from danube.config import BrokerConfig
+    from danube.metadata import keys
+    from danube.metadata.memory import MemoryStore
+
+    store = await MemoryStore.open()
+    core = BrokerCore(BrokerConfig(data_dir=str(tmp_path)).validate(), store, ClientRegistry())
+    await core.start()
+    try:
+        await core.create_producer("/default/win", "p", RELIABLE)
+        await store.put(keys.subscription_dispatch_config("/default/win", "big"),
+                        {"max_unacked_messages": 500})
+        await core.subscribe("/default/win", "c1", "big", 0)
+        await core.subscribe("/default/win", "c2", "plain", 0)
+        subs = core.topics["/default/win"].subscriptions
+        assert subs["big"].dispatcher.window == 500
+        assert subs["plain"].dispatcher.window == 10
+    finally:
+        await core.stop()
+        await store.close()

@@ -170,9 +170,10 @@ class BrokerCore:
                 continue
             cursor = await self.store.get(keys.subscription_cursor(topic.name, sub_name))
             policy = await self._load_failure_policy(topic.name, sub_name)
+            window = await self._load_window(topic.name, sub_name)
             self._attach_subscription(topic, Subscription(topic, sub_name, sub_type),
                                       cursor if isinstance(cursor, int) else
-                                      topic.log.next_offset - 1, policy)
+                                      topic.log.next_offset - 1, policy, window)
 
     # -- namespaces ----------------------------------------------------------------------
 
@@ -427,7 +428,8 @@ class BrokerCore:
                                      policy.to_json())
                 cursor = topic.log.next_offset - 1
                 await self.store.put(keys.subscription_cursor(topic_name, sub_name), cursor)
-                self._attach_subscription(topic, sub, cursor, policy)
+                window = await self._load_window(topic_name, sub_name)
+                self._attach_subscription(topic, sub, cursor, policy, window)
             else:
                 topic.subscriptions[sub_name] = sub
                 topic.subscriptions_changed()
@@ -448,7 +450,16 @@ class BrokerCore:
             raise ConsumerNotFound(f"The consumer with id {consumer_id} does not exist")
         return consumer
 
-    def _attach_subscription(self, topic, sub, cursor, policy):
+    async def _load_window(self, topic_name, sub_name):
+        """max_unacked_messages: the subscription's dispatch_config if one was set (the
+        admin API's SetSubscriptionDispatchConfig writes it), else the broker's."""
+        record = await self.store.get(keys.subscription_dispatch_config(topic_name, sub_name))
+        value = record.get("max_unacked_messages") if isinstance(record, dict) else None
+        if isinstance(value, int) and 1 <= value <= 10000:
+            return value
+        return self.cfg.max_unacked_messages
+
+    def _attach_subscription(self, topic, sub, cursor, policy, window):
         topic_name, sub_name = topic.name, sub.name
 
         async def save_cursor(value):
@@ -458,7 +469,7 @@ class BrokerCore:
             await self.dead_letter(topic, sub, policy, delivery, attempts, reason)
 
         sub.dispatcher = ReliableDispatcher(
-            sub, topic, cursor, policy, self.cfg.max_unacked_messages, loop=self.loop,
+            sub, topic, cursor, policy, window, loop=self.loop,
             on_cursor=save_cursor, dead_letter=dead_letter)
         topic.subscriptions[sub_name] = sub
         topic.subscriptions_changed()
