@@ -77,3 +77,43 @@ def test_unknown_producer_is_not_found(broker):
             send(ext.MessageBatch(producer_id=12345, messages=[pb.StreamMessage()]), timeout=10)
         assert err.value.code() == grpc.StatusCode.NOT_FOUND
         assert "12345" in err.value.details()
+
+
+def test_reliable_batch_returns_offsets_and_stamps_them(broker):
+    topic = "/default/batch-reliable"
+    with grpc.insecure_channel(broker.client_addr) as ch:
+        producer = _unary(ch, "/danube.ProducerService/CreateProducer", pb.ProducerResponse)(
+            pb.ProducerRequest(producer_name="rp", topic_name=topic,
+                               dispatch_strategy=pb.Reliable), timeout=10)
+        consumer = _unary(ch, "/danube.ConsumerService/Subscribe", pb.ConsumerResponse)(
+            pb.ConsumerRequest(topic_name=topic, consumer_name="c", subscription="s",
+                               subscription_type=pb.ConsumerRequest.Exclusive), timeout=10)
+        stream = ch.unary_stream("/danube.ConsumerService/ReceiveMessages",
+                                 request_serializer=lambda m: m.SerializeToString(),
+                                 response_deserializer=pb.StreamMessage.FromString)(
+            pb.ReceiveRequest(consumer_id=consumer.consumer_id), timeout=30)
+        send = _unary(ch, "/danube_ext.BatchProducer/SendMessages", ext.BatchResponse)
+        ack = _unary(ch, "/danube.ConsumerService/Ack", pb.AckResponse)
+        for round_ in range(2):
+            batch = [pb.StreamMessage(request_id=i, payload=b"r%d-%d" % (round_, i))
+                     for i in range(8)]
+            resp = send(ext.MessageBatch(producer_id=producer.producer_id, messages=batch),
+                        timeout=10)
+            assert list(resp.offsets) == list(range(round_ * 8, round_ * 8 + 8))
+            for i in range(8):
+                m = next(stream)
+                assert (m.payload, m.msg_id.topic_offset) == (b"r%d-%d" % (round_, i),
+                                                              round_ * 8 + i)
+                assert (m.msg_id.producer_id, m.msg_id.topic_name, m.producer_name) == \
+                    (producer.producer_id, topic, "rp")
+                ack(pb.AckRequest(msg_id=m.msg_id, subscription_name="s"), timeout=10)
+        oversize = [pb.StreamMessage(payload=b"ok"), pb.StreamMessage(payload=b"x" * 2000)]
+        with pytest.raises(grpc.RpcError) as err:
+            send(ext.MessageBatch(producer_id=producer.producer_id, messages=oversize),
+                 timeout=10)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        # A reliable batch is taken whole or not at all: the next offset is still 16.
+        resp = send(ext.MessageBatch(producer_id=producer.producer_id,
+                                     messages=[pb.StreamMessage(payload=b"after")]), timeout=10)
+        assert list(resp.offsets) == [16]
+        stream.cancel()

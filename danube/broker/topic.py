@@ -2,9 +2,10 @@
 
 import dataclasses
 
-from danube._core import fanout
+from danube._core import fanout, stamp_messages
 from danube.broker.errors import MessageTooLarge, PublishFailed, StorageFailed
 from danube.config import Policies
+from danube.proto import DanubeApi_pb2 as pb
 from danube.storage.errors import WALError
 from danube.storage.wal import ALWAYS
 
@@ -55,6 +56,31 @@ class Topic:
         if limit and payload_len > limit:
             raise MessageTooLarge(f"message of {payload_len} bytes exceeds max_message_size "
                                   f"({limit} bytes) on {self.name}")
+
+    async def publish_reliable_raw(self, raws, msg_id_fields, extra):
+        """Batched reliable publish of serialized StreamMessages: their msg_id and
+        topic_offset are stamped by appending fields protobuf merges (danube._core.
+        stamp_messages), so no message is parsed unless it may be over the size limit."""
+        if self.closed:
+            raise PublishFailed(f"topic {self.name} is closed")
+        limit = self.policies.max_message_size
+        if limit:
+            for raw in raws:
+                if len(raw) > limit:
+                    self._check_size(len(pb.StreamMessage.FromString(raw).payload))
+        log = self.log
+        stamped = stamp_messages(raws, log.next_offset, msg_id_fields, extra)
+        try:
+            first, last = log.append(stamped)
+            if self.durability == ALWAYS:
+                await log.sync_to(last)
+        except WALError as exc:
+            raise StorageFailed(f"could not store the messages on {self.name}: {exc}") from exc
+        self.messages_in += len(raws)
+        self.bytes_in += sum(len(r) for r in raws)
+        for sub in self.subscriptions.values():
+            sub.dispatcher.notify()
+        return list(range(first, last + 1))
 
     async def publish_reliable(self, messages):
         """Append StreamMessages to the log with their offsets stamped in msg_id.topic_offset,

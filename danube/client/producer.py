@@ -5,6 +5,7 @@ import asyncio
 import itertools
 import time
 
+from danube._core import encode_stream_messages
 from danube.client import errors
 from danube.client.connection import BrokerAddress
 from danube.client.schema import resolve_schema
@@ -126,15 +127,25 @@ class TopicProducer:
             await self._recreate(self._generation)
         now = int(time.time() * 1000)
         ids = self._take_ids(len(payloads))
-        batch = ext.MessageBatch(request_id=ids[0] if ids else 0, producer_id=self.producer_id,
-                                 messages=[self._message(i, p, attributes, key, now)
-                                           for i, p in zip(ids, payloads)])
+        if not attributes and key is None and self.schema_id is None:
+            # Plain payloads: encoded in C, no protobuf object per message.
+            batch = ext.MessageBatchRaw(
+                request_id=ids[0] if ids else 0, producer_id=self.producer_id,
+                messages=encode_stream_messages(
+                    [bytes(p) for p in payloads], ids[0] if ids else 0, now,
+                    self._msg_id.SerializeToString(), self.name.encode()))
+            send = self._stub.send_messages_raw
+        else:
+            batch = ext.MessageBatch(request_id=ids[0] if ids else 0,
+                                     producer_id=self.producer_id,
+                                     messages=[self._message(i, p, attributes, key, now)
+                                               for i, p in zip(ids, payloads)])
+            send = self._stub.send_messages
         policy = self.client.retry
         attempt = 0
         while True:
             try:
-                await self._stub.send_messages(batch, timeout=self.client.rpc_timeout,
-                                               metadata=self._metadata)
+                await send(batch, timeout=self.client.rpc_timeout, metadata=self._metadata)
                 return ids
             except RpcError as exc:
                 if exc.code == StatusCode.UNIMPLEMENTED:
