@@ -546,7 +546,7 @@ asyncio.run(main())
 def test_embedded_acknowledged_put_survives_sigkill(tmp_path):
     path = tmp_path / "metadata"
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    child = subprocess.Popen([sys.executable, "-c", CHILD, str(path)], stdout=subprocess.PIPE,
+    child = subprocess.Popen([sys.executable, "-P", "-c", CHILD, str(path)], stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, env=env, text=True)
     last = -1
     try:

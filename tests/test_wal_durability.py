@@ -292,7 +292,7 @@ def test_kill_9_loses_no_acknowledged_offset(tmp_path):
     rnd = random.Random(9)
     expected_next = 0
     for run in range(5):
-        proc = subprocess.Popen([sys.executable, "-c", CHILD, path, str(run)],
+        proc = subprocess.Popen([sys.executable, "-P", "-c", CHILD, path, str(run)],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
         lines = []
         reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
