@@ -1,9 +1,13 @@
 """Child processes and CPU accounting shared by the benchmark runners (Linux /proc)."""
 
 import ctypes
+import json
 import os
+import queue
 import signal
 import subprocess
+import threading
+import time
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -71,3 +75,64 @@ def system_busy():
         vals = [int(v) for v in f.readline().split()[1:]]
     # user nice system idle iowait irq softirq steal [guest guest_nice: already in user]
     return (sum(vals[:8]) - vals[3] - vals[4]) / CLK_TCK
+
+
+def tail(path, n=30):
+    try:
+        with open(path, errors="replace") as f:
+            return "".join(f.readlines()[-n:])
+    except OSError:
+        return ""
+
+
+class LineWorker:
+    """A child process that takes JSON commands on stdin and reports JSON events (one per
+    line, {"event": ...}) on stdout; its stderr goes to `log_path`."""
+
+    def _start(self, cmd, *, env, cwd, log_path, label):
+        self.label = label
+        self.log_path = log_path
+        self.stderr = open(log_path, "w")
+        self.proc = popen(cmd, cwd=cwd, env=env, text=True, stdin=subprocess.PIPE,
+                          stdout=subprocess.PIPE, stderr=self.stderr)
+        self.pid = self.proc.pid
+        self.lines = queue.Queue()
+
+        def pump():
+            for line in self.proc.stdout:
+                self.lines.put(line)
+            self.lines.put(None)
+        threading.Thread(target=pump, daemon=True).start()
+
+    def expect(self, event, timeout):
+        """The next event called `event` (earlier other events and stray lines skipped)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                line = self.lines.get(timeout=max(0.01, left))
+            except queue.Empty:
+                raise RuntimeError(f"{self.label}: no {event!r} within {timeout:.0f}s; "
+                                   f"stderr:\n{tail(self.log_path)}") from None
+            if line is None:
+                raise RuntimeError(f"{self.label} exited (rc={self.proc.wait()}) before "
+                                   f"{event!r}; stderr:\n{tail(self.log_path)}")
+            try:
+                msg = json.loads(line)
+            except ValueError:
+                continue          # stray output
+            if msg.get("event") == event:
+                return msg
+
+    def send(self, **cmd):
+        self.proc.stdin.write(json.dumps(cmd) + "\n")
+        self.proc.stdin.flush()
+
+    def stop(self):
+        try:
+            if self.proc.poll() is None:
+                self.send(cmd="exit")
+        except OSError:
+            pass
+        reap(self.proc, 5.0)
+        self.stderr.close()

@@ -11,7 +11,6 @@ import datetime
 import json
 import os
 import platform
-import queue
 import re
 import shutil
 import signal
@@ -24,7 +23,7 @@ import urllib.request
 import uuid
 from pathlib import Path
 
-from bench._proc import popen, proc_cpu, reap, reap_all, system_busy
+from bench._proc import LineWorker, popen, proc_cpu, reap, reap_all, system_busy, tail
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -137,22 +136,12 @@ class Broker:
         self.log.close()
 
 
-def tail(path, n=30):
-    try:
-        with open(path, errors="replace") as f:
-            return "".join(f.readlines()[-n:])
-    except OSError:
-        return ""
-
-
-class Worker:
+class Worker(LineWorker):
     """A producer or consumer process speaking bench.e2e.common's line protocol."""
 
     def __init__(self, client, cfg, log_path):
         self.client = client
         self.role = cfg["role"]
-        self.log_path = log_path
-        self.stderr = open(log_path, "w")
         self._tmp = None
         if client == "project":
             env = dict(os.environ)
@@ -166,48 +155,10 @@ class Worker:
             self._tmp = tempfile.TemporaryDirectory(prefix="danube-e2e-official-")
             cmd = [OFFICIAL_PYTHON, "-I", str(HERE / "official_worker.py"), json.dumps(cfg)]
             cwd = self._tmp.name
-        self.proc = spawn(cmd, env=env, cwd=cwd, stderr=self.stderr)
-        self.pid = self.proc.pid
-        self.lines = queue.Queue()
-
-        def pump():
-            for line in self.proc.stdout:
-                self.lines.put(line)
-            self.lines.put(None)
-        threading.Thread(target=pump, daemon=True).start()
-
-    def expect(self, event, timeout):
-        deadline = time.monotonic() + timeout
-        while True:
-            left = deadline - time.monotonic()
-            try:
-                line = self.lines.get(timeout=max(0.01, left))
-            except queue.Empty:
-                raise RuntimeError(f"{self.client} {self.role}: no {event!r} within "
-                                   f"{timeout:.0f}s; stderr:\n{tail(self.log_path)}") from None
-            if line is None:
-                raise RuntimeError(f"{self.client} {self.role} exited "
-                                   f"(rc={self.proc.wait()}) before {event!r}; "
-                                   f"stderr:\n{tail(self.log_path)}")
-            try:
-                msg = json.loads(line)
-            except ValueError:
-                continue          # stray output
-            if msg.get("event") == event:
-                return msg
-
-    def send(self, **cmd):
-        self.proc.stdin.write(json.dumps(cmd) + "\n")
-        self.proc.stdin.flush()
+        self._start(cmd, env=env, cwd=cwd, log_path=log_path, label=f"{client} {self.role}")
 
     def stop(self):
-        try:
-            if self.proc.poll() is None:
-                self.send(cmd="exit")
-        except OSError:
-            pass
-        reap(self.proc, 5.0)
-        self.stderr.close()
+        super().stop()
         if self._tmp is not None:
             self._tmp.cleanup()
 

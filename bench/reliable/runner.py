@@ -13,7 +13,6 @@ import datetime
 import json
 import os
 import platform
-import queue
 import re
 import shutil
 import signal
@@ -28,9 +27,9 @@ import urllib.request
 import uuid
 from pathlib import Path
 
-from bench._proc import popen, proc_cpu, reap, reap_all, system_busy
+from bench._proc import LineWorker, popen, proc_cpu, reap, reap_all, system_busy
 from bench.e2e.common import percentiles
-from bench.e2e.runner import loadavg, sleep_until, spawn, tail
+from bench.e2e.runner import loadavg, sleep_until, spawn, tail  # noqa: F401 - tail re-exported
 from bench.reliable.broker_main import BUCKETS_MS, read_counter
 
 REPO = Path(__file__).resolve().parents[2]
@@ -247,55 +246,13 @@ class Broker:
         self.log.close()
 
 
-class Worker:
+class Worker(LineWorker):
     """A bench.reliable.worker process (producer or consumer)."""
 
     def __init__(self, cfg, log_path):
         self.role = cfg["role"]
-        self.log_path = log_path
-        self.stderr = open(log_path, "w")
         cmd = [sys.executable, "-P", "-m", "bench.reliable.worker", json.dumps(cfg)]
-        self.proc = spawn(cmd, env=child_env(), cwd=REPO, stderr=self.stderr)
-        self.pid = self.proc.pid
-        self.lines = queue.Queue()
-
-        def pump():
-            for line in self.proc.stdout:
-                self.lines.put(line)
-            self.lines.put(None)
-        threading.Thread(target=pump, daemon=True).start()
-
-    def expect(self, event, timeout):
-        deadline = time.monotonic() + timeout
-        while True:
-            left = deadline - time.monotonic()
-            try:
-                line = self.lines.get(timeout=max(0.01, left))
-            except queue.Empty:
-                raise RuntimeError(f"{self.role}: no {event!r} within {timeout:.0f}s; "
-                                   f"stderr:\n{tail(self.log_path)}") from None
-            if line is None:
-                raise RuntimeError(f"{self.role} exited (rc={self.proc.wait()}) before "
-                                   f"{event!r}; stderr:\n{tail(self.log_path)}")
-            try:
-                msg = json.loads(line)
-            except ValueError:
-                continue
-            if msg.get("event") == event:
-                return msg
-
-    def send(self, **cmd):
-        self.proc.stdin.write(json.dumps(cmd) + "\n")
-        self.proc.stdin.flush()
-
-    def stop(self):
-        try:
-            if self.proc.poll() is None:
-                self.send(cmd="exit")
-        except OSError:
-            pass
-        reap(self.proc, 5.0)
-        self.stderr.close()
+        self._start(cmd, env=child_env(), cwd=REPO, log_path=log_path, label=self.role)
 
 
 def bucket_labels():
