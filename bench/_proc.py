@@ -10,6 +10,15 @@ import threading
 import time
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def repo_env():
+    """The environment for a child that imports this repository's packages (bench.*, and
+    danube when it is built in place)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, env.get("PYTHONPATH")) if p)
+    return env
 
 children = []
 

@@ -23,7 +23,8 @@ import urllib.request
 import uuid
 from pathlib import Path
 
-from bench._proc import LineWorker, popen, proc_cpu, reap, reap_all, system_busy, tail
+from bench._proc import (LineWorker, popen, proc_cpu, reap, reap_all, repo_env,
+                         system_busy, tail)
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -77,19 +78,19 @@ def loadavg():
 
 
 class Broker:
-    """`python -P -m danube broker --mode standalone` on ports chosen by the OS."""
+    """`python -P -m danube broker --mode standalone` on ports chosen by the OS.
+    `launcher` replaces `-m danube` (a wrapper module that runs the same command line);
+    `extra` adds broker flags."""
     LISTEN = re.compile(r"client gRPC .* listening on ([\d.]+):(\d+)")
     PROM = re.compile(r"prometheus exporter listening on http://([\d.]+):(\d+)")
 
-    def __init__(self, data_dir, log_path):
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
-        self.command = [sys.executable, "-P", "-m", "danube", "broker", "--mode", "standalone",
-                        "--data-dir", str(data_dir), "--broker-addr", "127.0.0.1:0",
+    def __init__(self, data_dir, log_path, *, launcher=("-m", "danube"), extra=()):
+        self.command = [sys.executable, "-P", *launcher, "broker", "--mode", "standalone",
+                        *extra, "--data-dir", str(data_dir), "--broker-addr", "127.0.0.1:0",
                         "--admin-addr", "127.0.0.1:0", "--prom-exporter", "127.0.0.1:0"]
         self.log_path = log_path
         self.log = open(log_path, "w")
-        self.proc = spawn(self.command, env=env, cwd=REPO, stderr=subprocess.STDOUT)
+        self.proc = spawn(self.command, env=repo_env(), cwd=REPO, stderr=subprocess.STDOUT)
         self.pid = self.proc.pid
         self.port = self.prom_port = None
         ready = threading.Event()
@@ -144,9 +145,7 @@ class Worker(LineWorker):
         self.role = cfg["role"]
         self._tmp = None
         if client == "project":
-            env = dict(os.environ)
-            env["PYTHONPATH"] = os.pathsep.join(
-                p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+            env = repo_env()
             cmd = [sys.executable, "-P", "-m", "bench.e2e.project_worker", json.dumps(cfg)]
             cwd = REPO
         else:

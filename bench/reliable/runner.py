@@ -13,23 +13,21 @@ import datetime
 import json
 import os
 import platform
-import re
 import shutil
 import signal
-import struct
 import subprocess
 import sys
 import tempfile
 import textwrap
-import threading
 import time
-import urllib.request
 import uuid
 from pathlib import Path
 
-from bench._proc import LineWorker, popen, proc_cpu, reap, reap_all, system_busy
+from bench._proc import LineWorker, popen, proc_cpu, reap, reap_all, repo_env, system_busy
 from bench.e2e.common import percentiles
-from bench.e2e.runner import loadavg, sleep_until, spawn, tail  # noqa: F401 - tail re-exported
+from bench.e2e.runner import Broker as E2EBroker
+from danube._wal import scan_frames
+from bench.e2e.runner import loadavg, sleep_until, tail  # noqa: F401 - tail re-exported
 from bench.reliable.broker_main import BUCKETS_MS, read_counter
 
 REPO = Path(__file__).resolve().parents[2]
@@ -147,18 +145,10 @@ def proc_io(pid):
 
 # -- child processes ---------------------------------------------------------------------
 
-def child_env():
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
-    return env
-
-
-class Broker:
+class Broker(E2EBroker):
     """`python -m bench.reliable.broker_main COUNTER broker --mode standalone
     --config-file ...` (the danube broker with its WAL fdatasync counted), ports chosen by
     the OS, all on 127.0.0.1."""
-    LISTEN = re.compile(r"client gRPC .* listening on ([\d.]+):(\d+)")
-    PROM = re.compile(r"prometheus exporter listening on http://([\d.]+):(\d+)")
 
     def __init__(self, durability, root, logs):
         self.durability = durability
@@ -168,58 +158,12 @@ class Broker:
         # Only the key under test; everything else keeps the broker's defaults.
         self.config.write_text(f"storage:\n  wal:\n    durability: {durability}\n")
         self.counter = root / f"fdatasync-{durability}.bin"
-        self.log_path = logs / f"broker-{durability}.log"
-        self.command = [sys.executable, "-P", "-m", "bench.reliable.broker_main",
-                        str(self.counter), "broker", "--mode", "standalone",
-                        "--config-file", str(self.config), "--data-dir", str(self.data_dir),
-                        "--broker-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0",
-                        "--prom-exporter", "127.0.0.1:0"]
-        self.log = open(self.log_path, "w")
-        self.proc = spawn(self.command, env=child_env(), cwd=REPO, stderr=subprocess.STDOUT)
-        self.pid = self.proc.pid
-        self.port = self.prom_port = None
-        ready = threading.Event()
-
-        def pump():
-            for line in self.proc.stdout:
-                self.log.write(line)
-                self.log.flush()
-                m = self.LISTEN.search(line)
-                if m:
-                    self.port = int(m.group(2))
-                m = self.PROM.search(line)
-                if m:
-                    self.prom_port = int(m.group(2))
-                if "broker ready" in line:
-                    ready.set()
-            ready.set()
-        threading.Thread(target=pump, daemon=True).start()
-        if not ready.wait(60) or self.proc.poll() is not None or self.port is None:
-            raise RuntimeError(f"broker did not start; see {self.log_path}:\n"
-                               + tail(self.log_path))
-        self.url = f"http://127.0.0.1:{self.port}"
+        super().__init__(self.data_dir, logs / f"broker-{durability}.log",
+                         launcher=("-m", "bench.reliable.broker_main", str(self.counter)),
+                         extra=("--config-file", str(self.config)))
 
     def fdatasyncs(self):
         return read_counter(self.counter) or (0, 0.0, [0] * (len(BUCKETS_MS) + 1))
-
-    def metrics(self, topic):
-        """The broker's Prometheus samples for `topic` ({name: value})."""
-        if self.prom_port is None:
-            return {}
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.prom_port}/metrics",
-                                        timeout=5) as r:
-                text = r.read().decode()
-        except OSError as exc:
-            return {"error": repr(exc)}
-        out = {}
-        needle = f'topic="{topic}"'
-        for line in text.splitlines():
-            if line.startswith("danube_") and needle in line:
-                key, _, value = line.rpartition(" ")
-                name = key.split("{", 1)[0]
-                out[name] = out.get(name, 0) + float(value)
-        return out
 
     def wal_frame_bytes(self, topic):
         """Mean frame size (header + serialized StreamMessage) in the topic's first WAL
@@ -231,19 +175,8 @@ class Broker:
             data = seg.read_bytes()
         except (OSError, IndexError):
             return None
-        pos = frames = 0
-        end = len(data) - FRAME_HEADER
-        while pos <= end:
-            length = struct.unpack_from("<I", data, pos + 8)[0]
-            if length == 0 and struct.unpack_from("<Q", data, pos)[0] == 0 and frames:
-                break
-            pos += FRAME_HEADER + length
-            frames += 1
-        return pos / frames if frames else None
-
-    def stop(self):
-        reap(self.proc, 20.0)
-        self.log.close()
+        offsets, _, valid_end, _ = scan_frames(data)
+        return valid_end / len(offsets) if len(offsets) else None
 
 
 class Worker(LineWorker):
@@ -252,7 +185,7 @@ class Worker(LineWorker):
     def __init__(self, cfg, log_path):
         self.role = cfg["role"]
         cmd = [sys.executable, "-P", "-m", "bench.reliable.worker", json.dumps(cfg)]
-        self._start(cmd, env=child_env(), cwd=REPO, log_path=log_path, label=self.role)
+        self._start(cmd, env=repo_env(), cwd=REPO, log_path=log_path, label=self.role)
 
 
 def bucket_labels():
@@ -379,7 +312,7 @@ def run_plain(key, sc, frame, args, scratch, logs):
     stderr = open(logs / f"{key}.log", "w")
     try:
         p = popen([sys.executable, "-P", "-m", "bench.reliable.plainloop", json.dumps(cfg)],
-                  cwd=REPO, env=child_env(), text=True, stdin=subprocess.DEVNULL,
+                  cwd=REPO, env=repo_env(), text=True, stdin=subprocess.DEVNULL,
                   stdout=subprocess.PIPE, stderr=stderr)
         t0 = time.monotonic()
         sleep_until(time.time() + args.warmup + 0.05)

@@ -20,7 +20,7 @@ from danube.broker.errors import (BrokerShuttingDown, ConsumerLimit, ConsumerNot
                                   NamespaceNotFound, ProducerLimit,
                                   ProducerNotFound, SubscribeDenied, SubscriptionLimit,
                                   SubscriptionNotFound, TopicAlreadyExists, TopicNotFound)
-from danube.broker.subscription import TYPE_NAMES, Subscription
+from danube.broker.subscription import TYPE_NAMES, TYPES_BY_NAME, Subscription
 from danube.broker.topic import DELIVERY_NAMES, NON_RELIABLE, RELIABLE, Producer, Topic
 from danube.config import Policies
 from danube.metadata import keys
@@ -165,7 +165,7 @@ class BrokerCore:
             # The subtree also holds each subscription's cursor and policy keys.
             if not sub_name or key != keys.topic_subscription(topic.name, sub_name):
                 continue
-            sub_type = {v: k for k, v in TYPE_NAMES.items()}.get(record.get("subscription_type"))
+            sub_type = TYPES_BY_NAME.get(record.get("subscription_type"))
             if not sub_name or sub_type is None:
                 continue
             cursor = await self.store.get(keys.subscription_cursor(topic.name, sub_name))

@@ -11,6 +11,7 @@ from danube.broker.errors import ConsumerLimit, SubscribeDenied
 EXCLUSIVE, SHARED, FAILOVER, KEY_SHARED = 0, 1, 2, 3
 TYPE_NAMES = {EXCLUSIVE: "Exclusive", SHARED: "Shared", FAILOVER: "Failover",
               KEY_SHARED: "KeyShared"}
+TYPES_BY_NAME = {name: value for value, name in TYPE_NAMES.items()}
 
 
 def key_matcher(patterns):

@@ -68,19 +68,9 @@ class Topic:
             for raw in raws:
                 if len(raw) > limit:
                     self._check_size(len(pb.StreamMessage.FromString(raw).payload))
-        log = self.log
-        stamped = stamp_messages(raws, log.next_offset, msg_id_fields, extra)
-        try:
-            first, last = log.append(stamped)
-            if self.durability == ALWAYS:
-                await log.sync_to(last)
-        except WALError as exc:
-            raise StorageFailed(f"could not store the messages on {self.name}: {exc}") from exc
-        self.messages_in += len(raws)
-        self.bytes_in += sum(len(r) for r in raws)
-        for sub in self.subscriptions.values():
-            sub.dispatcher.notify()
-        return list(range(first, last + 1))
+        stamped = stamp_messages(raws, self.log.next_offset, msg_id_fields, extra)
+        # bytes_in counts whole messages here: the payloads are not parsed out.
+        return await self._store(stamped, sum(len(r) for r in raws))
 
     async def publish_reliable(self, messages):
         """Append StreamMessages to the log with their offsets stamped in msg_id.topic_offset,
@@ -91,20 +81,25 @@ class Topic:
             raise PublishFailed(f"topic {self.name} is closed")
         for msg in messages:
             self._check_size(len(msg.payload))
-        log = self.log
-        first = log.next_offset
+        first = self.log.next_offset
         raws = []
         for i, msg in enumerate(messages):
             msg.msg_id.topic_offset = first + i
             raws.append(msg.SerializeToString())
+        return await self._store(raws, sum(len(m.payload) for m in messages))
+
+    async def _store(self, raws, nbytes):
+        """Append to the log, wait for durability as the topic's mode says, then wake the
+        subscriptions. Returns the offsets."""
+        log = self.log
         try:
             first, last = log.append(raws)
             if self.durability == ALWAYS:
                 await log.sync_to(last)
         except WALError as exc:
-            raise StorageFailed(f"could not store the message on {self.name}: {exc}") from exc
-        self.messages_in += len(messages)
-        self.bytes_in += sum(len(m.payload) for m in messages)
+            raise StorageFailed(f"could not store the messages on {self.name}: {exc}") from exc
+        self.messages_in += len(raws)
+        self.bytes_in += nbytes
         for sub in self.subscriptions.values():
             sub.dispatcher.notify()
         return list(range(first, last + 1))

@@ -344,7 +344,7 @@ class ClientConnection(H2Connection):
         self.next_sid += 2
         stream = ClientStream(sid, self, send_encoding)
         self.streams[sid] = stream
-        self.write(_core.header_frames(sid, header_block, self.peer_max_frame, end_stream))
+        self.send_headers(stream, header_block, end_stream)
         if end_stream:
             stream.closed_local = True
         return stream

@@ -14,7 +14,7 @@ import logging
 import hpack
 
 from danube import _core
-from danube._core import (FrameReader, H2ConnectionError, data_frames, frame, goaway_frame,
+from danube._core import (FrameReader, H2ConnectionError, data_frames, goaway_frame,
                           header_frames, parse_settings, parse_u32, ping_frame,
                           rst_stream_frame, settings_frame, window_update_frame)
 from danube.rpc.headers import HeaderDecoder
@@ -518,5 +518,4 @@ class H2Connection(asyncio.Protocol):
         self.write(header_frames(stream.sid, block, self.peer_max_frame, end_stream))
 
 
-__all__ = ["H2Connection", "StreamBase", "TransportConfig", "frame", "rst_stream_frame",
-           "goaway_frame", "header_frames"]
+__all__ = ["H2Connection", "StreamBase", "TransportConfig"]

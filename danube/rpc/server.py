@@ -39,10 +39,6 @@ class Kind(enum.Enum):
     def client_streaming(self):
         return self.value[0]
 
-    @property
-    def server_streaming(self):
-        return self.value[1]
-
 
 class RpcMethod:
     """A registered method: the handler plus how to turn bytes into requests and responses
