@@ -150,9 +150,11 @@ cdef struct _Src:
 
 
 cdef Py_ssize_t _encode(out, Py_ssize_t pos, unsigned long long first_offset, payloads,
-                        uint64_t *index, Py_ssize_t index_room) except -1:
-    """Frame ``payloads`` into ``out`` at ``pos``; store each frame's position in ``index``
-    (when not NULL, room for ``index_room`` entries). Returns the end position."""
+                        uint64_t *index, Py_ssize_t index_room,
+                        uint64_t index_base) except -1:
+    """Frame ``payloads`` into ``out`` at ``pos``; store each frame's position, counted from
+    ``index_base`` at ``pos``, in ``index`` (when not NULL, room for ``index_room``
+    entries). Returns the end position."""
     cdef Py_buffer outv
     cdef _Src *src = NULL
     cdef Py_ssize_t n, i, acquired = 0, total = 0, p
@@ -195,14 +197,14 @@ cdef Py_ssize_t _encode(out, Py_ssize_t pos, unsigned long long first_offset, pa
             with nogil:
                 for i in range(n):
                     if index != NULL:
-                        index[i] = <uint64_t>p
+                        index[i] = index_base + <uint64_t>(p - pos)
                     _write_frame(base + p, first_offset + <unsigned long long>i,
                                  <const unsigned char *>src[i].view.buf, src[i].view.len)
                     p += _HDR + src[i].view.len
         else:
             for i in range(n):
                 if index != NULL:
-                    index[i] = <uint64_t>p
+                    index[i] = index_base + <uint64_t>(p - pos)
                 _write_frame(base + p, first_offset + <unsigned long long>i,
                              <const unsigned char *>src[i].view.buf, src[i].view.len)
                 p += _HDR + src[i].view.len
@@ -224,7 +226,7 @@ def encode_frames_into(out, Py_ssize_t pos, unsigned long long first_offset, pay
     is out of range, or a payload is too large). ``payloads`` is a list (or any sequence) of
     buffers; bytes take a fast path.
     """
-    return _encode(out, pos, first_offset, payloads, NULL, 0)
+    return _encode(out, pos, first_offset, payloads, NULL, 0, 0)
 
 
 cdef struct _Scan:
@@ -434,19 +436,111 @@ cdef uint64_t *_index_ptr(obj, Py_buffer *view, Py_ssize_t at, Py_ssize_t n) exc
 
 
 def encode_frames_indexed(out, Py_ssize_t pos, unsigned long long first_offset, payloads,
-                          index, Py_ssize_t index_at):
+                          index, Py_ssize_t index_at, long long index_base=-1):
     """``encode_frames_into`` that also records where each frame starts.
 
     ``index`` is a writable 1-D uint64 array (numpy); the header position of frame ``i`` is
-    stored at ``index[index_at + i]``. Raises ValueError, writing nothing, if the index has
-    no room for every frame or the frames do not fit in ``out``. Returns the end position.
+    stored at ``index[index_at + i]``: its position in ``out``, or with ``index_base >= 0``
+    its position counted from ``index_base`` at ``pos`` (for frames encoded in a buffer
+    that is then written to a file at ``index_base``). Raises ValueError, writing nothing,
+    if the index has no room for every frame or the frames do not fit in ``out``. Returns
+    the end position.
     """
     cdef Py_buffer iv
     cdef uint64_t *ip = _index_ptr(index, &iv, index_at, 0)
     try:
-        return _encode(out, pos, first_offset, payloads, ip, iv.shape[0] - index_at)
+        return _encode(out, pos, first_offset, payloads, ip, iv.shape[0] - index_at,
+                       <uint64_t>(index_base if index_base >= 0 else pos))
     finally:
         PyBuffer_Release(&iv)
+
+
+cdef uint64_t _NO_ENDS = 0
+
+
+cdef const uint64_t *_ends_ptr(obj, Py_buffer *view, Py_ssize_t data_len) except NULL:
+    """Borrow a 1-D uint64 array of end positions (``array('Q')`` or numpy) as a pointer,
+    after checking the ends never go back, stay within ``data_len`` and make no payload over
+    MAX_PAYLOAD. The caller releases ``view``; an empty array gives a dummy pointer."""
+    cdef const uint64_t *e
+    cdef uint64_t prev = 0
+    cdef Py_ssize_t i, n
+    PyObject_GetBuffer(obj, view, PyBUF_FORMAT | PyBUF_ND)
+    try:
+        fmt = (<bytes>view.format).lstrip(b"<=@") if view.format != NULL else b"B"
+        if view.itemsize != 8 or fmt not in (b"Q", b"L") or view.ndim != 1:
+            raise TypeError(f"ends must be a 1-D uint64 array, got format {fmt!r}")
+        n = view.shape[0]
+        e = <const uint64_t *>view.buf
+        for i in range(n):
+            if e[i] < prev or e[i] > <uint64_t>data_len:
+                raise ValueError(f"end {i} ({e[i]}) out of order or past the data "
+                                 f"({data_len} bytes)")
+            if e[i] - prev > _MAX_PAYLOAD:
+                raise ValueError(f"payload {i} of {e[i] - prev} bytes exceeds MAX_PAYLOAD "
+                                 f"({_MAX_PAYLOAD})")
+            prev = e[i]
+    except BaseException:
+        PyBuffer_Release(view)
+        raise
+    return e if n else &_NO_ENDS
+
+
+def encode_frames_packed(out, Py_ssize_t pos, unsigned long long first_offset, data, ends,
+                         index, Py_ssize_t index_at, long long index_base=-1):
+    """``encode_frames_indexed`` for payloads packed back to back in one buffer: payload
+    ``i`` is ``data[ends[i - 1]:ends[i]]`` (from 0 for the first), ``ends`` a 1-D uint64
+    array (``array('Q')`` or numpy). The frames take ``16 * len(ends) + ends[-1]`` bytes.
+    Raises ValueError, writing nothing, if they do not fit or the ends are inconsistent."""
+    cdef Py_buffer outv, dv, ev, iv
+    cdef const uint64_t *e
+    cdef uint64_t *ip
+    cdef Py_ssize_t n, i, total, p
+    cdef uint64_t start, ibase
+    cdef unsigned char *base
+    cdef const unsigned char *src
+    PyObject_GetBuffer(data, &dv, PyBUF_SIMPLE)
+    try:
+        e = _ends_ptr(ends, &ev, dv.len)
+        try:
+            n = ev.shape[0]
+            ip = _index_ptr(index, &iv, index_at, 0)
+            try:
+                if n > iv.shape[0] - index_at:
+                    raise ValueError(f"index has room for {iv.shape[0] - index_at} "
+                                     f"positions, {n} frames given")
+                if n and first_offset + <unsigned long long>(n - 1) < first_offset:
+                    raise ValueError("frame offsets would overflow 64 bits")
+                PyObject_GetBuffer(out, &outv, PyBUF_WRITABLE)
+                try:
+                    if pos < 0 or pos > outv.len:
+                        raise ValueError(f"position {pos} out of range for a buffer of "
+                                         f"{outv.len} bytes")
+                    total = _HDR * n + (<Py_ssize_t>e[n - 1] if n else 0)
+                    if total > outv.len - pos:
+                        raise ValueError(f"{n} frames need {total} bytes but only "
+                                         f"{outv.len - pos} are free after position {pos}")
+                    base = <unsigned char *>outv.buf
+                    src = <const unsigned char *>dv.buf
+                    p = pos
+                    start = 0
+                    ibase = <uint64_t>(index_base if index_base >= 0 else pos)
+                    with nogil:
+                        for i in range(n):
+                            ip[i] = ibase + <uint64_t>(p - pos)
+                            _write_frame(base + p, first_offset + <unsigned long long>i,
+                                         src + start, <Py_ssize_t>(e[i] - start))
+                            p += _HDR + <Py_ssize_t>(e[i] - start)
+                            start = e[i]
+                    return p
+                finally:
+                    PyBuffer_Release(&outv)
+            finally:
+                PyBuffer_Release(&iv)
+        finally:
+            PyBuffer_Release(&ev)
+    finally:
+        PyBuffer_Release(&dv)
 
 
 def measure_frames(payloads, Py_ssize_t room):
@@ -566,17 +660,31 @@ def last_nonzero(buffer, Py_ssize_t start=0):
 
 cdef class TailCache:
     """The newest ``capacity`` payloads of a log, by offset (a ring indexed by offset modulo
-    capacity). Readers near the head are served from here without touching the segments and
-    without a copy: the cached objects are the very bytes that were appended."""
+    capacity). Readers near the head are served from here without touching the segments.
+    Payloads appended as bytes objects are served as those very objects, without a copy;
+    payloads appended packed in one buffer (``extend_packed``) are kept as a reference to
+    that buffer and copied out only when read."""
 
-    cdef list _slots
+    cdef list _slots            # the payload (bytes), or the packed buffer holding it
+    cdef Py_ssize_t *_start     # where the payload starts in its packed buffer, -1: bytes
+    cdef Py_ssize_t *_len
     cdef Py_ssize_t _cap
     cdef long long _first       # oldest offset held
     cdef long long _next        # one past the newest
 
-    def __init__(self, Py_ssize_t capacity, long long next_offset=0):
+    def __cinit__(self, Py_ssize_t capacity, long long next_offset=0):
         if capacity < 0:
             raise ValueError("capacity must be >= 0")
+        self._start = <Py_ssize_t *>PyMem_Malloc((capacity + 1) * sizeof(Py_ssize_t))
+        self._len = <Py_ssize_t *>PyMem_Malloc((capacity + 1) * sizeof(Py_ssize_t))
+        if self._start == NULL or self._len == NULL:
+            raise MemoryError()
+
+    def __dealloc__(self):
+        PyMem_Free(self._start)
+        PyMem_Free(self._len)
+
+    def __init__(self, Py_ssize_t capacity, long long next_offset=0):
         self._cap = capacity
         self._slots = [None] * capacity
         self._first = self._next = next_offset
@@ -604,10 +712,15 @@ cdef class TailCache:
             self._slots[i] = None
         self._first = self._next = next_offset
 
+    cdef void _advance(self, long long first_offset, Py_ssize_t n):
+        self._next = first_offset + n
+        if self._next - self._first > self._cap:
+            self._first = self._next - self._cap
+
     def extend(self, long long first_offset, payloads):
         """Add payloads at ``first_offset, first_offset + 1, ...``; a batch that does not
         continue the cache restarts it. Non-bytes payloads are stored as bytes copies."""
-        cdef Py_ssize_t i, n, start
+        cdef Py_ssize_t i, n, start, slot
         cdef list slots = self._slots
         seq = payloads if type(payloads) is list or type(payloads) is tuple else list(payloads)
         n = len(seq)
@@ -619,24 +732,48 @@ cdef class TailCache:
                 obj = seq[i]
                 if not PyBytes_CheckExact(obj):
                     obj = bytes(obj)
-                slots[(first_offset + i) % self._cap] = obj
-        self._next = first_offset + n
-        if self._next - self._first > self._cap:
-            self._first = self._next - self._cap
+                slot = (first_offset + i) % self._cap
+                slots[slot] = obj
+                self._start[slot] = -1
+        self._advance(first_offset, n)
+
+    def extend_packed(self, long long first_offset, bytes data, ends):
+        """``extend`` with payloads packed back to back in ``data`` (bytes), payload ``i``
+        ending at ``ends[i]`` (a uint64 array, as ``encode_frames_packed`` takes)."""
+        cdef Py_buffer ev
+        cdef const uint64_t *e = _ends_ptr(ends, &ev, PyBytes_GET_SIZE(data))
+        cdef Py_ssize_t i, n = ev.shape[0], first, slot
+        cdef list slots = self._slots
+        try:
+            if first_offset != self._next:
+                self.reset(first_offset)
+            if self._cap:
+                first = n - self._cap if n > self._cap else 0
+                for i in range(first, n):
+                    slot = (first_offset + i) % self._cap
+                    slots[slot] = data
+                    self._start[slot] = <Py_ssize_t>e[i - 1] if i else 0
+                    self._len[slot] = <Py_ssize_t>e[i] - self._start[slot]
+            self._advance(first_offset, n)
+        finally:
+            PyBuffer_Release(&ev)
 
     def read(self, long long from_offset, Py_ssize_t max_messages, long long max_bytes=-1):
         """``[(offset, payload), ...]`` from ``from_offset`` (limits as ``read_frames``), or
         None when ``from_offset`` is older than what the cache holds. Empty at the head."""
         cdef list out = [], slots = self._slots
         cdef long long o = from_offset, nbytes = 0
-        cdef Py_ssize_t ln, count = 0
+        cdef Py_ssize_t ln, count = 0, slot
         if from_offset < self._first or from_offset > self._next:
             return None
         while o < self._next and count < max_messages:
-            obj = slots[o % self._cap]
-            ln = PyBytes_GET_SIZE(obj)
+            slot = o % self._cap
+            obj = slots[slot]
+            ln = PyBytes_GET_SIZE(obj) if self._start[slot] < 0 else self._len[slot]
             if count and max_bytes >= 0 and nbytes + ln > max_bytes:
                 break
+            if self._start[slot] >= 0:
+                obj = PyBytes_FromStringAndSize(PyBytes_AS_STRING(obj) + self._start[slot], ln)
             out.append((o, obj))
             nbytes += ln
             count += 1

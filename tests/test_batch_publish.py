@@ -52,6 +52,7 @@ def test_batch_is_delivered_in_order_with_msg_ids(broker):
     assert [m.payload for m in got] == [f"m{i}".encode() for i in range(500)]
     assert {m.msg_id.topic_name for m in got} == {topic}
     assert {m.msg_id.producer_id for m in got} == {producer_id}
+    assert {m.msg_id.broker_addr for m in got} == {f"http://{broker.client_addr}"}
     assert {m.producer_name for m in got} == {"bp"}
     assert got[42].attributes["i"] == "42"
 
@@ -117,3 +118,66 @@ def test_reliable_batch_returns_offsets_and_stamps_them(broker):
                                      messages=[pb.StreamMessage(payload=b"after")]), timeout=10)
         assert list(resp.offsets) == [16]
         stream.cancel()
+
+
+def test_reliable_batch_offsets_as_range_and_broker_stamped_msg_id(broker):
+    """What the project's client sends: messages without msg_id or producer_name, offsets
+    asked for as a range. Consumers get the full msg_id, the broker's address included."""
+    topic = "/default/batch-range"
+    with grpc.insecure_channel(broker.client_addr) as ch:
+        producer = _unary(ch, "/danube.ProducerService/CreateProducer", pb.ProducerResponse)(
+            pb.ProducerRequest(producer_name="rr", topic_name=topic,
+                               dispatch_strategy=pb.Reliable), timeout=10)
+        consumer = _unary(ch, "/danube.ConsumerService/Subscribe", pb.ConsumerResponse)(
+            pb.ConsumerRequest(topic_name=topic, consumer_name="c", subscription="s",
+                               subscription_type=pb.ConsumerRequest.Exclusive), timeout=10)
+        stream = ch.unary_stream("/danube.ConsumerService/ReceiveMessages",
+                                 request_serializer=lambda m: m.SerializeToString(),
+                                 response_deserializer=pb.StreamMessage.FromString)(
+            pb.ReceiveRequest(consumer_id=consumer.consumer_id), timeout=30)
+        send = _unary(ch, "/danube_ext.BatchProducer/SendMessages", ext.BatchResponse)
+        ack = _unary(ch, "/danube.ConsumerService/Ack", pb.AckResponse)
+        batch = [pb.StreamMessage(request_id=i + 1, payload=b"q%d" % i, publish_time=5)
+                 for i in range(3)]
+        batch.append(pb.StreamMessage(request_id=4, payload=b"own-id", msg_id=pb.MsgID(
+            producer_id=1, topic_name="x", broker_addr="http://elsewhere:1")))
+        resp = send(ext.MessageBatch(request_id=1, producer_id=producer.producer_id,
+                                     messages=batch, offsets_as_range=True), timeout=10)
+        assert (resp.accepted, list(resp.offsets), resp.first_offset) == (4, [], 0)
+        resp = send(ext.MessageBatch(request_id=2, producer_id=producer.producer_id,
+                                     messages=batch[:1]), timeout=10)
+        assert (resp.accepted, list(resp.offsets), resp.first_offset) == (1, [4], 4)
+        got = [next(stream) for _ in range(5)]
+        for m in got:
+            ack(pb.AckRequest(msg_id=m.msg_id, subscription_name="s"), timeout=10)
+        stream.cancel()
+    want_addr = f"http://{broker.client_addr}"
+    for i, m in enumerate(got[:3] + got[4:]):
+        assert (m.payload, m.producer_name, m.publish_time) == (b"q0" if i == 3 else
+                                                                 b"q%d" % i, "rr", 5)
+        assert (m.msg_id.producer_id, m.msg_id.topic_name, m.msg_id.broker_addr) == \
+            (producer.producer_id, topic, want_addr)
+    assert [m.msg_id.topic_offset for m in got] == [0, 1, 2, 3, 4]
+    # A message that brought its own msg_id keeps its broker_addr (merged, as before).
+    assert (got[3].payload, got[3].msg_id.broker_addr, got[3].msg_id.topic_name) == \
+        (b"own-id", "http://elsewhere:1", topic)
+
+
+def test_malformed_batch_is_refused_whole(broker):
+    with grpc.insecure_channel(broker.client_addr) as ch:
+        producer = _unary(ch, "/danube.ProducerService/CreateProducer", pb.ProducerResponse)(
+            pb.ProducerRequest(producer_name="mp", topic_name="/default/batch-malformed",
+                               dispatch_strategy=pb.Reliable), timeout=10)
+        send = ch.unary_unary("/danube_ext.BatchProducer/SendMessages",
+                              request_serializer=lambda b: b,
+                              response_deserializer=ext.BatchResponse.FromString)
+        ok = pb.StreamMessage(payload=b"fine").SerializeToString()
+        body = (ext.MessageBatchRaw(producer_id=producer.producer_id, messages=[ok])
+                .SerializeToString() + b"\x1a\x02\x1a\x09")   # a payload past its message
+        with pytest.raises(grpc.RpcError) as err:
+            send(body, timeout=10)
+        assert err.value.code() == grpc.StatusCode.INTERNAL
+        assert "malformed StreamMessage 1" in err.value.details()
+        resp = send(ext.MessageBatchRaw(producer_id=producer.producer_id, messages=[ok])
+                    .SerializeToString(), timeout=10)
+        assert list(resp.offsets) == [0]       # nothing of the refused batch was stored

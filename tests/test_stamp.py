@@ -1,47 +1,116 @@
-"""StreamMessage bytes built and amended in C must equal what protobuf produces."""
+"""StreamMessage batches built, parsed and stamped in C must match what protobuf does."""
 
 import pytest
 from hypothesis import given, strategies as st
 
-from danube._core import encode_stream_messages, stamp_messages
+from danube._core import encode_message_batch, parse_message_batch
 from danube.proto import DanubeApi_pb2 as pb
+from danube.proto import DanubeExt_pb2 as ext
 
 u64 = st.integers(min_value=0, max_value=2**64 - 1)
 
 
-@given(st.lists(st.binary(max_size=300), max_size=20), u64.filter(lambda x: x < 2**64 - 40),
-       u64, st.text(max_size=20), st.text(max_size=40))
-def test_encode_matches_protobuf(payloads, first_id, publish_time, name, topic):
-    mid = pb.MsgID(producer_id=3, topic_name=topic, broker_addr="http://b:1")
-    ours = encode_stream_messages(payloads, first_id, publish_time, mid.SerializeToString(),
-                                  name.encode())
-    ref = [pb.StreamMessage(request_id=first_id + i, msg_id=mid, payload=p,
-                            publish_time=publish_time, producer_name=name).SerializeToString()
-           for i, p in enumerate(payloads)]
+def _split(data, ends):
+    out, prev = [], 0
+    for e in ends:
+        out.append(data[prev:e])
+        prev = e
+    return out
+
+
+@given(st.lists(st.one_of(st.binary(max_size=300), st.text(max_size=50)), max_size=30),
+       u64, u64, u64.filter(lambda x: x < 2**64 - 40), u64, st.booleans())
+def test_encode_message_batch_matches_protobuf(payloads, request_id, producer_id, first_id,
+                                               publish_time, as_range):
+    ours = encode_message_batch(payloads, request_id, producer_id, first_id, publish_time,
+                                as_range)
+    ref = ext.MessageBatch(
+        request_id=request_id, producer_id=producer_id, offsets_as_range=as_range,
+        messages=[pb.StreamMessage(request_id=first_id + i, publish_time=publish_time,
+                                   payload=p.encode() if isinstance(p, str) else p)
+                  for i, p in enumerate(payloads)]).SerializeToString()
     assert ours == ref
+    # Any bytes-like payload, and any sequence of them.
+    assert encode_message_batch(tuple(bytearray(p.encode() if isinstance(p, str) else p)
+                                      for p in payloads), request_id, producer_id, first_id,
+                                publish_time, as_range) == ref
 
 
-@given(st.lists(st.binary(max_size=100), min_size=1, max_size=10),
-       st.integers(min_value=0, max_value=2**63), st.integers(min_value=1, max_value=2**63),
-       st.text(max_size=30))
-def test_stamp_merges_msg_id_and_keeps_the_rest(payloads, first, producer_id, topic):
-    raws = [pb.StreamMessage(request_id=i, payload=p, producer_name="client-side",
-                             attributes={"k": str(i)}, routing_key="rk",
-                             msg_id=pb.MsgID(broker_addr="http://b:1", producer_id=99))
-            .SerializeToString() for i, p in enumerate(payloads)]
-    stamped = stamp_messages(raws, first, pb.MsgID(producer_id=producer_id,
-                                                   topic_name=topic).SerializeToString(),
-                             pb.StreamMessage(producer_name="registered").SerializeToString())
-    for i, (raw, p) in enumerate(zip(stamped, payloads)):
-        m = pb.StreamMessage.FromString(raw)
-        assert (m.payload, m.request_id, m.attributes["k"], m.routing_key) == (p, i, str(i), "rk")
-        assert m.producer_name == "registered"
-        assert (m.msg_id.producer_id, m.msg_id.topic_name, m.msg_id.broker_addr,
-                m.msg_id.topic_offset) == (producer_id, topic, "http://b:1", first + i)
-
-
-def test_non_bytes_are_refused():
+def test_encode_message_batch_refuses_non_buffers():
     with pytest.raises(TypeError):
-        encode_stream_messages([bytearray(b"x")], 1, 1, b"", b"")
-    with pytest.raises(TypeError):
-        stamp_messages(["text"], 0, b"")
+        encode_message_batch([1], 1, 1, 1, 1)
+    with pytest.raises(ValueError):
+        encode_message_batch([b"a", b"b"], 1, 1, 2**64 - 1, 1)
+
+
+messages_st = st.lists(st.builds(
+    lambda payload, rid, with_id, attrs, key: pb.StreamMessage(
+        request_id=rid, payload=payload, attributes=attrs, routing_key=key,
+        msg_id=pb.MsgID(producer_id=99, topic_name="client", broker_addr="http://c:1")
+        if with_id else None),
+    st.binary(max_size=200), u64, st.booleans(),
+    st.dictionaries(st.text(max_size=5), st.text(max_size=5), max_size=2),
+    st.one_of(st.none(), st.text(max_size=5))), max_size=20)
+
+
+@given(messages_st, u64, u64, st.booleans(), st.integers(0, 2**63),
+       st.text(min_size=1, max_size=30))
+def test_parse_and_stamp_match_protobuf(msgs, request_id, producer_id, as_range, first,
+                                        topic):
+    body = ext.MessageBatch(request_id=request_id, producer_id=producer_id, messages=msgs,
+                            offsets_as_range=as_range).SerializeToString()
+    view = parse_message_batch(body)
+    assert (view.request_id, view.producer_id, view.offsets_as_range, len(view)) == \
+        (request_id, producer_id, as_range, len(msgs))
+    assert [pb.StreamMessage.FromString(r) for r in view.messages()] == msgs
+    assert view.max_payload == max((len(m.payload) for m in msgs), default=0)
+    assert view.payload_bytes == sum(len(m.payload) for m in msgs)
+    data, ends = view.stamp(first, pb.MsgID(producer_id=7, topic_name=topic).SerializeToString(),
+                            pb.MsgID(broker_addr="http://broker:1").SerializeToString(),
+                            pb.StreamMessage(producer_name="registered").SerializeToString())
+    assert ends.typecode == "Q" and len(ends) == len(msgs)
+    for i, (raw, m) in enumerate(zip(_split(data, ends), msgs)):
+        got = pb.StreamMessage.FromString(raw)
+        want = pb.StreamMessage()
+        want.CopyFrom(m)
+        want.producer_name = "registered"
+        want.msg_id.producer_id = 7
+        want.msg_id.topic_name = topic
+        want.msg_id.topic_offset = first + i
+        if not m.HasField("msg_id"):
+            want.msg_id.broker_addr = "http://broker:1"     # the client's is kept otherwise
+        assert got == want
+
+
+def test_parse_skips_unknown_fields_and_takes_the_last_scalar():
+    msg = pb.StreamMessage(payload=b"x").SerializeToString()
+    body = (b"\x08\x05" + b"\x10\x03" + b"\x1a" + bytes([len(msg)]) + msg
+            + b"\x28\x07" + b"\x31" + b"\0" * 8 + b"\x3d" + b"\0" * 4 + b"\x42\x02hi"
+            + b"\x08\x06" + b"\x0a\x01z")      # field 1 again; field 1 as LEN: unknown
+    view = parse_message_batch(body)
+    assert (view.request_id, view.producer_id, len(view), view.messages()) == (6, 3, 1, [msg])
+    assert parse_message_batch(bytearray(body)).request_id == 6
+    assert len(parse_message_batch(b"")) == 0
+
+
+@pytest.mark.parametrize("body", [
+    b"\x08",                                   # varint cut short
+    b"\x08\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01",   # varint over 10 bytes
+    b"\x1a\x05abc",                            # LEN past the end
+    b"\x00\x01",                               # field number 0
+    b"\x0b\x0c",                               # a group
+    b"\x31\0\0",                               # fixed64 cut short
+    b"\x1a\x02\x1a\x05",                       # a message whose payload runs past it
+    b"\x1a\x02\x12\x01",                       # a msg_id that runs past the message
+    b"\x1a\x03\x12\x01\x08",                   # a msg_id with a varint cut short
+])
+def test_parse_refuses_malformed_batches(body):
+    with pytest.raises(ValueError, match="malformed"):
+        parse_message_batch(body)
+
+
+def test_stamp_of_an_empty_batch():
+    data, ends = parse_message_batch(b"\x08\x01").stamp(5, b"", b"", b"")
+    assert (data, list(ends)) == (b"", [])
+    with pytest.raises(ValueError):
+        parse_message_batch(b"\x1a\x00\x1a\x00").stamp(2**64 - 1, b"")

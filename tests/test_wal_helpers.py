@@ -1,15 +1,25 @@
 """The WAL's per-message helpers in danube._wal: measure_frames, encode_frames_indexed,
-read_frames(_into), last_nonzero, TailCache."""
+encode_frames_packed, read_frames(_into), last_nonzero, TailCache."""
 
 import random
+from array import array
 
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
 from danube._wal import (MAX_PAYLOAD, FrameError, TailCache, encode_frames_indexed,
-                         encode_frames_into, frame_size, last_nonzero, measure_frames,
-                         read_frames, read_frames_into, scan_frames)
+                         encode_frames_into, encode_frames_packed, frame_size, last_nonzero,
+                         measure_frames, read_frames, read_frames_into, scan_frames)
+
+
+def _pack(payloads):
+    ends = array("Q")
+    pos = 0
+    for p in payloads:
+        pos += len(p)
+        ends.append(pos)
+    return b"".join(payloads), ends
 
 
 def test_measure_frames():
@@ -55,6 +65,59 @@ def test_encode_frames_indexed_errors():
     with pytest.raises(ValueError, match="need"):
         encode_frames_indexed(buf, 990, 0, [b"a"], np.zeros(5, np.uint64), 0)
     assert buf == bytearray(1000)       # nothing written on any error
+
+
+def test_encode_frames_indexed_index_base():
+    ps = [b"x" * i for i in range(5)]
+    total = measure_frames(ps, 0)[0]
+    buf = bytearray(total + 8)
+    index = np.zeros(5, np.uint64)
+    assert encode_frames_indexed(buf, 8, 3, ps, index, 0, 4096) == total + 8
+    _, positions, _, _ = scan_frames(buf, 8, -1, 3)
+    assert index.tolist() == [4096 + int(p) - 8 for p in positions]
+
+
+@settings(max_examples=150, deadline=None)
+@given(payloads=st.lists(st.binary(max_size=300), max_size=40),
+       first=st.integers(0, 2**63), pos=st.integers(0, 64), at=st.integers(0, 5),
+       base=st.one_of(st.just(-1), st.integers(0, 2**40)))
+def test_encode_frames_packed_matches_encode_frames_indexed(payloads, first, pos, at, base):
+    data, ends = _pack(payloads)
+    total = measure_frames(payloads, 0)[0]
+    a, b = bytearray(pos + total + 3), bytearray(pos + total + 3)
+    ia = np.full(len(payloads) + at + 2, 9, np.uint64)
+    ib = ia.copy()
+    end = encode_frames_packed(a, pos, first, data, ends, ia, at, base)
+    assert end == encode_frames_indexed(b, pos, first, payloads, ib, at, base) == pos + total
+    assert a == b and np.array_equal(ia, ib)
+    # A numpy array of ends works as well as array('Q').
+    c = bytearray(len(a))
+    encode_frames_packed(c, pos, first, data, np.frombuffer(ends, np.uint64) if ends else
+                         np.zeros(0, np.uint64), ia, at, base)
+    assert c == a
+
+
+def test_encode_frames_packed_errors():
+    data, ends = _pack([b"ab", b"c", b"def"])
+    buf = bytearray(100)
+    index = np.zeros(10, np.uint64)
+    with pytest.raises(ValueError, match="need"):
+        encode_frames_packed(buf, 60, 0, data, ends, index, 0)        # 54 bytes, 40 free
+    with pytest.raises(ValueError, match="room for 2"):
+        encode_frames_packed(buf, 0, 0, data, ends, index, 8)
+    with pytest.raises(ValueError, match="out of order"):
+        encode_frames_packed(buf, 0, 0, data, array("Q", [3, 2, 6]), index, 0)
+    with pytest.raises(ValueError, match="past the data"):
+        encode_frames_packed(buf, 0, 0, data, array("Q", [2, 3, 7]), index, 0)
+    with pytest.raises(ValueError, match="position"):
+        encode_frames_packed(buf, 101, 0, data, ends, index, 0)
+    with pytest.raises(ValueError, match="overflow"):
+        encode_frames_packed(buf, 0, 2**64 - 2, data, ends, index, 0)
+    for bad in (array("q", [2, 3, 6]), array("I", [2, 3, 6]), [2, 3, 6]):
+        with pytest.raises(TypeError):
+            encode_frames_packed(buf, 0, 0, data, bad, index, 0)
+    assert buf == bytearray(100)       # nothing written on any error
+    assert encode_frames_packed(buf, 5, 0, b"", array("Q"), index, 0) == 5
 
 
 def _log(n, first=5):
@@ -137,3 +200,47 @@ def test_tail_cache():
     assert (z.first_offset, z.next_offset) == (4, 4) and z.read(3, 1) is None
     with pytest.raises(ValueError):
         TailCache(-1)
+
+
+@settings(max_examples=150, deadline=None)
+@given(batches=st.lists(st.tuples(st.booleans(),
+                                  st.lists(st.binary(max_size=20), max_size=8)), max_size=8),
+       cap=st.integers(0, 10))
+def test_tail_cache_packed_and_plain_batches(batches, cap):
+    """extend_packed keeps references to the packed buffer and copies on read; mixed with
+    extend, reads see every payload in order, as a plain list of the newest would."""
+    c = TailCache(cap, 0)
+    log = []
+    for packed, payloads in batches:
+        if packed:
+            data, ends = _pack(payloads)
+            c.extend_packed(len(log), data, ends)
+        else:
+            c.extend(len(log), payloads)
+        log.extend(payloads)
+        held = log[max(0, len(log) - cap):] if cap else []
+        first = len(log) - len(held)
+        assert (c.first_offset, c.next_offset) == (first, len(log))
+        got = c.read(first, 100)
+        assert got == list(enumerate(held, first))
+        assert all(type(p) is bytes for _, p in got)
+        if held:
+            budget = len(held[0])               # the first always, then while within budget
+            expect, total = [], 0
+            for i, p in enumerate(held):
+                if expect and total + len(p) > budget:
+                    break
+                expect.append((first + i, p))
+                total += len(p)
+            assert c.read(first, 100, budget) == expect
+
+
+def test_tail_cache_extend_packed_checks_ends():
+    c = TailCache(4, 0)
+    with pytest.raises(ValueError):
+        c.extend_packed(0, b"abc", array("Q", [2, 1]))
+    with pytest.raises(ValueError):
+        c.extend_packed(0, b"abc", array("Q", [4]))
+    with pytest.raises(TypeError):
+        c.extend_packed(0, bytearray(b"abc"), array("Q", [3]))
+    assert (c.first_offset, c.next_offset) == (0, 0)

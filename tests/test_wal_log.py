@@ -387,22 +387,21 @@ async def test_lru_of_mapped_sealed_segments(tmp_path, opened):
             assert sum(s.mm is not None for s in wal._segments[:-1]) <= 2
 
 
-async def test_page_cache_prefetch_runs_ahead(tmp_path, opened):
-    """The active segment is preallocated and read into the page cache ahead of the writes
-    (in the executor), so appends do not fault fresh pages in on the event loop."""
-    wal = await opened(tmp_path, WALConfig(durability="none"))
+async def test_active_segment_grows_ahead_of_the_writes(tmp_path, opened):
+    """The active segment is preallocated in doubling chunks as appends (pwrite) reach its
+    end, every frame lands where the index says, and on close the file ends at the data."""
+    wal = await opened(tmp_path, WALConfig(durability="none", segment_initial_bytes=1 << 16,
+                                           cache_capacity=0))
     seg = wal._active
     batch = [b"p" * 1000] * 100                      # ~100 KB
-    for _ in range(40):
-        wal.append(batch)
-        for _ in range(100):
-            if wal._prefetching is None:
-                break
-            await asyncio.sleep(0.001)
-        assert seg.populated_pos >= seg.write_pos + (1 << 20)
-        assert seg.size >= seg.populated_pos
-    assert seg.write_pos > 3 << 20 and len(wal.segments()) == 1
-    # Closing while a prefetch is in flight waits for it; the file ends at the data.
-    wal.append(batch)
+    sizes = set()
+    for i in range(40):
+        first, _ = wal.append(batch)
+        assert seg.size >= seg.write_pos
+        sizes.add(seg.size)
+        assert wal.read(first, 1, 0) == [(first, batch[0])]        # through the mapping
+    assert len(sizes) > 3 and seg.write_pos > 3 << 20 and len(wal.segments()) == 1
+    offsets, _, valid_end, status = scan_frames(seg.mm, 0, -1, 0)
+    assert (len(offsets), valid_end, status) == (4000, seg.write_pos, SCAN_CLEAN)
     await wal.close()
     assert os.path.getsize(seg.path) == seg.write_pos

@@ -1,6 +1,6 @@
 # StreamMessage bytes built and amended without protobuf objects, for the batched publish
-# path where per-message Python work is the bottleneck. Both rely on protobuf's wire rules:
-# for a singular scalar field the last occurrence wins, and occurrences of an embedded
+# path where per-message Python work is the bottleneck. Stamping relies on protobuf's wire
+# rules: for a singular scalar field the last occurrence wins, and occurrences of an embedded
 # message field are merged. So appending `msg_id { topic_offset: N }` to serialized bytes
 # stamps the offset into the message's msg_id, keeping the fields the producer set.
 
@@ -25,93 +25,360 @@ cdef inline Py_ssize_t _put_varint(uint8_t *o, uint64_t v) noexcept nogil:
     return n + 1
 
 
-def stamp_messages(list raws, unsigned long long first_offset, bytes msg_id_fields,
-                   bytes extra=b""):
-    """Return each serialized StreamMessage in `raws` with `extra` (serialized top-level
-    fields, e.g. producer_name) and `msg_id { <msg_id_fields> topic_offset: first_offset+i }`
-    appended, which protobuf merges into the message."""
-    cdef Py_ssize_t i, n = len(raws), rn, inner, w
-    cdef Py_ssize_t fn = len(msg_id_fields), en = len(extra)
-    cdef uint64_t offset
-    cdef bytes raw, out
-    cdef uint8_t *o
-    cdef list result = [None] * n
-    for i in range(n):
-        raw = <bytes?>raws[i]
-        rn = PyBytes_GET_SIZE(raw)
-        offset = first_offset + i
-        inner = fn + 1 + _varint_size(offset)
-        out = PyBytes_FromStringAndSize(NULL, rn + en + 1 + _varint_size(inner) + inner)
+# The batched publish path (danube_ext.BatchProducer) without a Python object per message:
+# the client encodes a whole MessageBatchRaw in one call, the broker indexes the received
+# body in one call (MessageBatchView) and stamps every message into one packed buffer that
+# the WAL frames as it is.
+
+from cpython cimport array as _carray
+from cpython.bytes cimport PyBytes_CheckExact
+from cpython.unicode cimport PyUnicode_Check, PyUnicode_AsUTF8AndSize
+from cpython.mem cimport PyMem_Malloc, PyMem_Realloc, PyMem_Free
+import array as _array
+
+cdef _carray.array _U64_ARRAY = _array.array("Q")
+
+cdef enum:
+    _WT_VARINT = 0
+    _WT_I64 = 1
+    _WT_LEN = 2
+    _WT_I32 = 5
+
+
+cdef inline bint _get_varint(const uint8_t *p, Py_ssize_t end, Py_ssize_t *pos,
+                             uint64_t *out) noexcept nogil:
+    # As upb: at most 10 bytes, the bits beyond 64 ignored.
+    cdef uint64_t v = 0
+    cdef Py_ssize_t i = pos[0]
+    cdef int shift = 0
+    cdef uint8_t b
+    while i < end and shift < 70:
+        b = p[i]
+        i += 1
+        v |= <uint64_t>(b & 0x7F) << shift
+        if b < 0x80:
+            pos[0] = i
+            out[0] = v
+            return True
+        shift += 7
+    return False
+
+
+cdef inline bint _next_field(const uint8_t *p, Py_ssize_t end, Py_ssize_t *pos,
+                             uint64_t *field, int *wt, uint64_t *value,
+                             Py_ssize_t *start) noexcept nogil:
+    """Read one field of a protobuf message: its number, wire type, and its value (varint)
+    or the start and length (in ``value``) of its bytes (LEN). Fixed-width fields are
+    skipped. False on anything malformed (groups included: no message of ours has one)."""
+    cdef uint64_t tag, n
+    if not _get_varint(p, end, pos, &tag):
+        return False
+    field[0] = tag >> 3
+    wt[0] = <int>(tag & 7)
+    if field[0] == 0 or field[0] > 0x1FFFFFFF:
+        return False
+    if wt[0] == _WT_VARINT:
+        return _get_varint(p, end, pos, value)
+    if wt[0] == _WT_LEN:
+        if not _get_varint(p, end, pos, &n) or n > <uint64_t>(end - pos[0]):
+            return False
+        start[0] = pos[0]
+        value[0] = n
+        pos[0] += <Py_ssize_t>n
+        return True
+    if wt[0] == _WT_I64:
+        n = 8
+    elif wt[0] == _WT_I32:
+        n = 4
+    else:
+        return False
+    if n > <uint64_t>(end - pos[0]):
+        return False
+    pos[0] += <Py_ssize_t>n
+    return True
+
+
+cdef bint _walk_fields(const uint8_t *p, Py_ssize_t pos, Py_ssize_t end) noexcept nogil:
+    """True if p[pos:end] is a sequence of well-formed fields."""
+    cdef uint64_t field, value
+    cdef int wt
+    cdef Py_ssize_t start
+    while pos < end:
+        if not _next_field(p, end, &pos, &field, &wt, &value, &start):
+            return False
+    return True
+
+
+cdef bint _walk_stream_message(const uint8_t *p, Py_ssize_t pos, Py_ssize_t end,
+                               Py_ssize_t *payload_len, bint *has_msg_id) noexcept nogil:
+    """Check a serialized StreamMessage's top level (and its msg_id) is well formed; find
+    its payload's length (the last occurrence wins, as protobuf merges) and whether it has a
+    msg_id."""
+    cdef uint64_t field, value
+    cdef int wt
+    cdef Py_ssize_t start
+    payload_len[0] = 0
+    has_msg_id[0] = False
+    while pos < end:
+        if not _next_field(p, end, &pos, &field, &wt, &value, &start):
+            return False
+        if wt == _WT_LEN:
+            if field == 2:
+                has_msg_id[0] = True
+                if not _walk_fields(p, start, start + <Py_ssize_t>value):
+                    return False
+            elif field == 3:
+                payload_len[0] = <Py_ssize_t>value
+    return True
+
+
+cdef class MessageBatchView:
+    """A serialized danube_ext.MessageBatch (or MessageBatchRaw: the same bytes), checked
+    and indexed in C by ``parse_message_batch``: its scalar fields, and where each message
+    lies in ``body``. Every message's top level (and msg_id) has been checked to be well
+    formed protobuf, so what is stored and delivered parses."""
+
+    cdef readonly bytes body
+    cdef readonly unsigned long long request_id
+    cdef readonly unsigned long long producer_id
+    cdef readonly bint offsets_as_range
+    cdef readonly Py_ssize_t count
+    cdef readonly Py_ssize_t max_payload     # the largest payload (0 when empty)
+    cdef readonly Py_ssize_t payload_bytes   # all payloads together
+    cdef Py_ssize_t *_start
+    cdef Py_ssize_t *_len
+    cdef uint8_t *_has_msg_id
+    cdef Py_ssize_t _cap
+
+    def __dealloc__(self):
+        PyMem_Free(self._start)
+        PyMem_Free(self._len)
+        PyMem_Free(self._has_msg_id)
+
+    def __len__(self):
+        return self.count
+
+    cdef int _add(self, Py_ssize_t start, Py_ssize_t length, bint has_msg_id) except -1:
+        cdef Py_ssize_t cap
+        cdef void *a
+        cdef void *b
+        cdef void *c
+        if self.count == self._cap:
+            cap = self._cap * 2 if self._cap else 64
+            a = PyMem_Realloc(self._start, cap * sizeof(Py_ssize_t))
+            if a == NULL:
+                raise MemoryError()
+            self._start = <Py_ssize_t *>a
+            b = PyMem_Realloc(self._len, cap * sizeof(Py_ssize_t))
+            if b == NULL:
+                raise MemoryError()
+            self._len = <Py_ssize_t *>b
+            c = PyMem_Realloc(self._has_msg_id, cap)
+            if c == NULL:
+                raise MemoryError()
+            self._has_msg_id = <uint8_t *>c
+            self._cap = cap
+        self._start[self.count] = start
+        self._len[self.count] = length
+        self._has_msg_id[self.count] = has_msg_id
+        self.count += 1
+        return 0
+
+    def messages(self):
+        """The messages as a list of bytes (for paths that parse them one by one)."""
+        cdef Py_ssize_t i
+        cdef const char *base = PyBytes_AS_STRING(self.body)
+        cdef list out = []
+        for i in range(self.count):
+            out.append(PyBytes_FromStringAndSize(base + self._start[i], self._len[i]))
+        return out
+
+    def stamp(self, unsigned long long first_offset, bytes msg_id_fields,
+              bytes broker_fields=b"", bytes extra=b""):
+        """Every message with ``extra`` (serialized top-level fields, e.g. producer_name)
+        and ``msg_id { <msg_id_fields> [<broker_fields>] topic_offset: first_offset+i }``
+        appended, which protobuf merges into the message; ``broker_fields`` only go to
+        messages that came without a msg_id of their own (whose fields they would
+        override). Returns ``(data, ends)``: the stamped messages back to back in one bytes
+        object, and an ``array('Q')`` of where each one ends in it."""
+        cdef Py_ssize_t i, n = self.count, rn, inner, w = 0, total = 0
+        cdef Py_ssize_t fn = len(msg_id_fields), bn = len(broker_fields), en = len(extra)
+        cdef uint64_t offset
+        cdef bint full
+        cdef const uint8_t *src = <const uint8_t *>PyBytes_AS_STRING(self.body)
+        cdef uint8_t *o
+        cdef _carray.array ends
+        cdef unsigned long long *e
+        if n and first_offset + <unsigned long long>(n - 1) < first_offset:
+            raise ValueError("offsets would overflow 64 bits")
+        for i in range(n):
+            inner = fn + 1 + _varint_size(first_offset + i)
+            if not self._has_msg_id[i]:
+                inner += bn
+            total += self._len[i] + en + 1 + _varint_size(inner) + inner
+        ends = _carray.clone(_U64_ARRAY, n, False)
+        e = ends.data.as_ulonglongs
+        out = PyBytes_FromStringAndSize(NULL, total)
         o = <uint8_t *>PyBytes_AS_STRING(out)
-        memcpy(o, PyBytes_AS_STRING(raw), rn)
-        w = rn
-        if en:
-            memcpy(o + w, PyBytes_AS_STRING(extra), en)
-            w += en
-        o[w] = 0x12                        # field 2 (msg_id), length-delimited
-        w += 1
-        w += _put_varint(o + w, inner)
-        if fn:
-            memcpy(o + w, PyBytes_AS_STRING(msg_id_fields), fn)
-            w += fn
-        o[w] = 0x28                        # MsgID field 5 (topic_offset), varint
-        w += 1
-        _put_varint(o + w, offset)
-        result[i] = out
-    return result
+        for i in range(n):
+            offset = first_offset + i
+            full = not self._has_msg_id[i]
+            rn = self._len[i]
+            memcpy(o + w, src + self._start[i], rn)
+            w += rn
+            if en:
+                memcpy(o + w, PyBytes_AS_STRING(extra), en)
+                w += en
+            inner = fn + 1 + _varint_size(offset) + (bn if full else 0)
+            o[w] = 0x12                        # field 2 (msg_id), length-delimited
+            w += 1
+            w += _put_varint(o + w, inner)
+            if fn:
+                memcpy(o + w, PyBytes_AS_STRING(msg_id_fields), fn)
+                w += fn
+            if full and bn:
+                memcpy(o + w, PyBytes_AS_STRING(broker_fields), bn)
+                w += bn
+            o[w] = 0x28                        # MsgID field 5 (topic_offset), varint
+            w += 1
+            w += _put_varint(o + w, offset)
+            e[i] = w
+        return out, ends
 
 
-def encode_stream_messages(list payloads, unsigned long long first_request_id,
-                           unsigned long long publish_time, bytes msg_id, bytes producer_name):
-    """Serialized StreamMessages {request_id, msg_id, payload, publish_time, producer_name}
-    for plain payloads (no attributes, key or schema), identical to what protobuf encodes."""
-    cdef Py_ssize_t i, n = len(payloads), pn, w, size
-    cdef Py_ssize_t mn = len(msg_id), nn = len(producer_name)
+def parse_message_batch(data):
+    """Index a serialized danube_ext.MessageBatch / MessageBatchRaw (any bytes-like) as a
+    MessageBatchView. Raises ValueError if the batch, or the top level of one of its
+    messages, is not well-formed protobuf. Unknown fields are skipped, as protobuf does."""
+    cdef MessageBatchView v = MessageBatchView.__new__(MessageBatchView)
+    cdef bytes body = data if PyBytes_CheckExact(data) else bytes(data)
+    cdef const uint8_t *p = <const uint8_t *>PyBytes_AS_STRING(body)
+    cdef Py_ssize_t end = PyBytes_GET_SIZE(body), pos = 0, start, plen
+    cdef uint64_t field, value
+    cdef int wt
+    cdef bint has_msg_id
+    v.body = body
+    while pos < end:
+        if not _next_field(p, end, &pos, &field, &wt, &value, &start):
+            raise ValueError(f"malformed MessageBatch at byte {pos}")
+        if wt == _WT_VARINT:
+            if field == 1:
+                v.request_id = value
+            elif field == 2:
+                v.producer_id = value
+            elif field == 4:
+                v.offsets_as_range = value != 0
+        elif wt == _WT_LEN and field == 3:
+            if not _walk_stream_message(p, start, start + <Py_ssize_t>value, &plen,
+                                        &has_msg_id):
+                raise ValueError(f"malformed StreamMessage {v.count} of the batch (at byte "
+                                 f"{start})")
+            v._add(start, <Py_ssize_t>value, has_msg_id)
+            v.payload_bytes += plen
+            if plen > v.max_payload:
+                v.max_payload = plen
+    return v
+
+
+def encode_message_batch(payloads_seq, unsigned long long request_id,
+                         unsigned long long producer_id, unsigned long long first_request_id,
+                         unsigned long long publish_time, bint offsets_as_range=False):
+    """A serialized danube_ext.MessageBatchRaw (identical to what protobuf encodes) of plain
+    payloads (bytes-like, or str sent as UTF-8) as StreamMessages {request_id: first_request_id + i, payload,
+    publish_time}: no msg_id or producer_name, which the broker stamps."""
+    cdef Py_ssize_t i, n, size = 0, w = 0, pn, mlen
     cdef uint64_t rid
-    cdef bytes payload, out
+    cdef Py_buffer view
+    cdef Py_ssize_t *lens = NULL
+    cdef const uint8_t *src
     cdef uint8_t *o
-    cdef list result = [None] * n
-    for i in range(n):
-        payload = <bytes?>payloads[i]
-        pn = PyBytes_GET_SIZE(payload)
-        rid = first_request_id + i
-        size = 0
-        if rid:
-            size += 1 + _varint_size(rid)
-        if mn:
-            size += 1 + _varint_size(mn) + mn
-        if pn:
-            size += 1 + _varint_size(pn) + pn
-        if publish_time:
-            size += 1 + _varint_size(publish_time)
-        if nn:
-            size += 1 + _varint_size(nn) + nn
+    cdef object obj
+    cdef bytes out
+    cdef list payloads = payloads_seq if type(payloads_seq) is list else list(payloads_seq)
+    n = len(payloads)
+    if n and first_request_id + <unsigned long long>(n - 1) < first_request_id:
+        raise ValueError("request ids would overflow 64 bits")
+    lens = <Py_ssize_t *>PyMem_Malloc((n + 1) * sizeof(Py_ssize_t))
+    if lens == NULL:
+        raise MemoryError()
+    try:
+        if request_id:
+            size += 1 + _varint_size(request_id)
+        if producer_id:
+            size += 1 + _varint_size(producer_id)
+        if offsets_as_range:
+            size += 2
+        for i in range(n):
+            obj = payloads[i]
+            if PyBytes_CheckExact(obj):
+                pn = PyBytes_GET_SIZE(obj)
+            elif PyUnicode_Check(obj):
+                PyUnicode_AsUTF8AndSize(obj, &pn)
+            else:
+                PyObject_GetBuffer(obj, &view, PyBUF_SIMPLE)
+                pn = view.len
+                PyBuffer_Release(&view)
+            lens[i] = pn
+            rid = first_request_id + i
+            mlen = 0
+            if rid:
+                mlen += 1 + _varint_size(rid)
+            if pn:
+                mlen += 1 + _varint_size(pn) + pn
+            if publish_time:
+                mlen += 1 + _varint_size(publish_time)
+            size += 1 + _varint_size(mlen) + mlen
         out = PyBytes_FromStringAndSize(NULL, size)
         o = <uint8_t *>PyBytes_AS_STRING(out)
-        w = 0
-        if rid:
+        if request_id:
             o[w] = 0x08
-            w += 1 + _put_varint(o + w + 1, rid)
-        if mn:
-            o[w] = 0x12
+            w += 1 + _put_varint(o + w + 1, request_id)
+        if producer_id:
+            o[w] = 0x10
+            w += 1 + _put_varint(o + w + 1, producer_id)
+        for i in range(n):
+            obj = payloads[i]
+            pn = lens[i]
+            rid = first_request_id + i
+            mlen = 0
+            if rid:
+                mlen += 1 + _varint_size(rid)
+            if pn:
+                mlen += 1 + _varint_size(pn) + pn
+            if publish_time:
+                mlen += 1 + _varint_size(publish_time)
+            o[w] = 0x1A                        # MessageBatchRaw field 3 (messages)
             w += 1
-            w += _put_varint(o + w, mn)
-            memcpy(o + w, PyBytes_AS_STRING(msg_id), mn)
-            w += mn
-        if pn:
-            o[w] = 0x1A
-            w += 1
-            w += _put_varint(o + w, pn)
-            memcpy(o + w, PyBytes_AS_STRING(payload), pn)
-            w += pn
-        if publish_time:
-            o[w] = 0x20
-            w += 1 + _put_varint(o + w + 1, publish_time)
-        if nn:
-            o[w] = 0x2A
-            w += 1
-            w += _put_varint(o + w, nn)
-            memcpy(o + w, PyBytes_AS_STRING(producer_name), nn)
-            w += nn
-        result[i] = out
-    return result
+            w += _put_varint(o + w, mlen)
+            if rid:
+                o[w] = 0x08
+                w += 1 + _put_varint(o + w + 1, rid)
+            if pn:
+                o[w] = 0x1A
+                w += 1
+                w += _put_varint(o + w, pn)
+                if PyBytes_CheckExact(obj):
+                    memcpy(o + w, PyBytes_AS_STRING(obj), pn)
+                elif PyUnicode_Check(obj):
+                    memcpy(o + w, PyUnicode_AsUTF8AndSize(obj, NULL), pn)
+                else:
+                    # Copied under a fresh export: a payload resized since it was measured
+                    # is an error, never a write past the buffer.
+                    PyObject_GetBuffer(obj, &view, PyBUF_SIMPLE)
+                    try:
+                        if view.len != pn:
+                            raise ValueError(f"payload {i} changed size while being encoded")
+                        memcpy(o + w, view.buf, pn)
+                    finally:
+                        PyBuffer_Release(&view)
+                w += pn
+            if publish_time:
+                o[w] = 0x20
+                w += 1 + _put_varint(o + w + 1, publish_time)
+        if offsets_as_range:
+            o[w] = 0x20                        # MessageBatchRaw field 4, varint
+            o[w + 1] = 1
+            w += 2
+    finally:
+        PyMem_Free(lens)
+    return out

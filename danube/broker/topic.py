@@ -2,10 +2,9 @@
 
 import dataclasses
 
-from danube._core import fanout, stamp_messages
+from danube._core import fanout
 from danube.broker.errors import MessageTooLarge, PublishFailed, StorageFailed
 from danube.config import Policies
-from danube.proto import DanubeApi_pb2 as pb
 from danube.storage.errors import WALError
 from danube.storage.wal import ALWAYS
 
@@ -57,20 +56,16 @@ class Topic:
             raise MessageTooLarge(f"message of {payload_len} bytes exceeds max_message_size "
                                   f"({limit} bytes) on {self.name}")
 
-    async def publish_reliable_raw(self, raws, msg_id_fields, extra):
-        """Batched reliable publish of serialized StreamMessages: their msg_id and
-        topic_offset are stamped by appending fields protobuf merges (danube._core.
-        stamp_messages), so no message is parsed unless it may be over the size limit."""
+    async def publish_reliable_raw(self, batch, msg_id_fields, broker_fields, extra):
+        """Batched reliable publish of a ``danube._core.MessageBatchView``: msg_id (with
+        topic_offset) and producer_name are stamped by appending fields protobuf merges,
+        all messages into one packed buffer that the WAL frames as it is, so there is no
+        Python object per message (see ``MessageBatchView.stamp``). Returns the offsets."""
         if self.closed:
             raise PublishFailed(f"topic {self.name} is closed")
-        limit = self.policies.max_message_size
-        if limit:
-            for raw in raws:
-                if len(raw) > limit:
-                    self._check_size(len(pb.StreamMessage.FromString(raw).payload))
-        stamped = stamp_messages(raws, self.log.next_offset, msg_id_fields, extra)
-        # bytes_in counts whole messages here: the payloads are not parsed out.
-        return await self._store(stamped, sum(len(r) for r in raws))
+        self._check_size(batch.max_payload)
+        data, ends = batch.stamp(self.log.next_offset, msg_id_fields, broker_fields, extra)
+        return await self._store(data, batch.payload_bytes, ends)
 
     async def publish_reliable(self, messages):
         """Append StreamMessages to the log with their offsets stamped in msg_id.topic_offset,
@@ -88,21 +83,22 @@ class Topic:
             raws.append(msg.SerializeToString())
         return await self._store(raws, sum(len(m.payload) for m in messages))
 
-    async def _store(self, raws, nbytes):
-        """Append to the log, wait for durability as the topic's mode says, then wake the
-        subscriptions. Returns the offsets."""
+    async def _store(self, raws, nbytes, ends=None):
+        """Append to the log (``raws`` packed in one buffer when ``ends`` is given, see
+        ``WAL.append_packed``), wait for durability as the topic's mode says, then wake the
+        subscriptions. Returns the offsets (a range)."""
         log = self.log
         try:
-            first, last = log.append(raws)
+            first, last = log.append(raws) if ends is None else log.append_packed(raws, ends)
             if self.durability == ALWAYS:
                 await log.sync_to(last)
         except WALError as exc:
             raise StorageFailed(f"could not store the messages on {self.name}: {exc}") from exc
-        self.messages_in += len(raws)
+        self.messages_in += last - first + 1
         self.bytes_in += nbytes
         for sub in self.subscriptions.values():
             sub.dispatcher.notify()
-        return list(range(first, last + 1))
+        return range(first, last + 1)
 
     @property
     def delivery_name(self):

@@ -40,9 +40,10 @@ class BrokerStub:
         # Our extension (protocol/DanubeExt.proto); UNIMPLEMENTED on an upstream broker.
         self.send_messages = m(channel, "/danube_ext.BatchProducer/SendMessages",
                                ext.MessageBatch, ext.BatchResponse)
-        # The same call with the messages already serialized (MessageBatchRaw).
-        self.send_messages_raw = m(channel, "/danube_ext.BatchProducer/SendMessages",
-                                   ext.MessageBatchRaw, ext.BatchResponse)
+        # The same call with the whole request already serialized (a MessageBatchRaw from
+        # danube._core.encode_message_batch).
+        self.send_messages_raw = channel.unary_unary("/danube_ext.BatchProducer/SendMessages",
+                                                     None, ext.BatchResponse.FromString)
         self.subscribe = m(channel, "/danube.ConsumerService/Subscribe",
                            pb.ConsumerRequest, pb.ConsumerResponse)
         self.receive_messages = channel.unary_stream(

@@ -5,7 +5,7 @@ import asyncio
 import itertools
 import time
 
-from danube._core import encode_stream_messages
+from danube._core import encode_message_batch
 from danube.client import errors
 from danube.client.connection import BrokerAddress
 from danube.client.schema import resolve_schema
@@ -126,19 +126,21 @@ class TopicProducer:
         if self.closed_by_broker:
             await self._recreate(self._generation)
         now = int(time.time() * 1000)
-        ids = self._take_ids(len(payloads))
+        n = len(payloads)
+        first = self._next_send_id
+        self._next_send_id = first + n
+        ids = range(first, first + n)
         if not attributes and key is None and self.schema_id is None:
-            # Plain payloads: encoded in C, no protobuf object per message.
-            batch = ext.MessageBatchRaw(
-                request_id=ids[0] if ids else 0, producer_id=self.producer_id,
-                messages=encode_stream_messages(
-                    [bytes(p) for p in payloads], ids[0] if ids else 0, now,
-                    self._msg_id.SerializeToString(), self.name.encode()))
+            # Plain payloads: the whole request is encoded in C, no protobuf object per
+            # message, and without msg_id and producer_name, which the broker stamps.
+            batch = encode_message_batch(payloads, first if n else 0, self.producer_id,
+                                         first, now, True)
             send = self._stub.send_messages_raw
         else:
-            batch = ext.MessageBatch(request_id=ids[0] if ids else 0,
+            batch = ext.MessageBatch(request_id=first if n else 0,
                                      producer_id=self.producer_id,
-                                     messages=[self._message(i, p, attributes, key, now)
+                                     messages=[self._message(i, p.encode() if isinstance(p, str)
+                                                             else p, attributes, key, now)
                                                for i, p in zip(ids, payloads)])
             send = self._stub.send_messages
         policy = self.client.retry
@@ -256,7 +258,7 @@ class Producer:
         raising the first."""
         if self._closed:
             raise errors.ClientClosed("the producer is closed")
-        items = [p.encode() if isinstance(p, str) else p for p in payloads]
+        items = payloads if type(payloads) is list else list(payloads)
         if self.client.batch_publish is not False and items:
             try:
                 return await self._send_batched(items, attributes, key, batch_size, on_result)
@@ -275,6 +277,19 @@ class Producer:
                                           return_exceptions)
 
     async def _send_batched(self, items, attributes, key, batch_size, on_result):
+        if len(self.producers) == 1 or key is not None:
+            # One partition: consecutive slices, nothing to do per message.
+            producer = self._pick(key)
+            results = []
+            for start in range(0, len(items), batch_size):
+                ids = await producer.send_batch(items[start:start + batch_size], attributes,
+                                                key)
+                if on_result is not None:
+                    for index, request_id in enumerate(ids, start):
+                        on_result(index, request_id)
+                results.extend(ids)
+            self.client.batch_publish = True
+            return results
         # Group by partition, keeping payload order within each, then one batch call at a
         # time per partition.
         groups = {}

@@ -2,8 +2,9 @@
 
 One ``WAL`` owns one directory (one topic). Messages get offsets from 0 (or ``start_offset``)
 up, contiguous and never reused while the data that carried them survives. ``append`` frames
-a batch straight into the active segment's shared mapping (``danube._wal``, no Python per
-message) and returns at once; durability is a separate, shared step (``sync_to``), so one
+a batch in C (``danube._wal``, no Python per message) and writes it to the active segment
+with one ``pwrite`` (see segment.py for why not through the mapping, which serves reads), and
+returns at once; durability is a separate, shared step (``sync_to``), so one
 ``fdatasync`` covers every append made before it started ("group commit").
 
 Layout of the directory::
@@ -19,8 +20,8 @@ Each frame is ``[u64 offset][u32 len][u32 crc32c(header[0:12] + payload)][payloa
 Durability modes, and exactly what each promises
 ------------------------------------------------
 
-Every ``append`` writes into a ``MAP_SHARED`` mapping, i.e. straight into the kernel's page
-cache for the file. So:
+Every ``append`` writes into the kernel's page cache for the file (``pwrite``; the segments'
+``MAP_SHARED`` mappings readers use are that same cache). So:
 
 **Process crash** (kill -9, OOM kill, a segfault, ``os._exit``) -- in *all* modes, every
 append that returned is recovered: the page cache belongs to the kernel, not the process, and
@@ -56,13 +57,10 @@ Readers see data as soon as it is appended, before it is durable. A caller that 
 expose data that could still be lost (in ``always`` mode) bounds its reads by
 ``durable_offset``.
 
-Why ``fdatasync`` and not ``msync``: on Linux a ``MAP_SHARED`` file mapping *is* the page
-cache, so ``fdatasync(fd)`` writes back the pages dirtied through the mapping (``msync(MS_SYNC)``
-itself is implemented as an fsync of the mapped range); the file size only changes when a
-segment grows or is sealed, and fdatasync covers that too. Python's ``mmap.flush`` calls
-msync while holding the GIL, which would stall the event loop for the whole write-back; plain
-``os.fdatasync`` releases it. On other Unixes, where POSIX does not promise a unified cache,
-the dirty range is also msync'ed before the fdatasync.
+A sync is ``fdatasync``: appends are ``pwrite`` calls, so it covers them on any POSIX system;
+the file size only changes when a segment grows or is sealed, and fdatasync covers that too.
+(Before appends used ``pwrite`` they were stores into the ``MAP_SHARED`` mapping, which on
+Linux is the page cache too; the msync of the dirty range on other Unixes is kept, harmless.)
 
 Threads and tasks
 -----------------
@@ -70,7 +68,7 @@ Threads and tasks
 The WAL is used from one event loop. It owns one background task (the sync worker: group
 commit, interval syncs, closing the descriptors of sealed segments, checkpoint writes) and
 runs blocking file work in an executor: a two-thread executor of its own by default (a sync
-and a page-cache prefetch may overlap; syncs never do), or one shared by many WALs (pass
+and a deletion may overlap; syncs never do), or one shared by many WALs (pass
 ``executor=``; a broker with thousands of topics should).
 ``close()`` stops the task and waits for work in the executor.
 """
@@ -89,11 +87,11 @@ import sys
 import time
 from typing import Callable, Sequence
 
-from danube._wal import TailCache, measure_frames
+from danube._wal import HEADER_SIZE as _HEADER, TailCache, measure_frames
 from danube.storage.checkpoint import build_checkpoint, fsync_dir, write_checkpoint
 from danube.storage.errors import OffsetTruncatedError, WALClosedError, WALFailedError
 from danube.storage.recovery import RecoveryReport, recover, release
-from danube.storage.segment import Segment, SegmentInfo, prefetch
+from danube.storage.segment import Segment, SegmentInfo
 
 __all__ = ["ALWAYS", "INTERVAL", "NONE", "WAL", "WALConfig", "SegmentInfo", "RecoveryReport"]
 
@@ -109,11 +107,6 @@ _fdatasync = getattr(os, "fdatasync", os.fsync)
 log = logging.getLogger("danube.storage.wal")
 
 _OPEN, _CLOSING, _CLOSED = 0, 1, 2
-
-#: Keep the page cache filled this far ahead of the active segment's write position, topping
-#: it up when less than half is left (see segment.prefetch).
-_PREFETCH_AHEAD = 2 << 20
-
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class WALConfig:
@@ -242,7 +235,6 @@ class WAL:
         self._readers: list[asyncio.Future] = []
         self._pass_waiters: list[asyncio.Future] = []
         self._inflight: concurrent.futures.Future | None = None
-        self._prefetching: tuple | None = None     # (segment, concurrent future, future)
         self._loop = asyncio.get_running_loop()
         self._worker: asyncio.Task | None = None
         self._state = _OPEN
@@ -266,7 +258,7 @@ class WAL:
 
         ``start_offset`` is where an empty directory's log begins (a topic that moved here
         continues its offsets); it is ignored when segments exist. ``executor`` runs the
-        blocking work (recovery, syncs, checkpoints, deletions, page-cache prefetch); by
+        blocking work (recovery, syncs, checkpoints, deletions); by
         default the WAL makes a two-thread one of its own and shuts it down on close.
         ``clock`` gives the wall time used for segment ages (tests pass a fake one).
 
@@ -280,8 +272,8 @@ class WAL:
         loop = asyncio.get_running_loop()
         own = executor is None
         if own:
-            # Two threads: a sync and a page-cache prefetch can run at once (syncs
-            # themselves never overlap: the worker task runs one at a time).
+            # Two threads: a sync and a deletion can run at once (syncs themselves
+            # never overlap: the worker task runs one at a time).
             executor = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="danube-wal")
         try:
             cf = executor.submit(recover, directory, config, start_offset, clock)
@@ -368,10 +360,36 @@ class WAL:
         else:
             seg.write(payloads, first, n, total)
             self._next_offset = first + n
-        seg = self._active
-        if seg.populated_pos - seg.write_pos < _PREFETCH_AHEAD // 2 and self._prefetching is None:
-            self._prefetch(seg)
         self._cache.extend(first, payloads)
+        if self._kick_on_append:
+            self._kick.set()
+        if self._readers:
+            self._wake_readers(None)
+        return first, first + n - 1
+
+    def append_packed(self, data: bytes, ends) -> tuple[int, int]:
+        """``append`` for payloads packed back to back in ``data`` (bytes): payload ``i`` is
+        ``data[ends[i - 1]:ends[i]]``, ``ends`` a uint64 array (``array('Q')``), as
+        ``MessageBatchView.stamp`` makes them. No Python object per payload: the frames are
+        written straight from ``data``, and the hot-tail cache keeps a reference to it."""
+        if self._state != _OPEN or self._failed is not None:
+            self._raise_unusable()
+        n = len(ends)
+        first = self._next_offset
+        if n == 0:
+            return first, first - 1
+        seg = self._active
+        total = _HEADER * n + ends[n - 1]
+        max_age = self._config.max_age_seconds
+        if total > seg.room or (max_age is not None and seg.count
+                                and self._clock() - seg.created_at >= max_age):
+            # Rotation: rare, so the payloads become a list for the general path.
+            view = memoryview(data)
+            starts = [0, *ends[:-1]]
+            return self.append([view[a:b] for a, b in zip(starts, ends)])
+        seg.write_packed(data, ends, first, n, total)
+        self._next_offset = first + n
+        self._cache.extend_packed(first, data, ends)
         if self._kick_on_append:
             self._kick.set()
         if self._readers:
@@ -403,32 +421,6 @@ class WAL:
         finally:
             if done < n:        # a failure part way: keep the cache in line with the data
                 self._cache.extend(first, payloads[:done])
-
-    def _prefetch(self, seg: Segment) -> None:
-        """Grow the active segment ahead of the writes and fill the page cache for the next
-        ``_PREFETCH_AHEAD`` bytes in the executor."""
-        start = max(seg.populated_pos, seg.write_pos)
-        end = min(max(seg.max_size, seg.size), seg.write_pos + _PREFETCH_AHEAD)
-        if end - start < 65536 or self._state != _OPEN:
-            return
-        if end > seg.size:
-            try:
-                seg.grow_to(end)
-            except OSError as exc:      # disk full: the next append that needs it will say so
-                log.debug("WAL %s: no preallocation ahead: %r", self._dir, exc)
-                return
-        cf = self._executor.submit(prefetch, seg.fd, start, end)
-        fut = asyncio.wrap_future(cf, loop=self._loop)
-        self._prefetching = (seg, cf, fut)
-
-        def done(_):
-            self._prefetching = None
-            if not cf.cancelled() and cf.exception() is None:
-                seg.populated_pos = max(seg.populated_pos, end)
-            if seg in self._retiring:
-                self._kick.set()        # its descriptor can be closed now
-
-        fut.add_done_callback(done)
 
     def _rotate(self, base: int) -> None:
         old = self._active
@@ -711,10 +703,8 @@ class WAL:
                 job.sync.append((active, active.fd, active.write_pos))
             job.dir_fsync = self._dir_dirty
             self._dir_dirty = False
-        # A segment being prefetched keeps its descriptor until the read is done.
-        busy = self._prefetching[0] if self._prefetching is not None else None
-        job.retire = [(s, s.fd) for s in self._retiring if s is not busy]
-        self._retiring = [s for s in self._retiring if s is busy]
+        job.retire = [(s, s.fd) for s in self._retiring]
+        self._retiring = []
         if self._ckpt_dirty and self._failed is None:
             durable = self._durable if job.target is None else job.target
             job.ckpt = build_checkpoint(self._segments, self._next_offset, durable,
@@ -794,8 +784,6 @@ class WAL:
                 self._ckpt_dirty = False
                 final = build_checkpoint(self._segments, self._next_offset, self._durable,
                                          self._clock())
-            if self._prefetching is not None:
-                await asyncio.wait([self._prefetching[2]])
             fd, active.fd = active.fd, None     # the job below closes it
             await asyncio.wrap_future(self._executor.submit(
                 _close_active, self._dir, fd, active.write_pos, final))
@@ -813,10 +801,8 @@ class WAL:
         """Free everything left, synchronously (also on a cancelled close)."""
         if self._worker is not None and not self._worker.done():
             self._worker.cancel()
-        pending = [f for f in (self._inflight,
-                               self._prefetching and self._prefetching[1]) if f]
-        if pending:
-            concurrent.futures.wait(pending)
+        if self._inflight is not None:
+            concurrent.futures.wait([self._inflight])
         err = WALClosedError(f"WAL {self._dir} is closed")
         for _, _, fut in self._sync_waiters:
             if not fut.done():
