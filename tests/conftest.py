@@ -72,3 +72,8 @@ def small_limit_server():
     srv = ServerThread(config=TransportConfig(max_message_size=1 << 20)).start()
     yield srv
     srv.stop()
+
+
+# Object-store emulators (SeaweedFS, fake-gcs-server, Azurite) as session fixtures.
+from objstore_fixtures import (_no_cloud_metadata_probes, azurite_server,  # noqa: E402,F401
+                               fake_gcs_server, objstore_server, seaweedfs_server)
