@@ -70,6 +70,9 @@ class BrokerConfig:
     retention_check_interval_minutes: float = 5  # storage.local_retention.check_interval_minutes
     retention_delete_unconsumed: bool = False   # storage.local_retention.delete_unconsumed (ours)
     failure_policy: object = None               # dispatch.failure_policy (ours): defaults
+    storage_mode: str = "local"                 # storage.mode: local|shared_fs|object_store
+    metadata_prefix: str = "/danube"            # storage.metadata_prefix
+    durable: object = None                      # storage.durable (DurableConfig), tiers only
     # Transport cap on one gRPC message (our key, not upstream's); policies.max_message_size
     # must stay below it so oversize publishes get INVALID_ARGUMENT, not RESOURCE_EXHAUSTED.
     grpc_max_message_size: int = 16 * 1024 * 1024
@@ -220,10 +223,44 @@ def _load_storage(cfg, tree):
     if not isinstance(unconsumed, bool):
         raise ConfigError("storage.local_retention.delete_unconsumed: expected true or false")
     cfg.retention_delete_unconsumed = unconsumed
+    _load_tiers(cfg, tree)
     try:
         cfg.failure_policy = FailurePolicy.from_config(_get(tree, "dispatch.failure_policy"))
     except (InvalidFailurePolicy, TypeError) as exc:
         raise ConfigError(f"dispatch.failure_policy: {exc}") from None
+
+
+def _load_tiers(cfg, tree):
+    """storage.mode and storage.durable. ``local`` keeps everything in the WAL (a durable
+    section is then ignored); ``shared_fs`` exports to the directory ``durable.root``;
+    ``object_store`` to the ``durable.backend`` (s3, gcs, azblob, and fs or memory)."""
+    mode = _get(tree, "storage.mode", cfg.storage_mode)
+    if mode not in ("local", "shared_fs", "object_store"):
+        raise ConfigError(f"storage.mode: expected local, shared_fs or object_store, "
+                          f"got {mode!r}")
+    cfg.storage_mode = mode
+    prefix = str(_get(tree, "storage.metadata_prefix", cfg.metadata_prefix))
+    if not prefix.startswith("/") or prefix.endswith("/"):
+        raise ConfigError(f"storage.metadata_prefix: expected a path like /danube, got "
+                          f"{prefix!r}")
+    cfg.metadata_prefix = prefix
+    if mode == "local":
+        cfg.durable = None
+        return
+    section = _get(tree, "storage.durable")
+    if not isinstance(section, dict):
+        raise ConfigError(f"storage.mode {mode} needs a storage.durable section")
+    section = dict(section)
+    if mode == "shared_fs":
+        backend = section.setdefault("backend", "fs")
+        if backend != "fs":
+            raise ConfigError(f"storage.durable.backend: storage.mode shared_fs exports to a "
+                              f"directory (backend fs), got {backend!r}")
+    elif "backend" not in section and "://" not in str(section.get("root", "")):
+        raise ConfigError("storage.durable.backend: required with storage.mode object_store "
+                          "(s3, gcs, azblob, fs or memory)")
+    from danube.storage.durable.config import parse_durable
+    cfg.durable = parse_durable(section, "storage.durable")
 
 
 def apply_overrides(cfg: BrokerConfig, args) -> BrokerConfig:

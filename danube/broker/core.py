@@ -34,6 +34,8 @@ SYSTEM_TOPIC = "/system/_events_topic"
 # checked every 30 s).
 IDLE_SUBSCRIPTION_GRACE = 60.0
 REAP_INTERVAL = 30.0
+# A graceful shutdown waits this long for the last segments to reach the durable tier.
+SHUTDOWN_UPLOAD_TIMEOUT = 30.0
 
 
 def _random_id(taken):
@@ -61,6 +63,7 @@ class BrokerCore:
         self.wal_executor = None
         self.wal_root = cfg.wal_root or os.path.join(cfg.data_dir, "wal")
         self.default_failure_policy = cfg.failure_policy or FailurePolicy()
+        self.tiered = None                # TieredStorage when storage.mode is not local
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -68,6 +71,8 @@ class BrokerCore:
         self.wal_executor = concurrent.futures.ThreadPoolExecutor(
             2, thread_name_prefix="danube-wal")
         self.broker_id = self._load_broker_id()
+        if self.cfg.durable is not None:
+            await self._start_tiered()
         for ns in dict.fromkeys(["default", "system", *self.cfg.bootstrap_namespaces]):
             await self._ensure_namespace(ns)
         await self._load_topics()
@@ -75,6 +80,29 @@ class BrokerCore:
             await self._create_topic(SYSTEM_TOPIC, NON_RELIABLE)
         self._reaper = self.loop.create_task(self._reap_idle_subscriptions())
         self._retention = self.loop.create_task(self._enforce_retention())
+
+    async def _start_tiered(self):
+        # Imported here: a broker without tiered storage never loads the cloud SDKs.
+        from danube.storage.durable.config import open_object_store
+        from danube.storage.errors import TieredStartupError
+        from danube.storage.tiered.manager import TieredStorage
+
+        try:
+            objstore = await self.loop.run_in_executor(None, open_object_store,
+                                                       self.cfg.durable)
+        except Exception as exc:  # noqa: BLE001 - SDK constructors raise many kinds
+            raise TieredStartupError(f"storage.durable: {exc}") from exc
+        tiered = TieredStorage(self.cfg.durable, objstore, self.store,
+                               metadata_prefix=self.cfg.metadata_prefix)
+        try:
+            await tiered.check()
+        except BaseException:
+            await tiered.close()
+            raise
+        self.tiered = tiered
+        tiered.start()
+        log.info("tiered storage (%s): sealed WAL segments go to %s every %gs",
+                 self.cfg.storage_mode, objstore.describe(), tiered.interval)
 
     async def register(self):
         """Publish this broker's URLs; called once the servers are bound, so the ports are
@@ -93,8 +121,16 @@ class BrokerCore:
                     await task
                 except asyncio.CancelledError:
                     pass
+        if self.tiered is not None:
+            # Producers stop first so the segments sealed now are the last ones.
+            for topic in self.topics.values():
+                topic.closed = True
+            if await self.tiered.flush(SHUTDOWN_UPLOAD_TIMEOUT):
+                log.info("shutdown: every reliable topic is in the durable tier")
         for topic in list(self.topics.values()):
             await self._unload(topic, BrokerShuttingDown("the broker is shutting down"))
+        if self.tiered is not None:
+            await self.tiered.close()
         if self.wal_executor is not None:
             self.wal_executor.shutdown(wait=True)
 
@@ -147,13 +183,38 @@ class BrokerCore:
         cfg = self.cfg
         topic.durability = cfg.durability_for(topic.name)
         hours = cfg.wal_segment_max_hours
-        topic.log = await WAL.open(
-            os.path.join(self.wal_root, ns, name),
-            WALConfig(durability=topic.durability, sync_interval_ms=cfg.wal_sync_interval_ms,
-                      segment_max_bytes=cfg.wal_segment_max_bytes,
-                      max_age_seconds=hours * 3600 if hours else None,
-                      cache_capacity=cfg.wal_cache_capacity),
-            executor=self.wal_executor)
+        directory = os.path.join(self.wal_root, ns, name)
+        wal_cfg = WALConfig(durability=topic.durability,
+                            sync_interval_ms=cfg.wal_sync_interval_ms,
+                            segment_max_bytes=cfg.wal_segment_max_bytes,
+                            max_age_seconds=hours * 3600 if hours else None,
+                            cache_capacity=cfg.wal_cache_capacity)
+        if self.tiered is None:
+            topic.log = await WAL.open(directory, wal_cfg, executor=self.wal_executor)
+            return
+        from danube.storage.tiered.manager import wal_is_missing
+        tier = await self.tiered.load_topic(topic.name, wal_missing=wal_is_missing(directory))
+        # A lost local WAL (or a topic that moved here) continues after the durable history.
+        start = tier.uploaded_end + 1
+        wal = await WAL.open(directory, wal_cfg, start_offset=start,
+                             executor=self.wal_executor)
+        if wal.next_offset < start:
+            # Older than what was uploaded (a restored backup, a stale disk): reusing its
+            # offsets would give two messages one offset. Keep it aside for inspection.
+            await wal.close()
+            aside = f"{directory}.stale-{int(time.time())}"
+            await self.loop.run_in_executor(self.wal_executor, os.replace, directory, aside)
+            log.warning("%s: local WAL ends at offset %d but the durable tier holds up to %d; "
+                        "moved the local WAL to %s and continuing at %d", topic.name,
+                        wal.next_offset - 1, start - 1, aside, start)
+            wal = await WAL.open(directory, wal_cfg, start_offset=start,
+                                 executor=self.wal_executor)
+        if tier.uploaded_end >= 0 or wal.next_offset:
+            log.info("%s: durable tier holds offsets up to %d, local WAL %d..%d", topic.name,
+                     tier.uploaded_end, wal.first_offset, wal.next_offset - 1)
+        tier.wal = wal
+        topic.log = wal
+        topic.tier = tier
 
     async def _restore_subscriptions(self, topic):
         """A reliable subscription outlives its consumers and broker restarts: it resumes
@@ -294,6 +355,8 @@ class BrokerCore:
                     if topic.log is not None:
                         await self.loop.run_in_executor(
                             self.wal_executor, shutil.rmtree, topic.log.directory, True)
+                    if self.tiered is not None:
+                        await self.tiered.delete_topic(target)
                 await self.store.delete(keys.namespace_topic(target))
                 await self.store.delete_prefix(keys.topic_root(target))
                 await self.store.delete(keys.cluster_broker_topic(self.broker_id, target))
@@ -301,6 +364,8 @@ class BrokerCore:
 
     async def _unload(self, topic, reason):
         topic.closed = True
+        if topic.tier is not None and self.tiered is not None:
+            self.tiered.forget(topic.name)
         for producer in topic.producers.values():
             producer.active = False
             self.producers.pop(producer.producer_id, None)
@@ -567,14 +632,20 @@ class BrokerCore:
             for topic in list(self.topics.values()):
                 if topic.log is None or topic.closed:
                     continue
-                needed = [s.dispatcher.cursor + 1 for s in topic.subscriptions.values()
-                          if s.dispatcher is not None]
-                keep_from = min(needed) if needed else topic.log.next_offset
+                if topic.tier is not None:
+                    # Subscriptions behind the local WAL read from the durable tier, so
+                    # what is uploaded may go, and what is not must stay.
+                    keep_from, force = topic.tier.uploaded_end + 1, False
+                else:
+                    needed = [s.dispatcher.cursor + 1 for s in topic.subscriptions.values()
+                              if s.dispatcher is not None]
+                    keep_from = min(needed) if needed else topic.log.next_offset
+                    force = cfg.retention_delete_unconsumed
                 try:
                     deleted = await topic.log.retention(
                         max_age_seconds=cfg.retention_time_minutes * 60,
                         max_bytes=cfg.retention_size_mb * 1024 * 1024,
-                        keep_from_offset=keep_from, force=cfg.retention_delete_unconsumed)
+                        keep_from_offset=keep_from, force=force)
                 except Exception:  # noqa: BLE001 - retry on the next pass
                     log.exception("retention on %s failed", topic.name)
                     continue

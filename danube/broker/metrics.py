@@ -29,6 +29,8 @@ class BrokerCollector:
         core = self.broker.core
         if core is not None:
             yield from _topic_metrics(core)
+            if core.tiered is not None:
+                yield from _storage_metrics(core.tiered)
 
 
 def _topic_metrics(core):
@@ -105,6 +107,32 @@ def _topic_metrics(core):
         consumers.add_metric([name], active)
     yield from (msgs_in, bytes_in, producers, consumers, subs, sub_consumers, sent, out_msgs,
                 out_bytes, dropped, *reliable.values())
+
+
+def _storage_metrics(tiered):
+    """Tiered storage (ours; upstream has no storage metrics)."""
+    stats = tiered.stats
+    for name, key, doc in (
+            ("danube_storage_uploaded_segments", "segments", "WAL segments uploaded"),
+            ("danube_storage_uploaded_bytes", "bytes", "Bytes uploaded"),
+            ("danube_storage_upload_failures", "failures", "Failed upload attempts (retried)"),
+            ("danube_storage_history_reads", "history_reads", "Ranged reads of durable history"),
+            ("danube_storage_history_messages", "history_messages",
+             "Messages read from durable history"),
+            ("danube_storage_history_read_failures", "read_failures",
+             "Failed reads of durable history (retried)")):
+        counter = CounterMetricFamily(name, doc)
+        counter.add_metric([], stats[key])
+        yield counter
+    backlog = GaugeMetricFamily("danube_storage_upload_backlog_segments",
+                                "Sealed WAL segments not uploaded yet")
+    backlog.add_metric([], tiered.backlog())
+    yield backlog
+    durable = GaugeMetricFamily("danube_storage_durable_offset",
+                                "The last offset in the durable tier", labels=["topic"])
+    for name, tier in list(tiered.topics.items()):
+        durable.add_metric([name], tier.uploaded_end)
+    yield durable
 
 
 class MetricsExporter:

@@ -68,6 +68,7 @@ class ReliableDispatcher:
         self._saved_cursor = cursor
         self._save_task = None
         self._dead_lettering = set()
+        self._history = None               # HistoryCursor, once history is read
         self._closing = False
         self.stats = {"redelivered": 0, "nacked": 0, "ack_timeouts": 0, "exhausted": 0,
                       "dead_lettered": 0, "dropped": 0}
@@ -85,6 +86,8 @@ class ReliableDispatcher:
 
     async def close(self):
         self._closing = True
+        if self._history is not None:
+            self._history.close()
         self._task.cancel()
         try:
             await self._task
@@ -252,8 +255,13 @@ class ReliableDispatcher:
             try:
                 batch = self.topic.read(self.next_read, want)
             except OffsetTruncatedError as exc:
-                self._skip_truncated(exc.first_offset)
-                continue
+                try:
+                    batch = self._read_history(want, exc.first_offset)
+                except OffsetTruncatedError as gone:
+                    self._skip_truncated(gone.first_offset)
+                    continue
+                if batch is None:
+                    return          # being fetched from the durable tier; notify() follows
             if not batch:
                 return
             for offset, payload in batch:
@@ -266,6 +274,17 @@ class ReliableDispatcher:
                 if not self._deliver(consumers, offset, payload, key, deadline):
                     return
                 self.next_read = offset + 1
+
+    def _read_history(self, want, local_first):
+        """Offsets older than the local WAL come from the durable tier, if the topic has
+        one; without one they are gone (OffsetTruncatedError)."""
+        tier = self.topic.tier
+        if tier is None:
+            raise OffsetTruncatedError(self.next_read, local_first)
+        if self._history is None:
+            from danube.storage.tiered.history import HistoryCursor
+            self._history = HistoryCursor(tier, self.notify)
+        return self._history.read(self.next_read, want, local_first)
 
     def _skip_truncated(self, first_offset):
         """Retention was told to delete unconsumed data (storage.local_retention.

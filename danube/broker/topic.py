@@ -36,6 +36,7 @@ class Topic:
         self.messages_in = 0
         self.bytes_in = 0
         self.log = None               # the WAL, for reliable topics
+        self.tier = None              # its TopicTier when storage is tiered
         self.durability = None
 
     @property

@@ -53,9 +53,11 @@ def _run_broker(args):
     except ConfigError as exc:
         print(f"danube broker: {exc}", file=sys.stderr)
         return 2
+    from danube.storage.errors import TieredStartupError
+
     try:
         uvloop.run(Broker(cfg).run())
-    except OSError as exc:
+    except (OSError, TieredStartupError) as exc:
         print(f"danube broker: cannot start: {exc}", file=sys.stderr)
         return 1
     return 0

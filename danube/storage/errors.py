@@ -49,3 +49,8 @@ class OffsetTruncatedError(WALError, LookupError):
         super().__init__(f"offset {offset} is below the first retained offset {first_offset}")
         self.offset = offset
         self.first_offset = first_offset
+
+
+class TieredStartupError(Exception):
+    """The durable store of tiered storage is unusable at start-up (bad credentials, a
+    missing bucket, an unreachable endpoint); the message says which and where."""

@@ -1,0 +1,1 @@
+"""Tiered storage: the durable catalogue, the background uploader and history reads."""

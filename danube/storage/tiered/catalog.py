@@ -1,0 +1,112 @@
+"""The durable catalogue of a topic: which offsets are in which uploaded object.
+
+Each uploaded WAL segment is described in metadata under upstream's key
+``{metadata_prefix}/storage/topics/{ns}/{topic}/segments/{start_offset:020d}`` with upstream's
+descriptor fields, and ``…/segments/cur`` points at the newest one. Object names carry both
+the first and the last offset (``data-{start:020d}-{end:020d}.dnb1``) rather than upstream's
+upload time, so an object is self-describing: the catalogue can be rebuilt from a listing
+when the metadata is lost too, and a retried upload of the same segment targets the same key
+(which is what makes the conditional put detect a duplicate).
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import re
+
+from danube.metadata import keys
+
+SPARSE_EVERY = 1000          # upstream: one (offset, byte_pos) entry every 1000 frames
+_OBJECT_RE = re.compile(r"data-(\d{20})-(\d{20})\.dnb1$")
+
+
+def topic_object_prefix(topic: str) -> str:
+    ns, name = keys.split_topic(topic)
+    return f"storage/topics/{ns}/{name}/segments/"
+
+
+def object_key(topic: str, start: int, end: int) -> str:
+    return f"{topic_object_prefix(topic)}data-{start:020d}-{end:020d}.dnb1"
+
+
+def parse_object_key(key: str) -> tuple[int, int] | None:
+    m = _OBJECT_RE.search(key)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SegmentDescriptor:
+    """An uploaded segment: frames for offsets ``start_offset..end_offset`` in ``size`` bytes
+    of ``object_key``. ``offset_index`` holds ``(offset, byte_pos)`` of every
+    ``SPARSE_EVERY``-th frame (the first frame always), so a read can start near any offset."""
+    segment_id: str
+    object_key: str
+    start_offset: int
+    end_offset: int
+    size: int
+    etag: str | None
+    created_at: float
+    offset_index: tuple[tuple[int, int], ...] = ()
+
+    def to_json(self) -> dict:
+        return {"segment_id": self.segment_id, "object_key": self.object_key,
+                "start_offset": self.start_offset, "end_offset": self.end_offset,
+                "size": self.size, "etag": self.etag, "created_at": self.created_at,
+                "completed": True, "offset_index": [list(e) for e in self.offset_index]}
+
+    @classmethod
+    def from_json(cls, value) -> SegmentDescriptor | None:
+        try:
+            return cls(segment_id=str(value["segment_id"]), object_key=str(value["object_key"]),
+                       start_offset=int(value["start_offset"]),
+                       end_offset=int(value["end_offset"]), size=int(value["size"]),
+                       etag=value.get("etag"), created_at=float(value.get("created_at", 0)),
+                       offset_index=tuple((int(o), int(p))
+                                          for o, p in value.get("offset_index") or ()))
+        except (KeyError, TypeError, ValueError):
+            return None
+
+    def seek(self, offset: int) -> tuple[int, int]:
+        """``(offset, byte_pos)`` of the indexed frame at or before ``offset``."""
+        index = self.offset_index
+        i = bisect.bisect_right(index, (offset, float("inf"))) - 1
+        return index[i] if i >= 0 else (self.start_offset, 0)
+
+
+class Catalog:
+    """The uploaded segments of one topic, in offset order (kept in memory; metadata is the
+    record)."""
+
+    def __init__(self, descriptors=()):
+        self.segments: list[SegmentDescriptor] = sorted(descriptors,
+                                                        key=lambda d: d.start_offset)
+        self._starts = [d.start_offset for d in self.segments]
+
+    @property
+    def end_offset(self) -> int:
+        """The last uploaded offset, -1 when nothing is."""
+        return self.segments[-1].end_offset if self.segments else -1
+
+    @property
+    def first_offset(self) -> int | None:
+        return self.segments[0].start_offset if self.segments else None
+
+    def add(self, desc: SegmentDescriptor) -> None:
+        if self.segments and desc.start_offset <= self.segments[-1].end_offset:
+            raise ValueError(f"segment {desc.segment_id} overlaps the catalogue (ends at "
+                             f"{self.segments[-1].end_offset})")
+        self.segments.append(desc)
+        self._starts.append(desc.start_offset)
+
+    def locate(self, offset: int) -> SegmentDescriptor | None:
+        i = bisect.bisect_right(self._starts, offset) - 1
+        if i >= 0 and self.segments[i].end_offset >= offset:
+            return self.segments[i]
+        return None
+
+    def next_start_after(self, offset: int) -> int | None:
+        """The first uploaded offset above ``offset`` (where a reader that finds ``offset``
+        missing resumes), or None."""
+        i = bisect.bisect_right(self._starts, offset)
+        return self._starts[i] if i < len(self._starts) else None

@@ -1,0 +1,317 @@
+"""Tiered storage: sealed WAL segments go to object storage in the background, and history
+older than the local WAL is read back from there.
+
+One ``TieredStorage`` per broker owns the object store, a small thread pool for the blocking
+SDK calls, and a ``TopicTier`` per reliable topic. The upload loop wakes about once a second;
+a topic is exported when its interval (``upload_interval_seconds``) has passed or its backoff
+after a failure has run out. Export = seal the active segment if it holds data not yet
+uploaded, then upload every sealed segment past the catalogue's end, oldest first, writing
+each descriptor to metadata right after its object. The catalogue is therefore the resumable
+checkpoint: after a crash the uploader continues after the last descriptor, and a segment
+whose object was put but whose descriptor was not is detected by the conditional put and
+adopted, never uploaded twice.
+
+Nothing on the publish path waits for any of this: appends and syncs touch only the WAL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import os
+import time
+
+from danube.metadata import keys
+from danube.storage.durable.base import ObjectStoreConfigError, ObjectStoreError
+from danube.storage.errors import TieredStartupError
+from danube.storage.tiered.catalog import (Catalog, SegmentDescriptor, parse_object_key,
+                                           topic_object_prefix)
+from danube.storage.tiered.segments import SegmentUploadError, upload_segment
+
+log = logging.getLogger("danube.tiered")
+
+TICK = 1.0
+BACKOFF_FIRST = 1.0
+BACKOFF_MAX = 60.0
+
+
+class TopicTier:
+    """A reliable topic's view of the durable tier."""
+
+    def __init__(self, tiered: TieredStorage, name: str, catalog: Catalog):
+        self.tiered = tiered
+        self.name = name
+        self.catalog = catalog
+        self.wal = None
+        self.lock = asyncio.Lock()          # one export at a time per topic
+        self.next_export = 0.0
+        self.failures = 0
+        self.last_error: str | None = None
+        self.closed = False
+
+    @property
+    def uploaded_end(self) -> int:
+        return self.catalog.end_offset
+
+    @property
+    def backlog_segments(self) -> int:
+        wal = self.wal
+        if wal is None or wal.closed:
+            return 0
+        return sum(1 for s in wal.segments()[:-1] if s.last_offset > self.uploaded_end)
+
+    def needs_export(self) -> bool:
+        wal = self.wal
+        return wal is not None and not wal.closed and wal.last_offset > self.uploaded_end
+
+    async def export(self, *, seal: bool = True) -> int:
+        """Upload every sealed segment not in the catalogue (sealing the active one first
+        when ``seal``). Returns how many segments were uploaded; raises on the first
+        failure (what was uploaded before it stays recorded)."""
+        async with self.lock:
+            wal = self.wal
+            if wal is None or wal.closed:
+                return 0
+            if seal and wal.last_offset > self.uploaded_end:
+                await wal.rotate()
+            done = 0
+            for seg in wal.segments()[:-1]:
+                if self.closed:
+                    break
+                if seg.last_offset <= self.uploaded_end or seg.last_offset < seg.first_offset:
+                    continue
+                if seg.first_offset > self.uploaded_end + 1 and self.catalog.segments:
+                    log.warning("%s: offsets %d..%d were never uploaded (deleted locally "
+                                "before tiered storage was enabled); the durable history "
+                                "has a gap there", self.name, self.uploaded_end + 1,
+                                seg.first_offset - 1)
+                desc = await self.tiered.run(upload_segment, self.tiered.objstore, self.name,
+                                             seg.path, seg.first_offset, seg.last_offset,
+                                             seg.size)
+                await self.tiered.metadata.put(
+                    keys.storage_segment(self.name, desc.start_offset, self.tiered.prefix),
+                    desc.to_json())
+                await self.tiered.metadata.put(
+                    keys.storage_segments_cur(self.name, self.tiered.prefix),
+                    {"start": f"{desc.start_offset:020d}", "end_offset": desc.end_offset})
+                self.catalog.add(desc)
+                self.tiered.stats["segments"] += 1
+                self.tiered.stats["bytes"] += desc.size
+                done += 1
+            return done
+
+
+class TieredStorage:
+    def __init__(self, durable_cfg, objstore, metadata, *, metadata_prefix="/danube",
+                 threads=4):
+        self.cfg = durable_cfg
+        self.objstore = objstore
+        self.metadata = metadata
+        self.prefix = metadata_prefix
+        self.interval = float(durable_cfg.upload_interval_seconds)
+        self.executor = concurrent.futures.ThreadPoolExecutor(
+            threads, thread_name_prefix="danube-tiered")
+        self.topics: dict[str, TopicTier] = {}
+        self.stats = {"segments": 0, "bytes": 0, "failures": 0, "read_failures": 0,
+                      "history_reads": 0, "history_messages": 0}
+        self._task: asyncio.Task | None = None
+        self._wake = asyncio.Event()
+        self._exports: set[asyncio.Task] = set()
+
+    async def run(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    async def check(self) -> None:
+        """Probe the store once at start-up so a wrong endpoint or credential is a clear
+        start-up error rather than a stream of upload failures later."""
+        try:
+            await self.run(self.objstore.check)
+        except ObjectStoreConfigError as exc:
+            raise TieredStartupError(f"storage.durable: {exc}") from exc
+        except ObjectStoreError as exc:
+            # The store's messages already say which store and where.
+            raise TieredStartupError(f"storage.durable: cannot reach {exc}") from exc
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._loop(), name="tiered-upload")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+        for task in list(self._exports):
+            task.cancel()
+        if self._exports:
+            await asyncio.gather(*self._exports, return_exceptions=True)
+        self.executor.shutdown(wait=True)
+        await asyncio.get_running_loop().run_in_executor(None, self.objstore.close)
+
+    # -- topics ---------------------------------------------------------------------------
+
+    async def load_topic(self, name: str, *, wal_missing: bool) -> TopicTier:
+        """The topic's catalogue from metadata. When metadata has none and the local WAL is
+        gone as well (a lost disk), it is rebuilt from the object listing, so the history
+        and the next offset survive even that."""
+        catalog = Catalog()
+        for key, value in await self.metadata.scan(keys.storage_segments_prefix(name,
+                                                                                self.prefix)):
+            desc = SegmentDescriptor.from_json(value) if isinstance(value, dict) else None
+            if desc is not None:
+                try:
+                    catalog.add(desc)
+                except ValueError:
+                    log.error("%s: ignoring overlapping descriptor %s", name, key)
+        if not catalog.segments and wal_missing:
+            catalog = await self._rebuild(name)
+        tier = TopicTier(self, name, catalog)
+        tier.next_export = time.monotonic() + self.interval
+        self.topics[name] = tier
+        return tier
+
+    async def _rebuild(self, name: str) -> Catalog:
+        try:
+            infos = await self.run(self.objstore.list, topic_object_prefix(name))
+        except ObjectStoreError as exc:
+            log.error("%s: local WAL and catalogue are both missing and the durable store "
+                      "cannot be listed (%s); the topic starts at offset 0", name, exc)
+            return Catalog()
+        catalog = Catalog()
+        for info in infos:
+            span = parse_object_key(info.key)
+            if span is None or span[0] <= catalog.end_offset:
+                continue
+            desc = SegmentDescriptor(segment_id=info.key.rsplit("/", 1)[-1][:-5],
+                                     object_key=info.key, start_offset=span[0],
+                                     end_offset=span[1], size=info.size, etag=info.etag,
+                                     created_at=time.time())
+            catalog.add(desc)
+            await self.metadata.put(keys.storage_segment(name, desc.start_offset, self.prefix),
+                                    desc.to_json())
+        if catalog.segments:
+            log.warning("%s: rebuilt the durable catalogue from %d objects in %s (offsets "
+                        "%d..%d)", name, len(catalog.segments), self.objstore.describe(),
+                        catalog.first_offset, catalog.end_offset)
+        return catalog
+
+    def forget(self, name: str) -> None:
+        tier = self.topics.pop(name, None)
+        if tier is not None:
+            tier.closed = True
+            tier.wal = None
+
+    async def delete_topic(self, name: str) -> None:
+        """A deleted topic's catalogue and objects go too (objects in the background: a
+        slow store must not hold up the admin call)."""
+        self.forget(name)
+        await self.metadata.delete_prefix(keys.storage_topic_prefix(name, self.prefix))
+        task = asyncio.get_running_loop().create_task(self._delete_objects(name))
+        self._exports.add(task)
+        task.add_done_callback(self._exports.discard)
+
+    async def _delete_objects(self, name: str) -> None:
+        try:
+            infos = await self.run(self.objstore.list, topic_object_prefix(name))
+            for info in infos:
+                await self.run(self.objstore.delete, info.key)
+        except ObjectStoreError as exc:
+            log.warning("%s: could not delete its durable objects: %s", name, exc)
+
+    # -- uploading ------------------------------------------------------------------------
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                async with asyncio.timeout(min(TICK, self.interval)):
+                    await self._wake.wait()
+            except TimeoutError:
+                pass
+            self._wake.clear()
+            now = time.monotonic()
+            for tier in list(self.topics.values()):
+                if tier.next_export <= now and not tier.lock.locked() and tier.needs_export():
+                    task = asyncio.get_running_loop().create_task(self._export(tier))
+                    self._exports.add(task)
+                    task.add_done_callback(self._exports.discard)
+                elif tier.next_export <= now:
+                    tier.next_export = now + self.interval
+
+    async def _export(self, tier: TopicTier) -> None:
+        try:
+            n = await tier.export()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - every failure is retried with backoff
+            self._failed(tier, exc)
+            return
+        if tier.failures:
+            log.info("%s: uploads to %s work again after %d failed attempts", tier.name,
+                     self.objstore.describe(), tier.failures)
+        tier.failures = 0
+        tier.last_error = None
+        tier.next_export = time.monotonic() + self.interval
+        if n:
+            log.debug("%s: uploaded %d segment(s), durable up to offset %d", tier.name, n,
+                      tier.uploaded_end)
+
+    def _failed(self, tier: TopicTier, exc: BaseException) -> None:
+        self.stats["failures"] += 1
+        tier.failures += 1
+        tier.last_error = f"{type(exc).__name__}: {exc}"
+        # Capped lower when uploads are frequent, so a store back from an outage is caught
+        # up with soon after.
+        cap = min(BACKOFF_MAX, max(5.0, self.interval))
+        delay = min(cap, BACKOFF_FIRST * 2 ** (tier.failures - 1))
+        tier.next_export = time.monotonic() + delay
+        level = logging.WARNING if tier.failures <= 3 or tier.failures % 20 == 0 else \
+            logging.DEBUG
+        log.log(level, "%s: upload to %s failed (attempt %d, retrying in %.0fs, %d segment(s) "
+                "waiting): %s", tier.name, self.objstore.describe(), tier.failures, delay,
+                tier.backlog_segments, tier.last_error)
+
+    async def flush(self, timeout: float) -> bool:
+        """Seal and upload everything (graceful shutdown). Returns True when every reliable
+        topic's data is in the durable store; what could not be uploaded stays in the local
+        WAL and goes up after the next start."""
+        tiers = [t for t in self.topics.values() if t.needs_export()]
+        if not tiers:
+            return True
+        results = []
+        try:
+            async with asyncio.timeout(timeout):
+                results = await asyncio.gather(*(t.export() for t in tiers),
+                                               return_exceptions=True)
+        except TimeoutError:
+            log.error("shutdown: uploads to %s did not finish within %.0fs",
+                      self.objstore.describe(), timeout)
+            return False
+        ok = True
+        for tier, result in zip(tiers, results):
+            if isinstance(result, BaseException):
+                ok = False
+                log.error("shutdown: %s could not be uploaded to %s (%s); it stays in the "
+                          "local WAL and is uploaded after the next start", tier.name,
+                          self.objstore.describe(), result)
+        return ok
+
+    def backlog(self) -> int:
+        return sum(t.backlog_segments for t in self.topics.values())
+
+
+def wal_is_missing(directory: str) -> bool:
+    """True when a topic's WAL directory holds no segment (lost disk, or a topic that moved
+    here)."""
+    try:
+        return not any(n.startswith("wal.") and n.endswith(".log") for n in os.listdir(directory))
+    except FileNotFoundError:
+        return True
+
+
+__all__ = ["TieredStorage", "TopicTier", "TieredStartupError", "SegmentUploadError",
+           "wal_is_missing"]
