@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 from danube import _core
 from danube._core import (CompressedMessage, FrameReader, GrpcDeframer, GrpcMessageTooLarge,
-                          H2ConnectionError, data_frames, grpc_frame, grpc_frame_many,
-                          header_frames, hpack_table_neutral, parse_settings, parse_u32,
+                          H2ConnectionError, data_frames, grpc_data_frame_pieces, grpc_frame,
+                          grpc_frame_many, header_frames, hpack_table_neutral, parse_settings, parse_u32,
                           unary_response)
 from danube.rpc import headers as H
 
@@ -247,6 +247,20 @@ def test_data_frames_split(length, max_frame, end_stream):
     assert ends == [False] * (len(frames) - 1) + [end_stream]
 
 
+@pytest.mark.parametrize("length,max_frame", [(0, 16384), (1, 16384), (16379, 16384),
+                                              (16380, 16384), (16381, 16384), (100000, 16384),
+                                              (20, 16), (11, 16), (70000, 1 << 20)])
+@pytest.mark.parametrize("end_stream", [False, True])
+def test_grpc_data_frame_pieces_equal_the_copied_frames(length, max_frame, end_stream):
+    message = bytes(i % 251 for i in range(length))
+    pieces = grpc_data_frame_pieces(7, message, max_frame, end_stream)
+    assert b"".join(pieces) == data_frames(7, grpc_frame(message), 0, length + 5, max_frame,
+                                           end_stream)
+    assert any(isinstance(p, memoryview) for p in pieces) == (length > 0)
+    with pytest.raises(ValueError):
+        grpc_data_frame_pieces(7, message, 15)
+
+
 def test_data_frames_bounds():
     with pytest.raises(ValueError):
         data_frames(1, b"abc", 2, 2, 16384)
@@ -345,6 +359,32 @@ def test_deframer_random_chunking(msgs, data):
         prev = c
     assert got == msgs
     assert d.pending == 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(sizes=st.lists(st.sampled_from([0, 3, 70000, 65536, 200000]), min_size=1, max_size=5),
+       data=st.data())
+def test_deframer_assembles_large_messages_in_place(sizes, data):
+    """Large messages (assembled in place as their parts arrive) among small ones, split
+    anywhere, also inside a prefix; `pending` counts what is held back."""
+    msgs = [bytes([i + 1]) * n for i, n in enumerate(sizes)]
+    stream = b"".join(grpc_frame(m) for m in msgs)
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=30)))
+    d = GrpcDeframer(1 << 20)
+    got, prev = [], 0
+    for c in cuts + [len(stream)]:
+        got += d.feed(memoryview(stream)[prev:c])
+        prev = c
+        done = sum(len(m) + 5 for m in got)
+        assert d.pending == prev - done
+    assert got == msgs and all(type(m) is bytes for m in got)
+    assert d.pending == 0
+
+
+def test_deframer_large_message_over_the_limit_is_refused_at_its_prefix():
+    d = GrpcDeframer(100000)
+    with pytest.raises(GrpcMessageTooLarge):
+        d.feed(grpc_frame(b"x" * 100001)[:1000])
 
 
 def test_deframer_compressed_flag():

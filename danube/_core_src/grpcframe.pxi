@@ -58,6 +58,46 @@ cdef Py_ssize_t _write_prefixed(uint8_t *o, list messages, bint compressed):
     return w
 
 
+def grpc_data_frame_pieces(uint32_t sid, message, Py_ssize_t max_frame,
+                           bint end_stream=False):
+    """One uncompressed message, length-prefixed and cut into DATA frames of at most
+    ``max_frame`` bytes, without copying it: a list of buffers to write in order (a socket's
+    writelines): each frame's header (the first followed by the 5-byte gRPC prefix) and a
+    memoryview of the message's part. Flow control is the caller's."""
+    cdef Py_ssize_t n = len(message), total = n + 5, vpos = 0, chunk, a
+    cdef bytes hdr
+    cdef uint8_t *o
+    cdef list out = []
+    if max_frame < 16:
+        raise ValueError("max_frame too small")
+    view = memoryview(message).cast("B")
+    while True:
+        chunk = total - vpos
+        if chunk > max_frame:
+            chunk = max_frame
+        last = vpos + chunk == total
+        if vpos == 0:
+            hdr = PyBytes_FromStringAndSize(NULL, 14)
+            o = <uint8_t *>PyBytes_AS_STRING(hdr)
+            _put_header(o, <uint32_t>chunk, FT_DATA, FL_END_STREAM if (end_stream and last)
+                        else 0, sid)
+            _put_prefix(o + 9, False, <uint32_t>n)
+            out.append(hdr)
+            if chunk > 5:
+                out.append(view[0:chunk - 5])
+        else:
+            hdr = PyBytes_FromStringAndSize(NULL, 9)
+            o = <uint8_t *>PyBytes_AS_STRING(hdr)
+            _put_header(o, <uint32_t>chunk, FT_DATA, FL_END_STREAM if (end_stream and last)
+                        else 0, sid)
+            out.append(hdr)
+            a = vpos - 5
+            out.append(view[a:a + chunk])
+        vpos += chunk
+        if last:
+            return out
+
+
 def grpc_frame_many(list messages, bint compressed=False):
     """Many serialised messages (a list of bytes) as one buffer of length-prefixed
     messages: the batch a stream writes in one go."""
@@ -130,40 +170,80 @@ class CompressedMessage(bytes):
     __slots__ = ()
 
 
+cdef enum:
+    _ASSEMBLE_MIN = 65536       # a message this large is assembled in place as it arrives
+
+
 cdef class GrpcDeframer:
     """Reassembles length-prefixed messages from DATA payloads of any size. `feed` returns
     the complete messages as a list: plain `bytes`, or `CompressedMessage` for those whose
-    compressed flag was set."""
+    compressed flag was set. A large uncompressed message that spans payloads is copied
+    once, into the bytes object it is returned as, as its parts arrive."""
 
     cdef bytearray _buf
     cdef public Py_ssize_t max_message
     cdef public bint any_compressed
+    cdef bytes _msg             # the large message being assembled, or None
+    cdef Py_ssize_t _msg_len
+    cdef Py_ssize_t _have       # bytes of _msg filled so far
 
     def __cinit__(self, Py_ssize_t max_message=4 * 1024 * 1024):
         self._buf = bytearray()
         self.max_message = max_message
         self.any_compressed = False
+        self._msg = None
 
     @property
     def pending(self):
         """Bytes of an incomplete message held back (0 at a clean message boundary)."""
-        return len(self._buf)
+        return len(self._buf) + (5 + self._have if self._msg is not None else 0)
 
     def feed(self, data):
         cdef list out = []
-        cdef const uint8_t[::1] view
-        cdef Py_ssize_t used
+        cdef const uint8_t[::1] view = data
+        cdef Py_ssize_t used, take, n = view.shape[0]
+        if self._msg is not None:
+            take = self._msg_len - self._have
+            if take > n:
+                take = n
+            if take:
+                memcpy(PyBytes_AS_STRING(self._msg) + self._have, &view[0], take)
+            self._have += take
+            if self._have < self._msg_len:
+                return out
+            out.append(self._msg)
+            self._msg = None
+            if take == n:
+                return out
+            view = view[take:]
         if self._buf:
-            self._buf += data
+            self._buf += view
             # No local memoryview here: the bytearray cannot shrink while one is exported.
             used = self._split(self._buf, out)
-            del self._buf[:used]
+            if len(self._buf) - used >= 5 and self._start(self._buf, used):
+                self._buf.clear()
+            else:
+                del self._buf[:used]
         else:
-            view = data
             used = self._split(view, out)
-            if used < view.shape[0]:
+            if used < view.shape[0] and not (view.shape[0] - used >= 5
+                                             and self._start(view, used)):
                 self._buf += view[used:]
         return out
+
+    cdef bint _start(self, const uint8_t[::1] view, Py_ssize_t pos) except -1:
+        """Begin assembling the incomplete message at ``view[pos:]`` (its prefix whole, and
+        already checked by _split) in place, if it is large and uncompressed."""
+        cdef uint32_t length = _u32(&view[pos + 1])
+        cdef Py_ssize_t have = view.shape[0] - pos - 5
+        if view[pos] or length < _ASSEMBLE_MIN:
+            return False
+        self._msg = PyBytes_FromStringAndSize(NULL, length)
+        self._msg_len = length
+        self._have = have
+        if have:
+            memcpy(PyBytes_AS_STRING(self._msg), &view[pos + 5], have)
+        return True
 
     cdef Py_ssize_t _split(self, const uint8_t[::1] view, list out) except -1:
         cdef Py_ssize_t n = view.shape[0]

@@ -16,7 +16,7 @@ import ssl as _ssl
 from danube import _core
 from danube._core import GrpcDeframer, GrpcMessageTooLarge, grpc_frame, grpc_frame_many
 from danube.rpc import compression
-from danube.rpc.connection import H2Connection, StreamBase, TransportConfig
+from danube.rpc.connection import PIECES_MIN, H2Connection, StreamBase, TransportConfig
 from danube.rpc.headers import (encode_headers, format_timeout, metadata_from_headers,
                                 metadata_to_headers, percent_decode)
 from danube.rpc.status import RpcError, StatusCode, http_status_to_grpc
@@ -239,6 +239,12 @@ class ClientStream(StreamBase):
             raise RpcError(StatusCode.INTERNAL, "call already finished")
         if end:
             self.closed_local = True
+        if (len(data) >= PIECES_MIN and not self.send_encoding
+                and len(data) <= self.conn.config.max_message_size
+                and self.send_message_pieces(data, end)):
+            if self.conn.write_paused:
+                await self.drain()
+            return
         if not self.send_data(self._frame(data), end) or self.conn.write_paused:
             await self.drain()
 

@@ -15,8 +15,8 @@ import hpack
 
 from danube import _core
 from danube._core import (FrameReader, H2ConnectionError, data_frames, goaway_frame,
-                          header_frames, parse_settings, parse_u32, ping_frame,
-                          rst_stream_frame, settings_frame, window_update_frame)
+                          grpc_data_frame_pieces, header_frames, parse_settings, parse_u32,
+                          ping_frame, rst_stream_frame, settings_frame, window_update_frame)
 from danube.rpc.headers import HeaderDecoder
 
 log = logging.getLogger("danube.rpc")
@@ -30,6 +30,9 @@ S_MAX_HEADER_LIST_SIZE = 0x6
 
 MAX_WINDOW = 2**31 - 1
 DEFAULT_WINDOW = 65535
+#: A message at least this large is written without being copied into DATA frames (headers
+#: and memoryviews of it go to the socket in one writev).
+PIECES_MIN = 32768
 
 
 @dataclasses.dataclass
@@ -85,6 +88,19 @@ class StreamBase:
         self.pending.append([payload, 0, end_stream])
         self.pending_bytes += n
         return self.pump()
+
+    def send_message_pieces(self, message, end_stream=False):
+        """Send one uncompressed gRPC message without copying it into frames, when nothing
+        is queued and the windows cover it; returns False (nothing sent) otherwise."""
+        conn = self.conn
+        n = len(message) + 5
+        if self.pending is not None or n > self.send_window or n > conn.send_window:
+            return False
+        conn.write_many(grpc_data_frame_pieces(self.sid, message, conn.peer_max_frame,
+                                               end_stream), n)
+        self.send_window -= n
+        conn.send_window -= n
+        return True
 
     def send_raw_after_data(self, frames):
         """Write frames (trailers, RST_STREAM) in order after any DATA still queued."""
@@ -204,6 +220,7 @@ class H2Connection(asyncio.Protocol):
         self.last_peer_stream = 0
         self._out = []
         self._out_bytes = 0
+        self._out_pieces = False          # _out holds memoryviews: writelines, no join
         self._flush_scheduled = False
         self._in_receive = False
         self._header_block = None         # [sid, flags, [fragments]] while CONTINUATIONs are due
@@ -319,6 +336,19 @@ class H2Connection(asyncio.Protocol):
             self._flush_scheduled = True
             self.loop.call_soon(self.flush)
 
+    def write_many(self, pieces, nbytes):
+        """Queue buffers (memoryviews of large messages among them) to go out without being
+        joined first."""
+        self._out.extend(pieces)
+        self._out_bytes += nbytes
+        self._out_pieces = True
+        if self._out_bytes >= 262144:
+            self.flush()
+            return
+        if not self._flush_scheduled and not self._in_receive:
+            self._flush_scheduled = True
+            self.loop.call_soon(self.flush)
+
     def flush(self):
         self._flush_scheduled = False
         out = self._out
@@ -326,10 +356,13 @@ class H2Connection(asyncio.Protocol):
             return
         self._out = []
         self._out_bytes = 0
+        pieces, self._out_pieces = self._out_pieces, False
         if self.transport.is_closing():
             return
         if len(out) == 1:
             self.transport.write(out[0])
+        elif pieces:
+            self.transport.writelines(out)
         else:
             self.transport.write(b"".join(out))
 

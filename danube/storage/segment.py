@@ -142,8 +142,10 @@ class Segment:
 
     @classmethod
     def create(cls, directory: str, base: int, *, size: int, max_size: int,
-               created_at: float) -> Segment:
-        """A new, empty active segment of ``size`` preallocated bytes."""
+               created_at: float, frames_hint: int = 0) -> Segment:
+        """A new, empty active segment of ``size`` preallocated bytes; its index starts
+        with room for ``frames_hint`` frames (what the previous segment held), so a busy
+        log does not regrow it from scratch in every segment."""
         seg = cls(os.path.join(directory, segment_name(base)), base, max_size=max_size,
                   created_at=created_at)
         fd = os.open(seg.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
@@ -155,7 +157,7 @@ class Segment:
             os.unlink(seg.path)
             raise
         seg.fd, seg.size = fd, size
-        seg.index = np.empty(_INDEX_MIN, dtype=np.uint64)
+        seg.index = np.empty(max(_INDEX_MIN, frames_hint), dtype=np.uint64)
         return seg
 
     @classmethod

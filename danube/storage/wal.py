@@ -428,7 +428,8 @@ class WAL:
         cfg = self._config
         new = Segment.create(self._dir, base, size=min(cfg.segment_initial_bytes,
                                                        cfg.segment_max_bytes),
-                             max_size=cfg.segment_max_bytes, created_at=now)
+                             max_size=cfg.segment_max_bytes, created_at=now,
+                             frames_hint=old.count)
         try:
             old.seal(now)
         except BaseException:
