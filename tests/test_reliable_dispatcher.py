@@ -16,10 +16,12 @@ from danube.proto import DanubeApi_pb2 as pb
 
 
 class MemoryTopic:
-    """The two things a dispatcher reads from a topic: the log and how far it may read."""
+    """What a dispatcher reads from a topic: the log, how far it may read, and its durable
+    tier (none here)."""
 
     def __init__(self):
         self.name = "/default/t"
+        self.tier = None
         self.messages = []
         self.broker = self
         self.subs = []
