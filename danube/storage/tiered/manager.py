@@ -11,13 +11,16 @@ checkpoint: after a crash the uploader continues after the last descriptor, and 
 whose object was put but whose descriptor was not is detected by the conditional put and
 adopted, never uploaded twice.
 
-Nothing on the publish path waits for any of this: appends and syncs touch only the WAL.
+Nothing on the publish path waits for any of this: appends and syncs touch only the WAL, and
+uploads to cloud stores run in a child process (upload_worker) so their SDK work does not
+compete with the event loop for the GIL.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+from concurrent.futures.process import BrokenProcessPool
 import logging
 import os
 import time
@@ -28,6 +31,7 @@ from danube.storage.errors import TieredStartupError
 from danube.storage.tiered.catalog import (Catalog, SegmentDescriptor, parse_object_key,
                                            topic_object_prefix)
 from danube.storage.tiered.segments import SegmentUploadError, upload_segment
+from danube.storage.tiered.upload_worker import IN_PROCESS_BACKENDS, ProcessUploader
 
 log = logging.getLogger("danube.tiered")
 
@@ -86,9 +90,8 @@ class TopicTier:
                                 "before tiered storage was enabled); the durable history "
                                 "has a gap there", self.name, self.uploaded_end + 1,
                                 seg.first_offset - 1)
-                desc = await self.tiered.run(upload_segment, self.tiered.objstore, self.name,
-                                             seg.path, seg.first_offset, seg.last_offset,
-                                             seg.size)
+                desc = await self.tiered.upload(self.name, seg.path, seg.first_offset,
+                                                seg.last_offset, seg.size)
                 await self.tiered.metadata.put(
                     keys.storage_segment(self.name, desc.start_offset, self.tiered.prefix),
                     desc.to_json())
@@ -115,12 +118,26 @@ class TieredStorage:
         self.topics: dict[str, TopicTier] = {}
         self.stats = {"segments": 0, "bytes": 0, "failures": 0, "read_failures": 0,
                       "history_reads": 0, "history_messages": 0}
+        self._uploader = (None if durable_cfg.backend in IN_PROCESS_BACKENDS
+                          else ProcessUploader(durable_cfg))
         self._task: asyncio.Task | None = None
         self._wake = asyncio.Event()
         self._exports: set[asyncio.Task] = set()
 
     async def run(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+
+    async def upload(self, topic, path, first_offset, last_offset, size):
+        if self._uploader is None:
+            return await self.run(upload_segment, self.objstore, topic, path, first_offset,
+                                  last_offset, size)
+        try:
+            return await asyncio.wrap_future(
+                self._uploader.submit(topic, path, first_offset, last_offset, size))
+        except BrokenProcessPool:
+            self._uploader.broken()
+            raise ObjectStoreError("the upload worker process died; it is restarted for the "
+                                   "next attempt") from None
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -151,6 +168,8 @@ class TieredStorage:
         if self._exports:
             await asyncio.gather(*self._exports, return_exceptions=True)
         self.executor.shutdown(wait=True)
+        if self._uploader is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self._uploader.close)
         await asyncio.get_running_loop().run_in_executor(None, self.objstore.close)
 
     # -- topics ---------------------------------------------------------------------------
