@@ -1,9 +1,14 @@
 """Tiered storage pieces on their own: the catalogue, uploading a sealed segment (checked,
-conditional, adopted on retry), reading history back through the sparse index in chunks of
-any size, and a subscription's history cursor riding out store failures."""
+conditional, adopted on retry), reading history back through the sparse index in ranges of
+any size (frames cut by a range, frames bigger than one, damage reported with the object and
+byte), and a subscription's history cursor streaming across segments and riding out store
+failures and damage."""
 
 import asyncio
+import concurrent.futures
+import dataclasses
 import threading
+import time
 
 import pytest
 
@@ -13,7 +18,9 @@ from danube.storage.errors import OffsetTruncatedError
 from danube.storage.tiered.catalog import (Catalog, SegmentDescriptor, object_key,
                                            parse_object_key)
 from danube.storage.tiered.history import HistoryCursor
-from danube.storage.tiered.segments import (SegmentUploadError, read_history,
+from danube._wal import (SCAN_CLEAN, SCAN_CORRUPT, SCAN_GAP, SCAN_TORN, encode_frame,
+                         scan_frames, walk_frames)
+from danube.storage.tiered.segments import (SegmentReader, SegmentUploadError, read_history,
                                             upload_segment)
 from danube.storage.wal import WAL, WALConfig
 
@@ -26,6 +33,8 @@ class DictStore(ObjectStore):
         self.gets = 0
         self.fail = 0              # the next `fail` calls raise
         self.lock = threading.Lock()
+        self.delay = 0.0           # seconds each get takes
+        self.in_flight = self.max_in_flight = 0
 
     def _maybe_fail(self):
         with self.lock:
@@ -52,10 +61,19 @@ class DictStore(ObjectStore):
 
     def get(self, key, start=0, end=None):
         self._maybe_fail()
-        self.gets += 1
-        if key not in self.objects:
-            raise ObjectNotFound(key)
-        return self.objects[key][start:end]
+        with self.lock:
+            self.gets += 1
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            if self.delay:
+                time.sleep(self.delay)
+            if key not in self.objects:
+                raise ObjectNotFound(key)
+            return self.objects[key][start:end]
+        finally:
+            with self.lock:
+                self.in_flight -= 1
 
     def head(self, key):
         if key not in self.objects:
@@ -130,6 +148,196 @@ async def test_read_history_with_a_coarse_index_walks_forward(tmp_path):
     bare = SegmentDescriptor(desc.segment_id, desc.object_key, 0, 1499, desc.size, None, 0.0)
     got = read_history(store, bare, 1234, max_bytes=2000)
     assert got[0] == (1234, _payload(1234))
+
+
+def test_walk_frames_finds_where_the_complete_frames_end():
+    frames = [encode_frame(40 + i, b"p" * i) for i in range(10)]
+    data = b"".join(frames)
+    ends = [sum(len(f) for f in frames[:k]) for k in range(11)]
+    assert walk_frames(data, 0, len(data), 40) == (10, len(data), SCAN_CLEAN)
+    assert walk_frames(data, 0, len(data), 40, 3) == (3, ends[3], SCAN_CLEAN)
+    assert walk_frames(data, ends[2], len(data), 42) == (8, len(data), SCAN_CLEAN)
+    assert walk_frames(data, 0, len(data) - 1, 40) == (9, ends[9], SCAN_TORN)
+    assert walk_frames(data, 0, ends[5] + 7, 40) == (5, ends[5], SCAN_TORN)   # header cut
+    assert walk_frames(data, 0, len(data), 41) == (0, 0, SCAN_GAP)
+    bad = bytearray(data)
+    bad[ends[4] + 8:ends[4] + 12] = (1 << 31).to_bytes(4, "little")
+    assert walk_frames(bytes(bad), 0, len(data), 40) == (4, ends[4], SCAN_CORRUPT)
+    bad = bytearray(data)
+    bad[ends[6] + 20] ^= 0xFF                    # payloads are not read: no CRC check
+    assert walk_frames(bytes(bad), 0, len(data), 40) == (10, len(data), SCAN_CLEAN)
+
+def _read_all(reader, store, batch=7):
+    """Every message a SegmentReader yields, its ranges fetched from ``store`` in order."""
+    out = []
+    while (rng := reader.next_range()) is not None:
+        for chunk in reader.feed(*rng, store.get(reader.desc.object_key, *rng)):
+            while got := chunk.read(batch):
+                out += got
+    return out
+
+
+async def test_segment_reader_ranges_need_not_fall_on_frame_boundaries(tmp_path):
+    info = await _sealed_segment(tmp_path, 2600, first=1000)
+    store = DictStore()
+    desc = upload_segment(store, "/default/t", info.path, 1000, 3599, info.size)
+    for offset in (1000, 1001, 2000, 3598):
+        for step in (13, 100, 4096, 100_000, 1 << 20):
+            reader = SegmentReader("dict store", desc, offset, step)
+            got = _read_all(reader, store)
+            assert [o for o, _ in got] == list(range(offset, 3600)), (offset, step)
+            assert all(p == _payload(o) for o, p in got)
+
+
+async def test_frames_bigger_than_a_range_are_assembled(tmp_path):
+    big = [bytes([i % 251]) * (70_000 + 1000 * i) for i in range(12)]
+    wal = await WAL.open(tmp_path / "wal", WALConfig(durability="none"))
+    wal.append(big[:5])
+    wal.append([b"small"] * 3)
+    wal.append(big[5:])
+    info = await wal.rotate()
+    await wal.close()
+    store = DictStore()
+    desc = upload_segment(store, "/default/t", info.path, 0, 14, info.size)
+    expected = big[:5] + [b"small"] * 3 + big[5:]
+    for step in (5, 4096, 65_536, 100_000):
+        reader = SegmentReader("dict store", desc, 0, step)
+        assert [p for _, p in _read_all(reader, store, 3)] == expected
+        got = read_history(store, desc, 6, max_bytes=step)
+        assert got[0] == (6, b"small")
+
+
+async def test_a_damaged_object_is_reported_with_its_key_and_byte_position(tmp_path):
+    info = await _sealed_segment(tmp_path, 3000)
+    store = DictStore()
+    desc = upload_segment(store, "/default/t", info.path, 0, 2999, info.size)
+    _, positions, _, _ = scan_frames(store.objects[desc.object_key])
+    good = store.objects[desc.object_key]
+    at = int(positions[1500])
+
+    def damaged(patch_at, patch):
+        data = bytearray(good)
+        data[patch_at:patch_at + len(patch)] = patch
+        store.objects[desc.object_key] = bytes(data)
+
+    damaged(at + 20, b"\xff")                       # a payload byte: CRC mismatch
+    reader = SegmentReader("dict store", desc, 0, 64 << 10)
+    got = []
+    with pytest.raises(SegmentUploadError) as err:
+        _read_all_into(reader, store, got)
+    assert [o for o, _ in got] == list(range(1500))          # everything before the damage
+    assert desc.object_key in str(err.value) and f"byte {at} " in str(err.value)
+    assert "CRC mismatch" in str(err.value)
+    with pytest.raises(SegmentUploadError, match=f"byte {at} "):
+        read_history(store, desc, 1500)
+    assert read_history(store, desc, 1400, max_bytes=1 << 20)[-1][0] == 1499
+
+    damaged(at, (7).to_bytes(8, "little"))           # a misnumbered frame
+    with pytest.raises(SegmentUploadError, match=f"offset 7 at byte {at},"):
+        _read_all_into(SegmentReader("dict store", desc, 0, 64 << 10), store, [])
+    damaged(at + 8, (1 << 31).to_bytes(4, "little"))  # an impossible length
+    with pytest.raises(SegmentUploadError, match=f"impossible frame length at byte {at}"):
+        _read_all_into(SegmentReader("dict store", desc, 0, 64 << 10), store, [])
+
+    store.objects[desc.object_key] = good[:-10]      # shorter than the catalogue says
+    with pytest.raises(SegmentUploadError, match=f"ends at byte {desc.size - 10}"):
+        _read_all_into(SegmentReader("dict store", desc, 2900, 64 << 10), store, [])
+    cut = dataclasses.replace(desc, size=desc.size - 10)   # a frame cut short at the end
+    with pytest.raises(SegmentUploadError, match="last frame.*cut short"):
+        _read_all_into(SegmentReader("dict store", cut, 2900, 64 << 10), store, [])
+    store.objects[desc.object_key] = good
+    wrong_end = dataclasses.replace(desc, end_offset=3005)
+    with pytest.raises(SegmentUploadError, match="ends at offset 2999, the catalogue says 3005"):
+        _read_all_into(SegmentReader("dict store", wrong_end, 2900, 64 << 10), store, [])
+
+
+def _read_all_into(reader, store, out):
+    while (rng := reader.next_range()) is not None:
+        for chunk in reader.feed(*rng, store.get(reader.desc.object_key, *rng)):
+            while got := chunk.read(100):
+                out += got
+
+
+async def _segments(tmp_path, store, sizes, first=0):
+    """Upload consecutive sealed segments of the given message counts; their descriptors."""
+    wal = await WAL.open(tmp_path / "wal", WALConfig(durability="none"), start_offset=first)
+    descs = []
+    off = first
+    for n in sizes:
+        for i in range(off, off + n, 500):
+            wal.append([_payload(j) for j in range(i, min(i + 500, off + n))])
+        seg = await wal.rotate()
+        descs.append(upload_segment(store, "/default/t", seg.path, seg.first_offset,
+                                    seg.last_offset, seg.size))
+        off += n
+    await wal.close()
+    return descs
+
+
+async def test_history_cursor_streams_across_segments_with_gets_in_flight(tmp_path, monkeypatch):
+    import danube.storage.tiered.history as history
+
+    store = DictStore()
+    descs = await _segments(tmp_path, store, [2500, 40, 3000])
+    monkeypatch.setattr(history, "READ_CHUNK", 16 << 10)
+    monkeypatch.setattr(history, "READ_AHEAD", 32 << 10)
+    tier = _Tier(store, Catalog(descs))
+    tier.tiered.executor = concurrent.futures.ThreadPoolExecutor(4)
+    store.delay = 0.002
+    woke = asyncio.Event()
+    cursor = HistoryCursor(tier, woke.set)
+    got = await _drain(cursor, 0, 5540, woke)
+    assert [o for o, _ in got] == list(range(5540))
+    assert all(p == _payload(o) for o, p in got)
+    stats = tier.tiered.stats
+    assert stats["history_messages"] == 5540 and stats["read_failures"] == 0
+    assert stats["history_reads"] == store.gets
+    assert store.max_in_flight == history.MAX_IN_FLIGHT == 2
+    # A GET failing in the middle of the stream: retried, nothing skipped or repeated.
+    monkeypatch.setattr(history, "RETRY_FIRST", 0.01)
+    got = await _drain(cursor, 0, 1000, woke)
+    store.fail = 1
+    got += await _drain(cursor, got[-1][0] + 1, 5540, woke)
+    assert [o for o, _ in got] == list(range(5540)) and stats["read_failures"] == 1
+    store.delay = 0.0
+    # Reading again from the middle, then jumping back, then ahead: each starts over there.
+    got = await _drain(cursor, 2510, 2600, woke)
+    assert got[0] == (2510, _payload(2510)) and got[-1][0] >= 2599
+    got = await _drain(cursor, 100, 200, woke)
+    assert got[0][0] == 100
+    got = await _drain(cursor, 4000, 4100, woke)
+    assert got[0][0] == 4000
+    cursor.close()
+
+
+async def test_history_cursor_waits_out_a_damaged_object(tmp_path, monkeypatch, caplog):
+    import danube.storage.tiered.history as history
+
+    monkeypatch.setattr(history, "RETRY_FIRST", 0.05)
+    store = DictStore()
+    (desc,) = await _segments(tmp_path, store, [3000])
+    good = store.objects[desc.object_key]
+    _, positions, _, _ = scan_frames(good)
+    at = int(positions[2000])
+    store.objects[desc.object_key] = good[:at + 30] + b"\x00" + good[at + 31:]
+    tier = _Tier(store, Catalog([desc]))
+    woke = asyncio.Event()
+    cursor = HistoryCursor(tier, woke.set)
+    out, offset = [], 0
+    while tier.tiered.stats["read_failures"] < 2:
+        got = cursor.read(offset, 256, 3000)
+        if got is None:
+            await asyncio.wait_for(woke.wait(), 10)
+            woke.clear()
+            continue
+        out += got
+        offset = got[-1][0] + 1
+    assert offset == 2000 and [o for o, _ in out] == list(range(2000))
+    assert f"{desc.object_key} is damaged: a CRC mismatch at byte {at}" in caplog.text
+    store.objects[desc.object_key] = good                  # repaired: it goes on
+    out += await _drain(cursor, 2000, 3000, woke)
+    assert [o for o, _ in out] == list(range(3000))
+    cursor.close()
 
 
 async def test_a_retried_upload_adopts_the_existing_object(tmp_path):

@@ -3,7 +3,8 @@
 Three sections, in this order, everything on 127.0.0.1 with ports chosen by the OS:
 
 * storage: the same history read sequentially from the local WAL and, after upload_segment,
-  with read_history from every object store (in this process, no broker running);
+  through the broker's HistoryCursor from every object store (in this process, no broker
+  running);
 * replay: a broker process per case drains a reliable subscription whose whole history is
   in the local WAL (storage.mode local) or only in the durable store (storage.mode
   object_store, local retention deleted every uploaded segment), through our client;
@@ -496,7 +497,7 @@ def targets(storage, replays, pubs):
     wal = next((r for r in storage if r.get("kind") == "wal"), None)
     s3 = next((r for r in storage if r.get("kind") == "s3" and "error" not in r), None)
     if wal and s3:
-        out.append((f"storage layer: read_history from SeaweedFS >= {REPLAY_TARGET:g} x "
+        out.append((f"storage layer: history from SeaweedFS >= {REPLAY_TARGET:g} x "
                     f"WAL.read ({s3['msgs_per_s']:,.0f} vs {wal['msgs_per_s']:,.0f} msgs/s "
                     f"= {s3['vs_wal']:.2f})", verdict(s3["vs_wal"] >= REPLAY_TARGET)))
     base = local_rate(replays)
@@ -732,12 +733,15 @@ def main(argv=None):
               f"{args.repeats}")
         print(tables["storage"])
         print(textwrap.fill(
-            "WAL.read(offset, 1024) loops over the sealed segments (mmap, page cache) vs "
-            "read_history() over the descriptors upload_segment() returned for the same "
-            f"segments ({args.segment_mb:g} MiB each; one ranged GET of up to "
-            f"{storage_bench.READ_CHUNK >> 20} MiB per call); MB/s of segment bytes (frames "
-            "with their 16-byte headers); GET-only MB/s = the same bytes fetched with plain ranged "
-            "GETs and not decoded; upload MB/s = upload_segment() of all of them.",
+            f"WAL.read(offset, {storage_bench.READ_BATCH}) loops over the sealed segments "
+            "(mmap, page cache) vs a HistoryCursor (the broker's reader of durable history) "
+            "over the descriptors upload_segment() returned for the same segments "
+            f"({args.segment_mb:g} MiB each), read({storage_bench.READ_BATCH}) at a time: "
+            f"ranged GETs of up to {storage_bench.READ_CHUNK >> 20} MiB, "
+            f"{storage_bench.MAX_IN_FLIGHT} in flight, frames CRC-checked as they are read; "
+            "MB/s of segment bytes (frames with their 16-byte headers); GET-only MB/s = the "
+            "same bytes fetched with plain ranged GETs one after another and not decoded; "
+            "upload MB/s = upload_segment() of all of them.",
             100))
         print()
     if replays:

@@ -1,18 +1,24 @@
 """The storage-layer half of bench.tiered: the same history read back sequentially from the
-local WAL (``WAL.read(offset, 1024)`` loops) and from each object store
-(``read_history`` over the descriptors ``upload_segment`` returned for the same sealed
-segments). Runs in the orchestrator's process, while no broker runs; the object-store
+local WAL (``WAL.read(offset, READ_BATCH)`` loops) and from each object store, through the
+broker's own reader of durable history: a ``HistoryCursor`` over the descriptors
+``upload_segment`` returned for the same sealed segments, asked for ``READ_BATCH`` messages
+at a time as a dispatcher does, its GETs run in a 4-thread pool as ``TieredStorage.run``
+runs them. Runs in the orchestrator's process, while no broker runs; the object-store
 servers are the ones the orchestrator started."""
 
 import asyncio
+import concurrent.futures
 import struct
 import time
 
 from danube.storage import WAL, WALConfig
-from danube.storage.tiered.segments import READ_CHUNK, read_history, upload_segment
+from danube.storage.tiered.catalog import Catalog
+from danube.storage.tiered.history import MAX_IN_FLIGHT, HistoryCursor
+from danube.storage.tiered.segments import READ_CHUNK, upload_segment
 
 SEQ = struct.Struct("<Q")
 TOPIC = "/default/bench-tiered-storage"
+READ_BATCH = 1024          # messages per WAL.read / HistoryCursor.read call, for both rows
 
 
 def make_payloads(first, n, size):
@@ -28,12 +34,12 @@ def _check(chunk, expect):
 
 
 def read_wal(wal, first, last, verify=False):
-    """Every message first..last through WAL.read(offset, 1024); returns the count."""
+    """Every message first..last through WAL.read(offset, READ_BATCH); returns the count."""
     off = first
     n = 0
     read = wal.read
     while off <= last:
-        got = read(off, 1024)
+        got = read(off, READ_BATCH)
         if not got:
             raise RuntimeError(f"WAL.read({off}) returned nothing before offset {last}")
         if verify:
@@ -43,25 +49,60 @@ def read_wal(wal, first, last, verify=False):
     return n
 
 
-def read_store(store, descs, verify=False):
-    """Every message of the uploaded segments through read_history (one ranged GET of up to
-    READ_CHUNK bytes per call); returns (messages, GETs)."""
-    n = gets = 0
-    for desc in descs:
-        off = desc.start_offset
-        while off <= desc.end_offset:
-            got = read_history(store, desc, off)
-            gets += 1
+class BenchTier:
+    """What a HistoryCursor uses of a topic's TopicTier: the catalogue, and the
+    TieredStorage's object store, counters and thread pool (``run``, as TieredStorage.run:
+    run_in_executor on a pool of its default 4 threads)."""
+
+    def __init__(self, store, descs):
+        self.name = TOPIC
+        self.catalog = Catalog(descs)
+        self.tiered = self
+
+        self.objstore = store
+        self.stats = {"read_failures": 0, "history_reads": 0, "history_messages": 0}
+        self.executor = concurrent.futures.ThreadPoolExecutor(
+            4, thread_name_prefix="bench-tiered")
+
+    async def run(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+
+    def close(self):
+        self.executor.shutdown(wait=True)
+
+
+async def read_store(tier, verify=False):
+    """Every message of the uploaded segments through a fresh HistoryCursor, READ_BATCH at a
+    time, from the first offset to the end (the dispatcher's loop: read; on None wait for
+    the cursor's wake-up). Returns (messages, GETs)."""
+    cat = tier.catalog
+    first, end = cat.first_offset, cat.end_offset + 1
+    ready = asyncio.Event()
+    cursor = HistoryCursor(tier, ready.set)
+    gets0, fails0 = tier.stats["history_reads"], tier.stats["read_failures"]
+    off = first
+    n = 0
+    try:
+        while off < end:
+            got = cursor.read(off, READ_BATCH, end)
+            if got is None:
+                await ready.wait()
+                ready.clear()
+                continue
             if verify:
                 _check(got, off)
             n += len(got)
             off = got[-1][0] + 1
-    return n, gets
+    finally:
+        cursor.close()
+    if tier.stats["read_failures"] != fails0:
+        raise RuntimeError(f"{tier.stats['read_failures'] - fails0} history reads failed")
+    return n, tier.stats["history_reads"] - gets0
 
 
 def get_only(store, descs):
-    """The same bytes fetched with plain ranged GETs of READ_CHUNK, nothing decoded: the
-    transfer's share of read_history. Returns the bytes fetched."""
+    """The same bytes fetched with plain ranged GETs of READ_CHUNK, one after another,
+    nothing decoded: the transfer alone. Returns the bytes fetched."""
     total = 0
     for desc in descs:
         for pos in range(0, desc.size, READ_CHUNK):
@@ -75,6 +116,16 @@ def timed(fn, repeats):
     for _ in range(repeats):
         t0 = time.perf_counter()
         fn()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+async def timed_async(fn, repeats):
+    """timed() for a coroutine function."""
+    out = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        await fn()
         out.append(time.perf_counter() - t0)
     return out
 
@@ -120,12 +171,12 @@ async def _run(stores, directory, n, size, segment_bytes, repeats, progress):
         if read_wal(wal, first, last, verify=True) != n:
             raise RuntimeError("the WAL read back a different count")
         times = timed(lambda: read_wal(wal, first, last), repeats)
-        base = _summary("local WAL (WAL.read x 1024)", "wal", n, nbytes, times,
-                        {"segments": len(sealed)})
+        base = _summary(f"local WAL (WAL.read x {READ_BATCH})", "wal", n, nbytes, times,
+                        {"segments": len(sealed), "read_batch": READ_BATCH})
         progress(f"{base['msgs_per_s']:,.0f} msgs/s\n")
         results = [base]
-        # The same WAL reopened with verify_reads (every frame's CRC checked, as read_history
-        # does): how much of the difference is the checking rather than the store.
+        # The same WAL reopened with verify_reads (every frame's CRC checked, as the history
+        # reader does): how much of the difference is the checking rather than the store.
         directory = wal.directory
         await wal.close()
         wal = await WAL.open(directory, WALConfig(durability="none",
@@ -147,10 +198,15 @@ async def _run(stores, directory, n, size, segment_bytes, repeats, progress):
                                         s.size) for s in sealed]
                 up_s = time.perf_counter() - t0
                 progress(f"{nbytes / up_s / 1e6:,.0f} MB/s; read ... ")
-                got, gets = read_store(store, descs, verify=True)
-                if got != n:
-                    raise RuntimeError(f"read_history returned {got} messages, expected {n}")
-                times = timed(lambda: read_store(store, descs), repeats)
+                tier = BenchTier(store, descs)
+                try:
+                    got, gets = await read_store(tier, verify=True)
+                    if got != n:
+                        raise RuntimeError(f"the HistoryCursor returned {got} messages, "
+                                           f"expected {n}")
+                    times = await timed_async(lambda: read_store(tier), repeats)
+                finally:
+                    tier.close()
                 if get_only(store, descs) != nbytes:
                     raise RuntimeError("ranged GETs returned a different byte count")
                 get_times = timed(lambda: get_only(store, descs), repeats)
@@ -158,7 +214,9 @@ async def _run(stores, directory, n, size, segment_bytes, repeats, progress):
                              {"segments": len(descs), "gets": gets,
                               "get_only_s": get_times,
                               "get_only_mb_per_s": nbytes / min(get_times) / 1e6,
-                              "read_chunk_bytes": READ_CHUNK, "upload_s": up_s,
+                              "read_chunk_bytes": READ_CHUNK, "read_batch": READ_BATCH,
+                              "max_in_flight": MAX_IN_FLIGHT,
+                              "upload_s": up_s,
                               "upload_mb_per_s": nbytes / up_s / 1e6})
                 r["vs_wal"] = r["msgs_per_s"] / base["msgs_per_s"]
                 progress(f"{r['msgs_per_s']:,.0f} msgs/s ({r['vs_wal']:.2f} x WAL), GETs "
