@@ -332,3 +332,153 @@ def test_kill_9_loses_no_acknowledged_offset(tmp_path):
 
         expected_next, report = asyncio.run(verify())
         assert report.segments > 0
+
+
+# ---------------------------------------------------------------- always: writes by the sync job
+
+def _file_frames(path):
+    from danube._wal import scan_frames
+    with open(path, "rb") as f:
+        data = f.read()
+    offsets, _, _, _ = scan_frames(data)
+    return offsets.tolist()
+
+
+async def test_always_mode_writes_in_the_sync_job_and_reads_pending_frames(tmp_path,
+                                                                          monkeypatch):
+    """An append in mode always is framed at once and written by the next sync job, just
+    before its fdatasync; until then reads come from the pending buffers, and a read
+    spanning written and pending frames is seamless (byte budget included)."""
+    release = threading.Event()
+    real = wal_module._fdatasync
+
+    def held(fd):
+        release.wait(5)
+        real(fd)
+
+    wal = await WAL.open(tmp_path, WALConfig(durability="always", cache_capacity=0))
+    try:
+        first = wal.append([b"a%d" % i for i in range(5)])
+        await wal.sync_to(4)
+        seg = wal._active
+        assert _file_frames(seg.path) == [0, 1, 2, 3, 4]
+        monkeypatch.setattr(wal_module, "_fdatasync", held)
+        wal.append([b"b%d" % i for i in range(3)])
+        big = [bytes([i]) * 70000 for i in range(3)]     # pooled buffers (>= 64 KiB)
+        wal.append(big)
+        assert first == (0, 4) and wal.next_offset == 11
+        want = [b"a%d" % i for i in range(5)] + [b"b%d" % i for i in range(3)] + big
+        assert wal.read(0, 100) == list(enumerate(want))
+        assert wal.read(3, 4) == list(enumerate(want[3:7], 3))
+        assert wal.read(4, 100, 2 + 2 + 2) == list(enumerate(want[4:7], 4))
+        assert wal.read(9, 100, 1) == [(9, big[1])]
+        await asyncio.sleep(0.05)           # a job is writing (or has written) them ...
+        assert wal.durable_offset == 4      # ... but its fdatasync is held
+        release.set()
+        await wal.sync_to(10)
+        assert _file_frames(seg.path) == list(range(11))
+        assert not wal._pending and seg.file_end == seg.write_pos
+        assert wal.read(0, 100) == list(enumerate(want))
+    finally:
+        release.set()
+        await wal.close()
+
+
+async def test_always_mode_rotation_writes_the_sealed_segment_first(tmp_path, monkeypatch):
+    """A rotation writes what is pending before the segment is sealed and the next one
+    created: at no moment does a later segment exist while an earlier one lacks frames."""
+    release = threading.Event()
+    real = wal_module._fdatasync
+
+    def held(fd):
+        release.wait(5)
+        real(fd)
+
+    wal = await WAL.open(tmp_path, WALConfig(durability="always", segment_max_bytes=4096,
+                                             segment_initial_bytes=1024, cache_capacity=0))
+    monkeypatch.setattr(wal_module, "_fdatasync", held)
+    try:
+        payloads = [bytes([i % 256]) * 300 for i in range(40)]
+        for i in range(0, 40, 4):
+            wal.append(payloads[i:i + 4])
+            segs = wal.segments()
+            for info in segs[:-1]:          # every sealed segment is complete on disk
+                assert _file_frames(info.path) == list(range(info.first_offset,
+                                                             info.last_offset + 1))
+        assert len(wal.segments()) > 3
+        assert wal.read(0, 100) == list(enumerate(payloads))
+        release.set()
+        await wal.sync_to(39)
+    finally:
+        release.set()
+        await wal.close()
+    wal = await WAL.open(tmp_path, WALConfig(durability="always", segment_max_bytes=4096,
+                                             validate_sealed="open"))
+    try:
+        assert wal.read(0, 100) == list(enumerate(payloads))
+    finally:
+        await wal.close()
+
+
+def test_write_pending_coalesces_and_skips_written(tmp_path):
+    from danube.storage.segment import PendingWrite, write_pending
+
+    class Seg:
+        pass
+
+    path = tmp_path / "f"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT)
+    try:
+        a, b = Seg(), Seg()
+        a.fd = b.fd = fd
+        writes = [PendingWrite(a, 0, bytearray(b"AAAA..."), 4, 0, 1),
+                  PendingWrite(a, 4, bytearray(b"BB"), 2, 1, 1),
+                  PendingWrite(a, 6, bytearray(b"CCC"), 3, 2, 1),
+                  PendingWrite(b, 20, bytearray(b"DD"), 2, 3, 1),
+                  PendingWrite(b, 22, bytearray(b"XX"), 2, 4, 1, written=True),
+                  PendingWrite(b, 30, bytearray(b"EE"), 2, 5, 1)]
+        write_pending(writes)
+        assert all(w.written for w in writes)
+        data = os.pread(fd, 100, 0)
+        assert data == b"AAAABBCCC" + b"\0" * 11 + b"DD" + b"\0" * 8 + b"EE"
+    finally:
+        os.close(fd)
+
+
+async def test_always_mode_writes_ahead_while_a_sync_runs(tmp_path, monkeypatch):
+    """Appends made while a sync job is in its fdatasync are written by a second job at
+    once (once they add up to 64 KiB), so the next sync finds them in the file; nothing is
+    lost or doubled."""
+    release, started = threading.Event(), threading.Event()
+    real = wal_module._fdatasync
+
+    def held(fd):
+        started.set()
+        release.wait(5)
+        real(fd)
+
+    wal = await WAL.open(tmp_path, WALConfig(durability="always", cache_capacity=0))
+    monkeypatch.setattr(wal_module, "_fdatasync", held)
+    try:
+        first = asyncio.ensure_future(wal.append_durable([b"first"]))
+        while not started.is_set():
+            await asyncio.sleep(0.001)
+        batches = [[b"%d-%d." % (k, i) * 300 for i in range(50)] for k in range(3)]
+        for batch in batches:
+            wal.append(batch)
+        for _ in range(500):                 # written while the fdatasync is still held
+            if _file_frames(wal._active.path) == list(range(151)):
+                break
+            await asyncio.sleep(0.002)
+        assert _file_frames(wal._active.path) == list(range(151))
+        assert wal.durable_offset == -1
+        release.set()
+        await first
+        await wal.sync_to(150)
+        assert not wal._pending and wal._active.file_end == wal._active.write_pos
+        want = [b"first"] + [p for batch in batches for p in batch]
+        assert wal.read(0, 1000) == list(enumerate(want))
+    finally:
+        release.set()
+        await wal.close()
+    assert _file_frames(tmp_path / wal._active.name) == list(range(151))

@@ -105,6 +105,86 @@ def frame_buffer(size: int) -> bytearray:
     return buf
 
 
+_pool = threading.local()      # free buffers of deferred writes (taken and given back on a loop)
+_POOL_MAX = 16
+
+
+_POOL_MIN = 1 << 16             # smaller buffers are plain allocations, not pooled
+
+
+def _take_buffer(size: int) -> bytearray:
+    if size < _POOL_MIN:
+        return bytearray(size)
+    free = getattr(_pool, "free", None)
+    if free:
+        for i in range(len(free) - 1, -1, -1):
+            if len(free[i]) >= size:
+                return free.pop(i)
+    return bytearray(size)
+
+
+def _give_back(buf: bytearray) -> None:
+    if len(buf) < _POOL_MIN or len(buf) > _SCRATCH_KEEP:
+        return
+    free = getattr(_pool, "free", None)
+    if free is None:
+        free = _pool.free = []
+    if len(free) < _POOL_MAX:
+        free.append(buf)
+
+
+@dataclasses.dataclass(slots=True, eq=False)
+class PendingWrite:
+    """Frames appended to a segment (and to its index) but not yet written to its file: the
+    WAL's sync job writes them, in order, just before its fdatasync (``always`` mode, see
+    wal.py). ``buf[:nbytes]`` goes at file position ``pos``."""
+    seg: Segment
+    pos: int
+    buf: bytearray
+    nbytes: int
+    first_offset: int
+    count: int
+    written: bool = False       # in the file (set by whichever thread wrote it)
+    claimed: bool = False       # taken by a write job (the WAL's write-ahead)
+
+    def done(self) -> None:
+        """The write completed (called on the loop): the file holds the frames now."""
+        self.seg.unwritten -= self.nbytes
+        _give_back(self.buf)
+        self.buf = None
+
+
+def write_pending(writes: list[PendingWrite]) -> None:
+    """Write PendingWrites in order (in a worker thread), those not written yet: one pwritev
+    per run of writes that follow each other in a segment."""
+    writes = [w for w in writes if not w.written]
+    i, n = 0, len(writes)
+    while i < n:
+        first = writes[i]
+        j, end = i + 1, first.pos + first.nbytes
+        while (j < n and j - i < 512 and writes[j].seg is first.seg
+               and writes[j].pos == end):
+            end += writes[j].nbytes
+            j += 1
+        if j == i + 1:
+            pwrite_all(first.seg.fd, first.buf, first.nbytes, first.pos)
+        else:
+            views = [memoryview(w.buf)[:w.nbytes] for w in writes[i:j]]
+            try:
+                done = os.pwritev(first.seg.fd, views, first.pos)
+                for w in writes[i:j]:          # finish a short write one buffer at a time
+                    if done < w.nbytes:
+                        pwrite_all(w.seg.fd, memoryview(w.buf)[done:w.nbytes],
+                                   w.nbytes - done, w.pos + done)
+                    done = max(0, done - w.nbytes)
+            finally:
+                for v in views:
+                    v.release()
+        for w in writes[i:j]:
+            w.written = True
+        i = j
+
+
 def pwrite_all(fd: int, buf, n: int, pos: int) -> None:
     """Write ``buf[:n]`` at file position ``pos`` (looping over short writes)."""
     with memoryview(buf) as view:
@@ -120,7 +200,8 @@ class Segment:
     """A segment's file, mapping and frame index. Owned by one WAL; not thread-safe."""
 
     __slots__ = ("path", "name", "base", "fd", "mm", "size", "write_pos", "index", "count",
-                 "max_size", "created_at", "sealed_at", "synced_pos", "validated")
+                 "max_size", "created_at", "sealed_at", "synced_pos", "validated",
+                 "unwritten")
 
     def __init__(self, path: str, base: int, *, max_size: int, created_at: float):
         self.path = path
@@ -130,6 +211,7 @@ class Segment:
         self.mm: mmap.mmap | None = None
         self.size = 0                       # mapped (= file) size
         self.write_pos = 0                  # end of the last frame
+        self.unwritten = 0                  # bytes before write_pos still in PendingWrites
         self.index = np.empty(0, dtype=np.uint64)
         self.count = 0
         self.max_size = max_size
@@ -253,27 +335,43 @@ class Segment:
 
     # ------------------------------------------------------------------ writing
 
-    def write(self, payloads, first_offset: int, n: int, total: int) -> None:
-        """Append ``n`` frames taking ``total`` bytes (as measured by ``measure_frames``)."""
+    def write(self, payloads, first_offset: int, n: int, total: int,
+              defer: bool = False) -> PendingWrite | None:
+        """Append ``n`` frames taking ``total`` bytes (as measured by ``measure_frames``):
+        written to the file now, or with ``defer`` returned as a PendingWrite for the
+        caller to write later (they are in the index, and readable from it, at once)."""
         self._make_room(n, total)
-        buf = frame_buffer(total)
+        buf = _take_buffer(total) if defer else frame_buffer(total)
         encode_frames_indexed(buf, 0, first_offset, payloads, self.index, self.count,
                               self.write_pos)
-        self._commit(buf, n, total)
+        return self._commit(buf, first_offset, n, total, defer)
 
-    def write_packed(self, data, ends, first_offset: int, n: int, total: int) -> None:
+    def write_packed(self, data, ends, first_offset: int, n: int, total: int,
+                     defer: bool = False) -> PendingWrite | None:
         """``write`` for payloads packed in one buffer (see ``encode_frames_packed``)."""
         self._make_room(n, total)
-        buf = frame_buffer(total)
+        buf = _take_buffer(total) if defer else frame_buffer(total)
         encode_frames_packed(buf, 0, first_offset, data, ends, self.index, self.count,
                              self.write_pos)
-        self._commit(buf, n, total)
+        return self._commit(buf, first_offset, n, total, defer)
 
-    def _commit(self, buf, n: int, total: int) -> None:
-        # The index entries past `count` were filled already; they count once written.
-        pwrite_all(self.fd, buf, total, self.write_pos)
+    def _commit(self, buf, first_offset: int, n: int, total: int,
+                defer: bool) -> PendingWrite | None:
+        # The index entries past `count` were filled already; they count once committed.
+        pending = None
+        if defer:
+            pending = PendingWrite(self, self.write_pos, buf, total, first_offset, n)
+            self.unwritten += total
+        else:
+            pwrite_all(self.fd, buf, total, self.write_pos)
         self.write_pos += total
         self.count += n
+        return pending
+
+    @property
+    def file_end(self) -> int:
+        """End of the frames already written to the file."""
+        return self.write_pos - self.unwritten
 
     def _make_room(self, n: int, total: int) -> None:
         end = self.write_pos + total
@@ -357,7 +455,7 @@ class Segment:
         """Append frames from ``offset`` (which this segment holds) to ``out`` as
         ``(offset, payload)``; returns the payload bytes added (see ``read_frames_into``)."""
         pos = int(self.index[offset - self.base])
-        return read_frames_into(out, self.mm, pos, self.write_pos, offset, max_messages,
+        return read_frames_into(out, self.mm, pos, self.file_end, offset, max_messages,
                                 max_bytes, verify)
 
     # ------------------------------------------------------------------ teardown
