@@ -7,8 +7,8 @@ bench.reliable.runner, in its own process:
     python -P -m bench.reliable.plainloop '<json config>'
 
 Config: path, frame_bytes (one message's frame), count (frames per batch), warmup_s,
-duration_s. Prints one JSON line: batches and bytes in the measured window, and the
-fdatasync latencies.
+duration_s, keep (leave the file in place at the end; by default it is deleted). Prints one
+JSON line: batches and bytes in the measured window, and the fdatasync latencies.
 """
 
 import json
@@ -62,10 +62,11 @@ def main():
         window = (clock() - ws) / 1e9
     finally:
         os.close(fd)
-        try:
-            os.unlink(cfg["path"])
-        except OSError:
-            pass
+        if not cfg.get("keep"):
+            try:
+                os.unlink(cfg["path"])
+            except OSError:
+                pass
     print(json.dumps({
         "batch_bytes": size, "messages_per_batch": cfg["count"], "window_s": window,
         "batches": batches, "batches_per_s": batches / window,
