@@ -267,7 +267,8 @@ async def main(path, seed):
     async def producer():
         while True:
             first = wal.next_offset
-            k = rnd.randint(1, 40)
+            # Small batches are written at append, large ones (>= 16 KiB) by the sync job.
+            k = rnd.randint(1, 40) if rnd.random() < 0.7 else rnd.randint(100, 300)
             f, l = await wal.append_durable([payload(first + i) for i in range(k)])
             assert f == first
             sys.stdout.write(f"ack {l}\n")
@@ -346,9 +347,10 @@ def _file_frames(path):
 
 async def test_always_mode_writes_in_the_sync_job_and_reads_pending_frames(tmp_path,
                                                                           monkeypatch):
-    """An append in mode always is framed at once and written by the next sync job, just
-    before its fdatasync; until then reads come from the pending buffers, and a read
-    spanning written and pending frames is seamless (byte budget included)."""
+    """An append in mode always (of 16 KiB or more, or after one still pending) is framed at
+    once and written by the next sync job, just before its fdatasync; until then reads come
+    from the pending buffers, and a read spanning written and pending frames is seamless
+    (byte budget included)."""
     release = threading.Event()
     real = wal_module._fdatasync
 
@@ -363,15 +365,17 @@ async def test_always_mode_writes_in_the_sync_job_and_reads_pending_frames(tmp_p
         seg = wal._active
         assert _file_frames(seg.path) == [0, 1, 2, 3, 4]
         monkeypatch.setattr(wal_module, "_fdatasync", held)
-        wal.append([b"b%d" % i for i in range(3)])
         big = [bytes([i]) * 70000 for i in range(3)]     # pooled buffers (>= 64 KiB)
         wal.append(big)
+        wal.append([b"b%d" % i for i in range(3)])      # small, but after pending frames
         assert first == (0, 4) and wal.next_offset == 11
-        want = [b"a%d" % i for i in range(5)] + [b"b%d" % i for i in range(3)] + big
+        assert [(p.first_offset, p.count) for p in wal._pending] == [(5, 3), (8, 3)]
+        want = [b"a%d" % i for i in range(5)] + big + [b"b%d" % i for i in range(3)]
         assert wal.read(0, 100) == list(enumerate(want))
         assert wal.read(3, 4) == list(enumerate(want[3:7], 3))
-        assert wal.read(4, 100, 2 + 2 + 2) == list(enumerate(want[4:7], 4))
-        assert wal.read(9, 100, 1) == [(9, big[1])]
+        assert wal.read(4, 100, 2 + 70000) == list(enumerate(want[4:6], 4))
+        assert wal.read(6, 100, 1) == [(6, big[1])]
+        assert wal.read(7, 100, 70000 + 4) == list(enumerate(want[7:10], 7))
         await asyncio.sleep(0.05)           # a job is writing (or has written) them ...
         assert wal.durable_offset == 4      # ... but its fdatasync is held
         release.set()
@@ -397,10 +401,12 @@ async def test_always_mode_rotation_writes_the_sealed_segment_first(tmp_path, mo
     wal = await WAL.open(tmp_path, WALConfig(durability="always", segment_max_bytes=4096,
                                              segment_initial_bytes=1024, cache_capacity=0))
     monkeypatch.setattr(wal_module, "_fdatasync", held)
+    monkeypatch.setattr(wal_module, "_DEFER_MIN", 0)     # these small appends are deferred
     try:
         payloads = [bytes([i % 256]) * 300 for i in range(40)]
         for i in range(0, 40, 4):
             wal.append(payloads[i:i + 4])
+            assert wal._pending
             segs = wal.segments()
             for info in segs[:-1]:          # every sealed segment is complete on disk
                 assert _file_frames(info.path) == list(range(info.first_offset,

@@ -68,7 +68,8 @@ In ``interval`` and ``none`` modes ``append`` writes its frames before it return
 ``always`` mode nobody is told about an append before a sync covers it, so the write can wait
 for the sync: ``append`` frames the batch into a buffer (a PendingWrite) and returns, and the
 sync job, in the executor, writes every pending buffer (one ``pwritev`` per run of them) just
-before its ``fdatasync``. The event loop then never waits on the copy into the page cache,
+before its ``fdatasync``. (An append under 16 KiB while nothing is pending, such as a single
+message, is written at once: that costs less than the bookkeeping.) The event loop then never waits on the copy into the page cache,
 which is the largest cost of a durable append when the page cache grows (on the reference VM
 ~480 us of CPU per 230 KB batch, see bench/reliable): with several batches in flight the loop
 works on the next ones while the executor writes and syncs. Rotation writes whatever is
@@ -128,6 +129,8 @@ _OPEN, _CLOSING, _CLOSED = 0, 1, 2
 
 #: Pending bytes that make the sync worker write ahead while a sync runs (see _write_ahead).
 _WRITE_AHEAD_MIN = 64 << 10
+#: Appends smaller than this are written at once in mode always when nothing is pending.
+_DEFER_MIN = 16 << 10
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class WALConfig:
@@ -264,6 +267,7 @@ class WAL:
         self._pass_waiters: list[asyncio.Future] = []
         self._inflight: concurrent.futures.Future | None = None
         self._writing: tuple | None = None     # (concurrent future, future) of a write job
+        self._unclaimed = 0                    # bytes pending and not taken by any job
         self._loop = asyncio.get_running_loop()
         self._worker: asyncio.Task | None = None
         self._state = _OPEN
@@ -388,7 +392,7 @@ class WAL:
                        and self._clock() - seg.created_at >= max_age):
             self._append_slow(payloads, first, n, total)
         else:
-            self._queue(seg.write(payloads, first, n, total, self._defer))
+            self._queue(seg.write(payloads, first, n, total, self._deferred(total)))
             self._next_offset = first + n
         self._cache.extend(first, payloads)
         if self._kick_on_append:
@@ -417,7 +421,7 @@ class WAL:
             view = memoryview(data)
             starts = [0, *ends[:-1]]
             return self.append([view[a:b] for a, b in zip(starts, ends)])
-        self._queue(seg.write_packed(data, ends, first, n, total, self._defer))
+        self._queue(seg.write_packed(data, ends, first, n, total, self._deferred(total)))
         self._next_offset = first + n
         self._cache.extend_packed(first, data, ends)
         if self._kick_on_append:
@@ -435,10 +439,18 @@ class WAL:
         if running:
             concurrent.futures.wait(running)
         write_pending(list(self._pending))
+        self._unclaimed = 0
+
+    def _deferred(self, nbytes: int) -> bool:
+        """Whether an append of ``nbytes`` of frames is left to the sync job. A small one
+        (a single message, say) costs less written at once, which keeps the file in order
+        only while nothing is pending."""
+        return self._defer and (nbytes >= _DEFER_MIN or bool(self._pending))
 
     def _queue(self, pending: PendingWrite | None) -> None:
         if pending is not None:
             self._pending.append(pending)
+            self._unclaimed += pending.nbytes
             self._write_ahead()
 
     def _write_ahead(self) -> None:
@@ -447,10 +459,12 @@ class WAL:
         overlaps the fdatasync instead of following it. One such write job at a time, and
         only for enough bytes to be worth a trip to the executor (small appends, such as
         single messages, are left to the sync job)."""
-        if self._writing is not None or self._inflight is None or self._failed is not None:
+        if (self._writing is not None or self._inflight is None or self._failed is not None
+                or self._unclaimed < _WRITE_AHEAD_MIN):
             return
         todo = [p for p in self._pending if not p.written and not p.claimed]
-        if sum(p.nbytes for p in todo) < _WRITE_AHEAD_MIN:
+        self._unclaimed = 0
+        if not todo:
             return
         for p in todo:
             p.claimed = True
@@ -475,7 +489,7 @@ class WAL:
         if self._active.count:
             self._rotate(first)
         if total <= self._active.room:
-            self._queue(self._active.write(payloads, first, n, total, self._defer))
+            self._queue(self._active.write(payloads, first, n, total, self._deferred(total)))
             self._next_offset = first + n
             return
         done = 0
@@ -486,7 +500,7 @@ class WAL:
                 chunk = rest[:max(k, 1)]
                 size = measure_frames(chunk, 0)[0]
                 self._queue(self._active.write(chunk, first + done, len(chunk), size,
-                                               self._defer))
+                                               self._deferred(size)))
                 done += len(chunk)
                 self._next_offset = first + done
                 if done < n:
@@ -794,6 +808,7 @@ class WAL:
             job.writes = list(self._pending)
             for pending in job.writes:
                 pending.claimed = True          # the write-ahead leaves them to this job
+            self._unclaimed = 0
             job.target = self._next_offset - 1
             for seg in self._retiring:
                 if seg.synced_pos < seg.write_pos:
