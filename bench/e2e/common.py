@@ -50,6 +50,24 @@ def percentiles(values, points=(50, 90, 99, 99.9)):
     return out
 
 
+def us_percentiles(values_us):
+    """``percentiles`` (ms) of microsecond values."""
+    return percentiles([v * 1000 for v in values_us])
+
+
+def format_table(head, rows):
+    """A plain-text table: the first column left-aligned, the others right-aligned."""
+    widths = [max(len(head[i]), *(len(row[i]) for row in rows)) if rows else len(head[i])
+              for i in range(len(head))]
+    lines = ["  ".join(h.ljust(w) if i == 0 else h.rjust(w)
+                       for i, (h, w) in enumerate(zip(head, widths)))]
+    lines.append("  ".join("-" * w for w in widths))
+    for row in rows:
+        lines.append("  ".join(v.ljust(w) if i == 0 else v.rjust(w)
+                               for i, (v, w) in enumerate(zip(row, widths))))
+    return "\n".join(lines)
+
+
 # -- stdio protocol ----------------------------------------------------------------------
 
 def emit(obj):

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from bench._proc import (LineWorker, popen, proc_cpu, reap, reap_all, repo_env,
                          system_busy, tail)
+from bench.e2e.common import format_table
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -248,14 +249,7 @@ def table(results):
                      f"{max(0.0, c['other']):.2f}", f"{c['machine']:.2f}", _ms(lat.get("p50")), _ms(lat.get("p99")),
                      _ms(lat.get("p99.9")), _ms(lat.get("max")),
                      str(r["consumer"]["missing"]), str(r["consumer"]["duplicates"])])
-    widths = [max(len(head[i]), *(len(row[i]) for row in rows)) for i in range(len(head))]
-    lines = ["  ".join(h.ljust(w) if i == 0 else h.rjust(w)
-                       for i, (h, w) in enumerate(zip(head, widths)))]
-    lines.append("  ".join("-" * w for w in widths))
-    for row in rows:
-        lines.append("  ".join(v.ljust(w) if i == 0 else v.rjust(w)
-                               for i, (v, w) in enumerate(zip(row, widths))))
-    return "\n".join(lines)
+    return format_table(head, rows)
 
 
 def targets(results):

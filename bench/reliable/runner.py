@@ -37,7 +37,7 @@ import uuid
 from pathlib import Path
 
 from bench._proc import LineWorker, popen, proc_cpu, reap, reap_all, repo_env, system_busy
-from bench.e2e.common import percentiles
+from bench.e2e.common import format_table, us_percentiles
 from bench.e2e.runner import Broker as E2EBroker
 from danube._wal import scan_frames
 from bench.e2e.runner import loadavg, sleep_until, tail  # noqa: F401 - tail re-exported
@@ -213,11 +213,6 @@ def bucket_labels():
     return [f"{lo}-{hi} ms" for lo, hi in zip(bounds, bounds[1:])] + [f">= {bounds[-1]} ms"]
 
 
-def us_percentiles(values_us):
-    """bench.e2e.common.percentiles (ms) of microsecond values."""
-    return percentiles([v * 1000 for v in values_us])
-
-
 # -- one broker scenario -----------------------------------------------------------------
 
 def run_broker_scenario(broker, key, sc, args, logs):
@@ -376,18 +371,6 @@ def _ms(v):
     return f"{v:.2f}" if v < 100 else f"{v:.0f}"
 
 
-def _fmt_table(head, rows):
-    widths = [max(len(head[i]), *(len(row[i]) for row in rows)) if rows else len(head[i])
-              for i in range(len(head))]
-    lines = ["  ".join(h.ljust(w) if i == 0 else h.rjust(w)
-                       for i, (h, w) in enumerate(zip(head, widths)))]
-    lines.append("  ".join("-" * w for w in widths))
-    for row in rows:
-        lines.append("  ".join(v.ljust(w) if i == 0 else v.rjust(w)
-                               for i, (v, w) in enumerate(zip(row, widths))))
-    return "\n".join(lines)
-
-
 def plain_for(r, plains, memory="held"):
     """The plain loop with the same payload size and batch as broker scenario r, run with
     its page cache ``memory`` "held" (like the broker's WAL: the like-for-like figure) or
@@ -429,7 +412,7 @@ def broker_table(results, plains):
                      f"{c['consumer']:.2f}" if "consumer" in r else "-",
                      f"{max(0.0, c['other']):.2f}", f"{c['machine']:.2f}", ratio,
                      ratio_freed, str(r["errors"])])
-    return _fmt_table(head, rows)
+    return format_table(head, rows)
 
 
 def plain_table(plains):
@@ -446,7 +429,7 @@ def plain_table(plains):
                      f"{p['msgs_per_s']:,.0f}", f"{p['mb_per_s']:,.0f}",
                      _ms(lat.get("p50")), _ms(lat.get("p99")),
                      f"{p['cores']['loop']:.2f}", f"{max(0.0, p['cores']['other']):.2f}"])
-    return _fmt_table(head, rows)
+    return format_table(head, rows)
 
 
 def targets(results, plains):

@@ -37,6 +37,7 @@ from pathlib import Path
 import yaml
 
 from bench._proc import LineWorker, proc_cpu, reap, reap_all, repo_env, system_busy
+from bench.e2e.common import format_table, us_percentiles
 from bench.e2e.runner import Broker as E2EBroker
 from bench.e2e.runner import loadavg, sleep_until
 from bench.reliable.runner import Worker as ReliableWorker
@@ -202,21 +203,6 @@ def durable_for(kind, servers, scratch, name, **overrides):
                                            **overrides)
 
 
-def ptiles(values_us, points=(50, 90, 99, 99.9)):
-    """Nearest-rank percentiles (ms) of microsecond values."""
-    n = len(values_us)
-    if not n:
-        return {"n": 0}
-    s = sorted(values_us)
-    out = {"n": n}
-    for p in points:
-        k = max(0, min(n - 1, int(-(-p * n // 100)) - 1))
-        out[f"p{p:g}"] = s[k] / 1000
-    out["max"] = s[-1] / 1000
-    out["mean"] = sum(s) / n / 1000
-    return out
-
-
 # -- section 2: replay through a broker ---------------------------------------------------
 
 def replay_tree(kind, durable):
@@ -367,14 +353,14 @@ def run_publish(kind, rnd, servers, args, scratch, logs):
                                                   else f"{LABELS[kind]}, uploads every 1 s"),
             "durable": _redact(durable), "rate": args.rate,
             "window_s": args.duration, "warmup_s": args.warmup,
-            "latency_ms": ptiles(lr["rtt_us"]), "rtt_us": lr["rtt_us"],
+            "latency_ms": us_percentiles(lr["rtt_us"]), "rtt_us": lr["rtt_us"],
             "acked_in_window": lr["acked_in_window"], "send_errors": lr["errors"],
-            "pacer_lag_ms": ptiles(lr["lag_us"]), "cap_waits": lr["cap_waits"],
+            "pacer_lag_ms": us_percentiles(lr["lag_us"]), "cap_waits": lr["cap_waits"],
             "stalls": lr["stalls"],
             "bulk": {"mb_per_s": br["bytes_in_window"] / args.duration / 1e6,
                      "errors": br["errors"], "first_error": br["first_error"],
                      "late_batches": br["late_batches"],
-                     "call_ms": ptiles(br["call_us"])},
+                     "call_ms": us_percentiles(br["call_us"])},
             "uploaded_bytes_in_window": delta("danube_storage_uploaded_bytes_total"),
             "uploaded_segments_in_window": delta("danube_storage_uploaded_segments_total"),
             "upload_failures_in_window": delta("danube_storage_upload_failures_total"),
@@ -401,17 +387,6 @@ def _listing(durable, topics):
 
 # -- report ------------------------------------------------------------------------------
 
-def _table(head, rows):
-    widths = [max(len(head[i]), *(len(r[i]) for r in rows)) for i in range(len(head))]
-    lines = ["  ".join(h.ljust(w) if i == 0 else h.rjust(w)
-                       for i, (h, w) in enumerate(zip(head, widths)))]
-    lines.append("  ".join("-" * w for w in widths))
-    for row in rows:
-        lines.append("  ".join(v.ljust(w) if i == 0 else v.rjust(w)
-                               for i, (v, w) in enumerate(zip(row, widths))))
-    return "\n".join(lines)
-
-
 def _ms(v):
     if v is None:
         return "-"
@@ -430,7 +405,7 @@ def storage_table(results):
                      f"{r['vs_wal']:.2f}" if "vs_wal" in r else "1",
                      f"{r['get_only_mb_per_s']:,.0f}" if "get_only_mb_per_s" in r else "-",
                      f"{r['upload_mb_per_s']:,.0f}" if "upload_mb_per_s" in r else "-"])
-    return _table(["read from", "msgs", "segs", "GETs", "msgs/s", "MB/s", "vs WAL",
+    return format_table(["read from", "msgs", "segs", "GETs", "msgs/s", "MB/s", "vs WAL",
                    "GET-only MB/s", "upload MB/s"], rows)
 
 
@@ -457,7 +432,7 @@ def replay_table(replays):
                      f"{max(0.0, c['other']):.2f}",
                      f"{r['history_messages_from_store']:,.0f}"
                      + ("" if d["complete"] and not d["out_of_order_or_wrong"] else " BAD")])
-    return _table(["history in", "msgs/s", "cloud/local", "1st msg ms", "drain s",
+    return format_table(["history in", "msgs/s", "cloud/local", "1st msg ms", "drain s",
                    "broker", "consumer", "server", "other", "from store"], rows)
 
 
@@ -478,7 +453,7 @@ def publish_table(pubs):
                      f"{c['broker']:.2f}",
                      f"{c['server']:.2f}" if r["kind"] in CLOUD else "-",
                      f"{max(0.0, c['other']):.2f}", f"{c['machine']:.2f}"])
-    return _table(["broker", "acked/s", "p50 ms", "p99 ms", "p99.9 ms", "max ms",
+    return format_table(["broker", "acked/s", "p50 ms", "p99 ms", "p99.9 ms", "max ms",
                    "bulk MB/s", "uploaded MB (segs)", "broker", "server", "other", "total"],
                   rows)
 
@@ -486,7 +461,7 @@ def publish_table(pubs):
 def pooled(pubs, kind):
     samples = [v for r in pubs if r.get("kind") == kind and "error" not in r
                for v in r["rtt_us"]]
-    return ptiles(samples) if samples else None
+    return us_percentiles(samples) if samples else None
 
 
 def targets(storage, replays, pubs):
