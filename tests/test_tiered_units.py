@@ -16,7 +16,7 @@ from danube.storage.durable.base import (ObjectExists, ObjectInfo, ObjectNotFoun
                                          ObjectStore, ObjectStoreError)
 from danube.storage.errors import OffsetTruncatedError
 from danube.storage.tiered.catalog import (Catalog, SegmentDescriptor, object_key,
-                                           parse_object_key)
+                                           parse_object_key, segment_id)
 from danube.storage.tiered.history import HistoryCursor
 from danube._wal import (SCAN_CLEAN, SCAN_CORRUPT, SCAN_GAP, SCAN_TORN, encode_frame,
                          scan_frames, walk_frames)
@@ -108,6 +108,7 @@ def test_object_keys_carry_their_offsets():
     assert key == ("storage/topics/default/t-part-1/segments/"
                    "data-00000000000000000005-00000000000000000099.dnb1")
     assert parse_object_key(key) == (5, 99)
+    assert segment_id(key) == "data-00000000000000000005-00000000000000000099"
     assert parse_object_key("storage/topics/default/t/segments/other") is None
 
 

@@ -85,6 +85,16 @@ class ObjectStore(abc.ABC):
     def close(self) -> None:
         """Release connections. The store is not used afterwards."""
 
+    def refuse_existing(self, key: str) -> None:
+        """ObjectExists if ``key`` is there: the HEAD before a put where the server does
+        not enforce the condition itself. Racy (a writer between this and the put wins
+        silently), so only for servers that leave no better way."""
+        try:
+            self.head(key)
+        except ObjectNotFound:
+            return
+        raise ObjectExists(f"{self.describe()}: put {key!r}: already exists")
+
     def __enter__(self):
         return self
 

@@ -169,12 +169,7 @@ class GcsObjectStore(ObjectStore):
             # saves sending a whole segment only to have it refused, and is the only check
             # fake-gcs-server makes (it ignores preconditions on resumable uploads, so there
             # two racing writers can both succeed).
-            try:
-                self.head(key)
-            except ObjectNotFound:
-                pass
-            else:
-                raise ObjectExists(f"{self.describe()}: put {key!r}: already exists")
+            self.refuse_existing(key)
         with FileSlice(path, size) as body:
             try:
                 blob.upload_from_file(body, size=size, content_type="application/octet-stream",

@@ -167,12 +167,7 @@ class S3ObjectStore(ObjectStore):
             # Race: another writer can create the key between this HEAD and the PUT, and
             # one of the two uploads silently wins. Only used against servers that refuse
             # If-None-Match; tiered storage writes each key from one broker at a time.
-            try:
-                self.head(key)
-            except ObjectNotFound:
-                pass
-            else:
-                raise ObjectExists(f"{self.describe()}: put {key!r}: already exists")
+            self.refuse_existing(key)
         try:
             resp = self._client.put_object(**args)
         except self._catch() as exc:

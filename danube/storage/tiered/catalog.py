@@ -30,6 +30,11 @@ def object_key(topic: str, start: int, end: int) -> str:
     return f"{topic_object_prefix(topic)}data-{start:020d}-{end:020d}.dnb1"
 
 
+def segment_id(key: str) -> str:
+    """The descriptor's ``segment_id``: the object's name without its extension."""
+    return key.rsplit("/", 1)[-1].removesuffix(".dnb1")
+
+
 def parse_object_key(key: str) -> tuple[int, int] | None:
     m = _OBJECT_RE.search(key)
     return (int(m.group(1)), int(m.group(2))) if m else None

@@ -28,8 +28,9 @@ import time
 from danube.metadata import keys
 from danube.storage.durable.base import ObjectStoreConfigError, ObjectStoreError
 from danube.storage.errors import TieredStartupError
+from danube.storage.segment import parse_segment_name
 from danube.storage.tiered.catalog import (Catalog, SegmentDescriptor, parse_object_key,
-                                           topic_object_prefix)
+                                           segment_id, topic_object_prefix)
 from danube.storage.tiered.segments import SegmentUploadError, upload_segment
 from danube.storage.tiered.upload_worker import IN_PROCESS_BACKENDS, ProcessUploader
 
@@ -206,7 +207,7 @@ class TieredStorage:
             span = parse_object_key(info.key)
             if span is None or span[0] <= catalog.end_offset:
                 continue
-            desc = SegmentDescriptor(segment_id=info.key.rsplit("/", 1)[-1][:-5],
+            desc = SegmentDescriptor(segment_id=segment_id(info.key),
                                      object_key=info.key, start_offset=span[0],
                                      end_offset=span[1], size=info.size, etag=info.etag,
                                      created_at=time.time())
@@ -327,7 +328,7 @@ def wal_is_missing(directory: str) -> bool:
     """True when a topic's WAL directory holds no segment (lost disk, or a topic that moved
     here)."""
     try:
-        return not any(n.startswith("wal.") and n.endswith(".log") for n in os.listdir(directory))
+        return not any(parse_segment_name(n) is not None for n in os.listdir(directory))
     except FileNotFoundError:
         return True
 

@@ -10,7 +10,7 @@ from danube._wal import (MAX_PAYLOAD, SCAN_CLEAN, SCAN_CORRUPT, SCAN_TORN, Frame
                          read_frames_into, scan_frames, walk_frames)
 from danube.storage.durable.base import ObjectExists, ObjectStore
 from danube.storage.segment import STATUS_NAMES
-from danube.storage.tiered.catalog import (SPARSE_EVERY, SegmentDescriptor, object_key)
+from danube.storage.tiered.catalog import SPARSE_EVERY, SegmentDescriptor, object_key, segment_id
 
 READ_CHUNK = 8 << 20          # bytes fetched per ranged GET when replaying history
 _HDR = 16
@@ -49,8 +49,7 @@ def upload_segment(objstore: ObjectStore, topic: str, path: str, first_offset: i
         etag = info.etag
     index = tuple((int(offsets[i]), int(positions[i]))
                   for i in range(0, len(offsets), SPARSE_EVERY))
-    name = key.rsplit("/", 1)[-1]
-    return SegmentDescriptor(segment_id=name[:-len(".dnb1")], object_key=key,
+    return SegmentDescriptor(segment_id=segment_id(key), object_key=key,
                              start_offset=first_offset, end_offset=last_offset, size=size,
                              etag=etag, created_at=time.time(), offset_index=index)
 
