@@ -16,6 +16,7 @@ PROM = re.compile(r"prometheus exporter listening on http://([\d.]+):(\d+)")
 
 class BrokerProcess:
     def __init__(self, *args, data_dir, env=None):
+        self.data_dir = data_dir
         self.args = ["--mode", "standalone", "--data-dir", str(data_dir),
                      "--broker-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", *args]
         self.env = env

@@ -1,6 +1,8 @@
 """danube_ext.BatchProducer/SendMessages: many messages in one call, delivered in order with
 the broker-stamped msg_id, and partial acceptance reported clearly."""
 
+from pathlib import Path
+
 import grpc
 import pytest
 
@@ -161,6 +163,12 @@ def test_reliable_batch_offsets_as_range_and_broker_stamped_msg_id(broker):
     # A message that brought its own msg_id keeps its broker_addr (merged, as before).
     assert (got[3].payload, got[3].msg_id.broker_addr, got[3].msg_id.topic_name) == \
         (b"own-id", "http://elsewhere:1", topic)
+    # The WAL keeps the topic's name and the broker's address once, not in every frame
+    # (Topic.read_head): only the message whose own msg_id named another topic stores it.
+    wal = b"".join(p.read_bytes() for p in
+                   (Path(broker.data_dir) / "wal" / "default" / "batch-range").glob("wal.*.log"))
+    assert wal.count(b"q0") == 2 and wal.count(b"own-id") == 1
+    assert wal.count(topic.encode()) == 1 and wal.count(want_addr.encode()) == 0
 
 
 def test_malformed_batch_is_refused_whole(broker):

@@ -25,6 +25,8 @@ class MemoryTopic:
         self.messages = []
         self.broker = self
         self.subs = []
+        self.read_head = pb.StreamMessage(msg_id=pb.MsgID(topic_name=self.name)
+                                          ).SerializeToString()
 
     @property
     def dispatchable_end(self):

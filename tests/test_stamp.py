@@ -65,19 +65,25 @@ def test_parse_and_stamp_match_protobuf(msgs, request_id, producer_id, as_range,
     assert [pb.StreamMessage.FromString(r) for r in view.messages()] == msgs
     assert view.max_payload == max((len(m.payload) for m in msgs), default=0)
     assert view.payload_bytes == sum(len(m.payload) for m in msgs)
-    data, ends = view.stamp(first, pb.MsgID(producer_id=7, topic_name=topic).SerializeToString(),
-                            pb.MsgID(broker_addr="http://broker:1").SerializeToString(),
+    data, ends = view.stamp(first, pb.MsgID(producer_id=7).SerializeToString(),
+                            pb.MsgID(topic_name=topic).SerializeToString(),
                             pb.StreamMessage(producer_name="registered").SerializeToString())
+    # What a reliable topic delivers: its read_head, then the stored frame.
+    head = pb.StreamMessage(msg_id=pb.MsgID(topic_name=topic, broker_addr="http://broker:1")
+                            ).SerializeToString()
     assert ends.typecode == "Q" and len(ends) == len(msgs)
     for i, (raw, m) in enumerate(zip(_split(data, ends), msgs)):
-        got = pb.StreamMessage.FromString(raw)
+        stored = pb.StreamMessage.FromString(raw)
+        assert stored.msg_id.topic_name == (topic if m.HasField("msg_id") else "")
+        assert stored.msg_id.broker_addr == m.msg_id.broker_addr     # never stamped
+        got = pb.StreamMessage.FromString(head + raw)
         want = pb.StreamMessage()
         want.CopyFrom(m)
         want.producer_name = "registered"
         want.msg_id.producer_id = 7
         want.msg_id.topic_name = topic
         want.msg_id.topic_offset = first + i
-        if not m.HasField("msg_id"):
+        if not m.msg_id.broker_addr:
             want.msg_id.broker_addr = "http://broker:1"     # the client's is kept otherwise
         assert got == want
 

@@ -68,14 +68,19 @@ cdef class Outbox:
     def buffered(self):
         return len(self._buf)
 
-    cpdef bint offer(self, bytes message):
-        cdef Py_ssize_t n = PyBytes_GET_SIZE(message)
+    cpdef bint offer(self, bytes message, bytes head=None):
+        """Frame ``head`` + ``message`` as one gRPC message (``head``: fields that a
+        reliable topic stores once instead of in every WAL frame, see Topic.read_head)."""
+        cdef Py_ssize_t hn = PyBytes_GET_SIZE(head) if head is not None else 0
+        cdef Py_ssize_t n = PyBytes_GET_SIZE(message) + hn
         cdef Py_ssize_t size = len(self._buf)
         cdef uint8_t prefix[5]
         if not self.enabled or (size and size + n + 5 > self.limit):
             return False
         _put_prefix(prefix, False, <uint32_t>n)
         self._buf += (<char *>prefix)[:5]
+        if hn:
+            self._buf += head
         self._buf += message
         self.count += 1
         self.delivered += 1

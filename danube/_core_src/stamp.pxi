@@ -194,17 +194,18 @@ cdef class MessageBatchView:
         return out
 
     def stamp(self, unsigned long long first_offset, bytes msg_id_fields,
-              bytes broker_fields=b"", bytes extra=b""):
+              bytes own_id_fields=b"", bytes extra=b""):
         """Every message with ``extra`` (serialized top-level fields, e.g. producer_name)
-        and ``msg_id { <msg_id_fields> [<broker_fields>] topic_offset: first_offset+i }``
-        appended, which protobuf merges into the message; ``broker_fields`` only go to
-        messages that came without a msg_id of their own (whose fields they would
-        override). Returns ``(data, ends)``: the stamped messages back to back in one bytes
-        object, and an ``array('Q')`` of where each one ends in it."""
+        and ``msg_id { <msg_id_fields> [<own_id_fields>] topic_offset: first_offset+i }``
+        appended, which protobuf merges into the message; ``own_id_fields`` only go to
+        messages that came with a msg_id of their own (to override what it says, e.g. a
+        topic_name the stored frame would otherwise keep). Returns ``(data, ends)``: the
+        stamped messages back to back in one bytes object, and an ``array('Q')`` of where
+        each one ends in it."""
         cdef Py_ssize_t i, n = self.count, rn, inner, w = 0, total = 0
-        cdef Py_ssize_t fn = len(msg_id_fields), bn = len(broker_fields), en = len(extra)
+        cdef Py_ssize_t fn = len(msg_id_fields), bn = len(own_id_fields), en = len(extra)
         cdef uint64_t offset
-        cdef bint full
+        cdef bint own
         cdef const uint8_t *src = <const uint8_t *>PyBytes_AS_STRING(self.body)
         cdef uint8_t *o
         cdef _carray.array ends
@@ -213,7 +214,7 @@ cdef class MessageBatchView:
             raise ValueError("offsets would overflow 64 bits")
         for i in range(n):
             inner = fn + 1 + _varint_size(first_offset + i)
-            if not self._has_msg_id[i]:
+            if self._has_msg_id[i]:
                 inner += bn
             total += self._len[i] + en + 1 + _varint_size(inner) + inner
         ends = _carray.clone(_U64_ARRAY, n, False)
@@ -222,22 +223,22 @@ cdef class MessageBatchView:
         o = <uint8_t *>PyBytes_AS_STRING(out)
         for i in range(n):
             offset = first_offset + i
-            full = not self._has_msg_id[i]
+            own = self._has_msg_id[i]
             rn = self._len[i]
             memcpy(o + w, src + self._start[i], rn)
             w += rn
             if en:
                 memcpy(o + w, PyBytes_AS_STRING(extra), en)
                 w += en
-            inner = fn + 1 + _varint_size(offset) + (bn if full else 0)
+            inner = fn + 1 + _varint_size(offset) + (bn if own else 0)
             o[w] = 0x12                        # field 2 (msg_id), length-delimited
             w += 1
             w += _put_varint(o + w, inner)
             if fn:
                 memcpy(o + w, PyBytes_AS_STRING(msg_id_fields), fn)
                 w += fn
-            if full and bn:
-                memcpy(o + w, PyBytes_AS_STRING(broker_fields), bn)
+            if own and bn:
+                memcpy(o + w, PyBytes_AS_STRING(own_id_fields), bn)
                 w += bn
             o[w] = 0x28                        # MsgID field 5 (topic_offset), varint
             w += 1

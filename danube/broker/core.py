@@ -554,7 +554,7 @@ class BrokerCore:
     async def dead_letter(self, topic, sub, policy, delivery, attempts, reason):
         """Republish a poisoned message to the dead-letter topic (created reliable if it
         does not exist), with upstream's x-original-* attributes."""
-        msg = pb.StreamMessage.FromString(delivery.payload)
+        msg = pb.StreamMessage.FromString(topic.read_head + delivery.payload)
         original = msg.msg_id
         attributes = {
             "x-original-topic": topic.name,

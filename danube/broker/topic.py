@@ -5,6 +5,7 @@ import dataclasses
 from danube._core import fanout
 from danube.broker.errors import MessageTooLarge, PublishFailed, StorageFailed
 from danube.config import Policies
+from danube.proto import DanubeApi_pb2 as pb
 from danube.storage.errors import WALError
 from danube.storage.wal import ALWAYS
 
@@ -38,6 +39,7 @@ class Topic:
         self.log = None               # the WAL, for reliable topics
         self.tier = None              # its TopicTier when storage is tiered
         self.durability = None
+        self._read_head = None
 
     @property
     def dispatchable_end(self):
@@ -51,13 +53,38 @@ class Topic:
     def read(self, offset, max_messages):
         return self.log.read(offset, max_messages)
 
+    @property
+    def read_head(self):
+        """What every stored message of a reliable topic is delivered behind:
+        ``msg_id { topic_name, broker_addr }``, the same for all of its messages, so the WAL
+        (and the durable tier) does not store it in every frame. A stored msg_id comes after
+        it and protobuf merges the two, so whatever a frame does say (its producer_id and
+        topic_offset, or an older frame's own topic_name) wins."""
+        if self._read_head is None:
+            inner = pb.MsgID(topic_name=self.name,
+                             broker_addr=self.broker.cfg.advertised_broker_url
+                             ).SerializeToString()
+            self._read_head = pb.StreamMessage(msg_id=pb.MsgID.FromString(inner)
+                                               ).SerializeToString()
+        return self._read_head
+
+    def stored_form(self, msg):
+        """``msg`` (a StreamMessage whose offset is stamped) serialized as the WAL keeps it:
+        without the msg_id fields ``read_head`` gives back on delivery."""
+        mid = msg.msg_id
+        if mid.topic_name == self.name:
+            mid.ClearField("topic_name")
+        if mid.broker_addr == self.broker.cfg.advertised_broker_url:
+            mid.ClearField("broker_addr")
+        return msg.SerializeToString()
+
     def _check_size(self, payload_len):
         limit = self.policies.max_message_size
         if limit and payload_len > limit:
             raise MessageTooLarge(f"message of {payload_len} bytes exceeds max_message_size "
                                   f"({limit} bytes) on {self.name}")
 
-    async def publish_reliable_raw(self, batch, msg_id_fields, broker_fields, extra):
+    async def publish_reliable_raw(self, batch, msg_id_fields, own_id_fields, extra):
         """Batched reliable publish of a ``danube._core.MessageBatchView``: msg_id (with
         topic_offset) and producer_name are stamped by appending fields protobuf merges,
         all messages into one packed buffer that the WAL frames as it is, so there is no
@@ -65,7 +92,7 @@ class Topic:
         if self.closed:
             raise PublishFailed(f"topic {self.name} is closed")
         self._check_size(batch.max_payload)
-        data, ends = batch.stamp(self.log.next_offset, msg_id_fields, broker_fields, extra)
+        data, ends = batch.stamp(self.log.next_offset, msg_id_fields, own_id_fields, extra)
         return await self._store(data, batch.payload_bytes, ends)
 
     async def publish_reliable(self, messages):
@@ -81,7 +108,7 @@ class Topic:
         raws = []
         for i, msg in enumerate(messages):
             msg.msg_id.topic_offset = first + i
-            raws.append(msg.SerializeToString())
+            raws.append(self.stored_form(msg))
         return await self._store(raws, sum(len(m.payload) for m in messages))
 
     async def _store(self, raws, nbytes, ends=None):

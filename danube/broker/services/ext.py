@@ -15,8 +15,9 @@ from danube.rpc.server import Kind
 class BatchProducerService:
     def __init__(self, core):
         self.core = core
-        # What the stamp appends to every message, per producer: msg_id fields, the
-        # broker's address (for messages that came without a msg_id), producer_name.
+        # What the stamp appends to every message, per producer: msg_id.producer_id, the
+        # topic_name (only over a msg_id the message came with: otherwise the topic's
+        # read_head supplies it on delivery), producer_name.
         self._stamps = {}
 
     def _stamp(self, producer):
@@ -26,9 +27,8 @@ class BatchProducerService:
             if len(self._stamps) >= 4096:
                 self._stamps.clear()
             stamp = self._stamps[key] = (
-                pb.MsgID(producer_id=producer.producer_id,
-                         topic_name=producer.topic.name).SerializeToString(),
-                pb.MsgID(broker_addr=self.core.cfg.advertised_broker_url).SerializeToString(),
+                pb.MsgID(producer_id=producer.producer_id).SerializeToString(),
+                pb.MsgID(topic_name=producer.topic.name).SerializeToString(),
                 pb.StreamMessage(producer_name=producer.name).SerializeToString())
         return stamp
 
