@@ -57,6 +57,7 @@ class BrokerConfig:
     admin_tls: bool = False
     policies: Policies = dataclasses.field(default_factory=Policies)
     max_unacked_messages: int = 10
+    consumer_stream_grace_ms: int = 10000       # dispatch.consumer_stream_grace_ms (ours)
     # Reliable topics (reference d.1 keys where upstream has them; durability is ours).
     wal_root: str | None = None                 # storage.local_wal_root (default data_dir/wal)
     wal_durability: str = "always"              # storage.wal.durability: always|interval|none
@@ -105,6 +106,8 @@ class BrokerConfig:
                 f"the gRPC transport limit grpc.max_message_size ({self.grpc_max_message_size})")
         if not 1 <= self.max_unacked_messages <= 10000:
             raise ConfigError("dispatch.max_unacked_messages must be between 1 and 10000")
+        if self.consumer_stream_grace_ms < 1:
+            raise ConfigError("dispatch.consumer_stream_grace_ms must be at least 1")
         for where, mode in [("storage.wal.durability", self.wal_durability),
                             *((f"storage.wal.topic_durability[{t}]", m)
                               for t, m in self.wal_topic_durability.items())]:
@@ -178,6 +181,8 @@ def load_config(path: str | None) -> BrokerConfig:
     cfg.tls_ca_file = _get(tree, "auth.tls.ca_file")
     cfg.max_unacked_messages = _int(tree, "dispatch.max_unacked_messages",
                                     cfg.max_unacked_messages)
+    cfg.consumer_stream_grace_ms = _int(tree, "dispatch.consumer_stream_grace_ms",
+                                        cfg.consumer_stream_grace_ms)
     for field in dataclasses.fields(Policies):
         value = _int(tree, f"policies.{field.name}", getattr(cfg.policies, field.name))
         setattr(cfg.policies, field.name, value)

@@ -23,7 +23,7 @@ log = logging.getLogger("danube.broker.consumer")
 class Consumer:
     __slots__ = ("consumer_id", "name", "subscription", "outbox", "stream", "active",
                  "_loop", "_flush_scheduled", "_drainer", "_detached", "key_filters",
-                 "inactive_since", "__weakref__")
+                 "inactive_since", "_stream_timer", "__weakref__")
 
     def __init__(self, consumer_id, name, subscription, key_filters=(), outbox_limit=4 << 20,
                  loop=None):
@@ -41,11 +41,36 @@ class Consumer:
         self._flush_scheduled = False
         self._drainer = None
         self._detached = None
+        self._stream_timer = None
 
     # -- the ReceiveMessages stream ------------------------------------------------------
 
+    def expect_stream(self, grace):
+        """Just subscribed: unless a ReceiveMessages stream attaches within ``grace``
+        seconds, the consumer goes inactive as if its stream had ended. A client that dies
+        between Subscribe and ReceiveMessages would otherwise hold an Exclusive
+        subscription, and take reliable messages in flight to nobody, for ever."""
+        self._cancel_stream_timer()
+        if self.stream is None:
+            self._stream_timer = self._loop.call_later(grace, self._no_stream)
+
+    def _no_stream(self):
+        self._stream_timer = None
+        if self.stream is None and self.active:
+            log.info("consumer %r of subscription %r opened no ReceiveMessages stream; it is "
+                     "inactive until it subscribes again", self.name, self.subscription.name)
+            self.active = False
+            self.inactive_since = time.monotonic()
+            self.subscription.consumer_changed(self)
+
+    def _cancel_stream_timer(self):
+        if self._stream_timer is not None:
+            self._stream_timer.cancel()
+            self._stream_timer = None
+
     def attach(self, stream):
         """Make `stream` this consumer's delivery stream; an earlier one is ended (takeover)."""
+        self._cancel_stream_timer()
         old = self.stream
         taken_over = old is not None and old is not stream
         if taken_over:
@@ -55,10 +80,13 @@ class Consumer:
             # What was queued for the old stream never reached anyone.
             self.outbox.take()
         self.stream = stream
-        self.active = True
+        was_active, self.active = self.active, True
         self.inactive_since = None
         self._detached = self._loop.create_future()
         stream.start_response()
+        if not was_active:
+            # Back after its stream grace ran out: receives again.
+            self.subscription.consumer_changed(self)
         dispatcher = self.subscription.dispatcher
         if taken_over and dispatcher is not None:
             # Messages in flight on the old stream may never have arrived: redeliver them
@@ -83,6 +111,7 @@ class Consumer:
         stream; `reason` (a BrokerError, or None for a clean end) becomes its status."""
         self.active = False
         self.outbox.enabled = False
+        self._cancel_stream_timer()
         stream, self.stream = self.stream, None
         self._cancel_drainer()
         if stream is not None:

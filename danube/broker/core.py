@@ -466,6 +466,7 @@ class BrokerCore:
                 # Reconnect by name: same id; the next ReceiveMessages takes over the stream.
                 existing.active = True
                 existing.inactive_since = None
+                existing.expect_stream(self.cfg.consumer_stream_grace_ms / 1000)
                 sub.consumer_changed(existing)
                 return existing.consumer_id
             if sub.sub_type != sub_type:
@@ -501,6 +502,7 @@ class BrokerCore:
         consumer_id = _random_id(self.consumers)
         consumer = Consumer(consumer_id, consumer_name, sub, key_filters, loop=self.loop)
         sub.add(consumer)
+        consumer.expect_stream(self.cfg.consumer_stream_grace_ms / 1000)
         self.consumers[consumer_id] = consumer
         self.registry.add_consumer(consumer_id, consumer)
         await self.store.put(keys.topic_subscription(topic_name, sub_name), {

@@ -1,0 +1,131 @@
+"""A consumer that subscribes but never opens its ReceiveMessages stream (a client that died
+in between) must not hold its subscription: after dispatch.consumer_stream_grace_ms it is
+inactive, an Exclusive subscription takes another consumer, and reliable messages handed
+to it go to the next consumer well before the ack timeout."""
+
+import threading
+import time
+
+import grpc
+import pytest
+
+from danube.proto import DanubeApi_pb2 as pb
+from danube.proto import DanubeExt_pb2 as ext
+from broker_process import BrokerProcess
+
+GRACE_MS = 400
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory):
+    cfg = tmp_path_factory.mktemp("cfg") / "broker.yml"
+    cfg.write_text(f"dispatch:\n  consumer_stream_grace_ms: {GRACE_MS}\n")
+    b = BrokerProcess("--config-file", str(cfg),
+                      data_dir=tmp_path_factory.mktemp("lifecycle") / "d").start()
+    yield b
+    b.stop()
+
+
+def _unary(ch, path, resp):
+    return ch.unary_unary(path, request_serializer=lambda m: m.SerializeToString(),
+                          response_deserializer=resp.FromString)
+
+
+def _subscribe(ch, topic, name):
+    return _unary(ch, "/danube.ConsumerService/Subscribe", pb.ConsumerResponse)(
+        pb.ConsumerRequest(topic_name=topic, consumer_name=name, subscription="s",
+                           subscription_type=pb.ConsumerRequest.Exclusive), timeout=10)
+
+
+def _receive(ch, consumer_id):
+    return ch.unary_stream("/danube.ConsumerService/ReceiveMessages",
+                           request_serializer=lambda m: m.SerializeToString(),
+                           response_deserializer=pb.StreamMessage.FromString)(
+        pb.ReceiveRequest(consumer_id=consumer_id), timeout=30)
+
+
+def test_consumer_without_a_stream_gives_way_after_the_grace(broker):
+    topic = "/default/lifecycle-no-stream"
+    with grpc.insecure_channel(broker.client_addr) as ch:
+        producer = _unary(ch, "/danube.ProducerService/CreateProducer", pb.ProducerResponse)(
+            pb.ProducerRequest(producer_name="p", topic_name=topic,
+                               dispatch_strategy=pb.Reliable), timeout=10)
+        _subscribe(ch, topic, "ghost")          # never opens its stream
+        send = _unary(ch, "/danube_ext.BatchProducer/SendMessages", ext.BatchResponse)
+        send(ext.MessageBatch(producer_id=producer.producer_id,
+                              messages=[pb.StreamMessage(payload=b"m%d" % i) for i in range(3)]),
+             timeout=10)
+        with pytest.raises(grpc.RpcError) as err:
+            _subscribe(ch, topic, "second")
+        assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert "ghost" in err.value.details()
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                consumer = _subscribe(ch, topic, "second")
+                break
+            except grpc.RpcError as exc:
+                assert exc.code() == grpc.StatusCode.PERMISSION_DENIED
+                assert time.monotonic() < deadline, "the ghost consumer still holds the subscription"
+                time.sleep(0.05)
+        stream = _receive(ch, consumer.consumer_id)
+        # In flight to the ghost, redelivered at once rather than after the 30 s ack timeout.
+        start = time.monotonic()
+        got = [next(stream) for _ in range(3)]
+        assert time.monotonic() - start < 5
+        assert [(m.payload, m.msg_id.topic_offset) for m in got] == \
+            [(b"m0", 0), (b"m1", 1), (b"m2", 2)]
+        stream.cancel()
+
+
+def test_a_stream_opened_within_the_grace_keeps_the_consumer(broker):
+    topic = "/default/lifecycle-late-stream"
+    with grpc.insecure_channel(broker.client_addr) as ch:
+        _unary(ch, "/danube.ProducerService/CreateProducer", pb.ProducerResponse)(
+            pb.ProducerRequest(producer_name="p", topic_name=topic), timeout=10)
+        consumer = _subscribe(ch, topic, "slow-starter")
+        time.sleep(GRACE_MS / 2000)
+        stream = _receive(ch, consumer.consumer_id)
+        time.sleep(GRACE_MS * 2 / 1000)
+        with pytest.raises(grpc.RpcError) as err:
+            _subscribe(ch, topic, "intruder")
+        assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        stream.cancel()
+
+
+def test_a_stream_opened_after_the_grace_still_receives(broker):
+    topic = "/default/lifecycle-very-late"
+    with grpc.insecure_channel(broker.client_addr) as ch:
+        producer = _unary(ch, "/danube.ProducerService/CreateProducer", pb.ProducerResponse)(
+            pb.ProducerRequest(producer_name="p", topic_name=topic), timeout=10)
+        consumer = _unary(ch, "/danube.ConsumerService/Subscribe", pb.ConsumerResponse)(
+            pb.ConsumerRequest(topic_name=topic, consumer_name="late", subscription="s",
+                               subscription_type=pb.ConsumerRequest.Shared), timeout=10)
+        time.sleep(GRACE_MS * 2 / 1000)
+        stream = _receive(ch, consumer.consumer_id)
+        send = _unary(ch, "/danube.ProducerService/SendMessage", pb.MessageResponse)
+        received = threading.Event()
+
+        def keep_sending():
+            # Non-reliable: what is published before the stream is attached is not kept.
+            while not received.wait(0.05):
+                send(pb.StreamMessage(request_id=1, payload=b"hi", msg_id=pb.MsgID(
+                    producer_id=producer.producer_id, topic_name=topic)), timeout=10)
+
+        sender = threading.Thread(target=keep_sending, daemon=True)
+        sender.start()
+        try:
+            assert next(stream).payload == b"hi"     # within the stream's 30 s deadline
+        finally:
+            received.set()
+            sender.join()
+        stream.cancel()
+
+
+@pytest.mark.parametrize("value", [0, -5, "soon"])
+def test_bad_grace_is_a_config_error(tmp_path, value):
+    from danube.config import ConfigError, load_config
+    cfg = tmp_path / "b.yml"
+    cfg.write_text(f"dispatch:\n  consumer_stream_grace_ms: {value}\n")
+    with pytest.raises(ConfigError, match="consumer_stream_grace_ms"):
+        load_config(str(cfg)).validate()
