@@ -471,11 +471,12 @@ def targets(results, plains):
         q = plain_for(best, plains, "freed")
         if q is not None:
             ratio = best["msgs_per_s"] / q["msgs_per_s"]
-            out.append((f"broker batched / plain loop >= {RATIO_TARGET} for {size} B x "
-                        f"{batch}, the plain loop writing into page cache freed just before "
-                        f"(its most favourable case): {best['msgs_per_s']:,.0f} / "
-                        f"{q['msgs_per_s']:,.0f} msgs/s = {ratio:.2f}",
-                        verdict(ratio >= RATIO_TARGET)))
+            # Reported, not judged: only the loop gets memory freed a moment before, an
+            # advantage of this VM that no steadily growing log has (see "Page cache").
+            out.append((f"broker batched / plain loop for {size} B x {batch}, the plain "
+                        f"loop writing into page cache freed just before (its most "
+                        f"favourable case, not like for like): {best['msgs_per_s']:,.0f} / "
+                        f"{q['msgs_per_s']:,.0f} msgs/s = {ratio:.2f}", "reference"))
     for key in ("u_paced", "u_paced_solo"):
         r = by.get(key)
         if not r:
