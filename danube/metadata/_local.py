@@ -5,10 +5,14 @@ store would prove nothing about the broker on the embedded one. So everything th
 behaviour lives here: key rules, TTL visibility and reaping, revisions, CAS, id allocation and
 the ordering of watch events. A backend only stores rows and makes a batch of writes atomic.
 
-Every operation runs start to finish on the event loop thread without awaiting, which makes
-each one atomic with respect to the others (CAS and ``allocate_id`` need nothing more) and
-guarantees that no transaction is ever held open across an await. That is acceptable because
-each storage call is short: an indexed lookup or range read, or one small write transaction.
+Every write is an *operation*: a function of one ``_Txn`` that reads and changes rows through
+it and returns the call's result. How operations run is the backend's business
+(``_execute``): the memory store runs each one on the event loop thread, start to finish
+without awaiting, which makes it atomic with respect to the others; the embedded store hands
+them to its writer thread, which runs them one after another as well (see
+``danube.metadata._writer``). Either way CAS and ``allocate_id`` need nothing more than
+"one operation at a time", and each operation's changes are published to watchers, on the
+loop, in revision order, before its caller resumes.
 
 Each write transaction first deletes every key whose TTL has run out, under its own revision,
 so an expiry is always committed and announced before any change that follows it (a broker
@@ -21,10 +25,9 @@ from __future__ import annotations
 
 import abc
 import asyncio
-import contextlib
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from danube.metadata._watch import Change, Watch, WatchHub
@@ -43,36 +46,72 @@ REAPER_RETRY_SECONDS = 1.0
 
 
 class _Txn:
-    """The changes of one write transaction, published to watchers once it commits."""
+    """One operation's view of the store while it runs: reads and writes go through
+    ``rows`` (an object with the row primitives ``_row``, ``_keys``, ``_due``, ``_set`` and
+    ``_unset``), revisions continue from ``revision``, and the changes are kept to be
+    published once they are committed."""
 
-    __slots__ = ("store", "now", "revision", "changes")
+    __slots__ = ("rows", "now", "revision", "changes", "ttl_set")
 
-    def __init__(self, store: LocalStore, now: float):
-        self.store = store
+    def __init__(self, rows, revision: int, now: float):
+        self.rows = rows
         self.now = now
-        self.revision = store._revision
+        self.revision = revision
         self.changes: list[Change] = []
+        self.ttl_set = False            # a key with a TTL was written: wake the reaper
+
+    def row(self, key: str) -> Row | None:
+        return self.rows._row(key, self.now)
+
+    def keys(self, lo: str, hi: str) -> list[str]:
+        return self.rows._keys(lo, hi, self.now)
+
+    def purge_expired(self) -> None:
+        """Delete what has expired, under a revision of its own (before the operation)."""
+        due = self.rows._due(self.now)
+        if due:
+            self.delete(due)
 
     def put(self, key: str, text: str, ttl: float | None) -> int:
         self.revision += 1
+        self._set(key, text, ttl)
+        return self.revision
+
+    def put_many(self, entries: list[tuple[str, str]], ttl: float | None) -> int:
+        """Several keys under one revision (they are committed together)."""
+        self.revision += 1
+        for key, text in entries:
+            self._set(key, text, ttl)
+        return self.revision
+
+    def _set(self, key: str, text: str, ttl: float | None) -> None:
         expires_at = None if ttl is None else self.now + ttl
-        self.store._set(key, text, self.revision, expires_at)
+        self.rows._set(key, text, self.revision, expires_at)
         self.changes.append((PUT, key, text, self.revision))
         if expires_at is not None:
-            self.store._reaper_wakeup.set()
-        return self.revision
+            self.ttl_set = True
 
     def delete(self, keys: list[str]) -> None:
         self.revision += 1
         for key in keys:
-            self.store._unset(key)
+            self.rows._unset(key)
             self.changes.append((DELETE, key, None, self.revision))
 
 
+#: An operation: runs against a transaction, returns the caller's result.
+Operation = Callable[[_Txn], Any]
+
+
+def _noop(txn: _Txn) -> None:
+    """Writes nothing: a transaction that only purges what expired."""
+
+
 class LocalStore(MetadataStore):
-    """A ``MetadataStore`` living in this process. Subclasses provide the storage primitives
-    (the ``_``-prefixed abstract methods); reads filter out rows whose ``expires_at <= now``.
-    Not thread-safe: use it from the event loop thread only."""
+    """A ``MetadataStore`` living in this process. Subclasses provide the read primitives
+    (``_row``, ``_rows``, ``_keys``, ``_next_expiry``; reads filter out rows whose
+    ``expires_at <= now``), ``_close_storage``, and either the write primitives used by
+    ``_execute_inline`` (``_begin``, ``_due``, ``_set``, ``_unset``, ``_commit``,
+    ``_rollback``) or an ``_execute`` of their own. Use it from one event loop."""
 
     #: Exceptions of the backend that mean "storage failed"; they surface as
     #: ``MetadataUnavailable``.
@@ -112,62 +151,47 @@ class LocalStore(MetadataStore):
         """Live keys with ``lo <= key < hi``, sorted."""
 
     @abc.abstractmethod
-    def _due(self, now: float) -> list[str]:
-        """Keys whose ``expires_at <= now``, sorted."""
-
-    @abc.abstractmethod
     def _next_expiry(self) -> float | None:
         """The earliest ``expires_at`` of any row."""
-
-    @abc.abstractmethod
-    def _begin(self) -> None:
-        """Start a write transaction."""
-
-    @abc.abstractmethod
-    def _set(self, key: str, text: str, version: int, expires_at: float | None) -> None:
-        """Within a transaction: create or replace a row."""
-
-    @abc.abstractmethod
-    def _unset(self, key: str) -> None:
-        """Within a transaction: remove a row."""
-
-    @abc.abstractmethod
-    def _commit(self, revision: int) -> None:
-        """Make the transaction's writes and the new store revision durable, atomically."""
-
-    @abc.abstractmethod
-    def _rollback(self) -> None:
-        """Undo the transaction's writes (a no-op outside a transaction)."""
 
     @abc.abstractmethod
     def _close_storage(self) -> None:
         """Release the backend. Called once."""
 
-    # -- transactions -----------------------------------------------------------------------
+    # Write primitives of ``_execute_inline`` (within a transaction): ``_due(now)`` (keys
+    # whose ``expires_at <= now``, sorted), ``_set(key, text, version, expires_at)``
+    # (create or replace a row), ``_unset(key)``, and ``_begin()``, ``_commit(revision)``
+    # (make the writes and the new store revision durable, atomically), ``_rollback()``
+    # (a no-op outside a transaction).
+
+    # -- running operations -----------------------------------------------------------------
 
     def _check_open(self) -> None:
         if self._closed:
             raise MetadataUnavailable("metadata store is closed")
 
-    @contextlib.contextmanager
-    def _reading(self) -> Iterator[float]:
+    def _read_now(self) -> float:
         self._check_open()
-        try:
-            yield self._clock()
-        except self._backend_errors as exc:
-            raise MetadataUnavailable(f"metadata read failed: {exc}") from exc
+        return self._clock()
 
-    @contextlib.contextmanager
-    def _writing(self) -> Iterator[_Txn]:
+    def _read_failed(self, exc: BaseException) -> MetadataUnavailable:
+        return MetadataUnavailable(f"metadata read failed: {exc}")
+
+    async def _execute(self, op: Operation) -> Any:
+        """Run a write operation and return its result once it is committed and its changes
+        published. Raises ``MetadataUnavailable`` if the store is closed or its storage
+        fails, and whatever the operation itself raises (nothing of it is then applied)."""
+        return self._execute_inline(op)
+
+    def _execute_inline(self, op: Operation) -> Any:
+        """``_execute`` on the calling thread, over the write primitives."""
         self._check_open()
-        txn = _Txn(self, self._clock())
+        txn = _Txn(self, self._revision, self._clock())
         try:
             self._begin()
             try:
-                due = self._due(txn.now)
-                if due:
-                    txn.delete(due)
-                yield txn
+                txn.purge_expired()
+                result = op(txn)
                 if txn.revision != self._revision:
                     self._commit(txn.revision)
                 else:
@@ -177,10 +201,18 @@ class LocalStore(MetadataStore):
                 raise
         except self._backend_errors as exc:
             raise MetadataUnavailable(f"metadata write failed: {exc}") from exc
-        self._revision = txn.revision
-        self._hub.publish(txn.changes)
+        self._committed(txn.revision, txn.changes, txn.ttl_set)
+        return result
 
-    # -- the MetadataStore API --------------------------------------------------------------
+    def _committed(self, revision: int, changes: list[Change], ttl_set: bool) -> None:
+        """On the loop, once an operation's changes are durable: publish them."""
+        if revision > self._revision:
+            self._revision = revision
+        self._hub.publish(changes)
+        if ttl_set:
+            self._reaper_wakeup.set()
+
+# -- the MetadataStore API --------------------------------------------------------------
 
     @property
     def revision(self) -> int:
@@ -194,8 +226,11 @@ class LocalStore(MetadataStore):
 
     async def get_entry(self, key: str) -> Entry | None:
         validate_key(key)
-        with self._reading() as now:
+        now = self._read_now()
+        try:
             row = self._row(key, now)
+        except self._backend_errors as exc:
+            raise self._read_failed(exc) from exc
         if row is None:
             return None
         text, version, expires_at = row
@@ -205,43 +240,65 @@ class LocalStore(MetadataStore):
         validate_key(key)
         ttl = validate_ttl(ttl)
         text = encode_value(value)
-        with self._writing() as txn:
-            return txn.put(key, text, ttl)
+        return await self._execute(lambda txn: txn.put(key, text, ttl))
+
+    async def put_many(self, items: Mapping[str, Any] | Iterable[tuple[str, Any]],
+                       ttl: float | None = None) -> int:
+        entries = [(validate_key(key), value) for key, value in
+                   (items.items() if isinstance(items, Mapping) else items)]
+        ttl = validate_ttl(ttl)
+        if len({key for key, _ in entries}) != len(entries):
+            raise ValueError("put_many: a key is given more than once")
+        texts = [(key, encode_value(value)) for key, value in entries]
+        if not texts:
+            self._check_open()
+            return self._revision
+        return await self._execute(lambda txn: txn.put_many(texts, ttl))
 
     async def delete(self, key: str) -> bool:
         validate_key(key)
-        with self._writing() as txn:
-            if self._row(key, txn.now) is None:
+
+        def op(txn):
+            if txn.row(key) is None:
                 return False
             txn.delete([key])
             return True
+        return await self._execute(op)
 
     async def delete_prefix(self, prefix: str) -> int:
         exact, lo, hi = prefix_bounds(validate_prefix(prefix))
-        with self._writing() as txn:
-            keys = self._keys(lo, hi, txn.now)
-            if exact is not None and self._row(exact, txn.now) is not None:
+
+        def op(txn):
+            keys = txn.keys(lo, hi)
+            if exact is not None and txn.row(exact) is not None:
                 keys.insert(0, exact)
             if keys:
                 txn.delete(keys)
             return len(keys)
+        return await self._execute(op)
 
     async def scan(self, prefix: str) -> list[tuple[str, Any]]:
         exact, lo, hi = prefix_bounds(validate_prefix(prefix))
-        with self._reading() as now:
+        now = self._read_now()
+        try:
             rows = self._rows(lo, hi, now)
             if exact is not None:
                 row = self._row(exact, now)
                 if row is not None:
                     rows.insert(0, (exact, row[0]))
+        except self._backend_errors as exc:
+            raise self._read_failed(exc) from exc
         return [(key, decode_value(text)) for key, text in rows]
 
     async def keys(self, prefix: str) -> list[str]:
         exact, lo, hi = prefix_bounds(validate_prefix(prefix))
-        with self._reading() as now:
+        now = self._read_now()
+        try:
             keys = self._keys(lo, hi, now)
             if exact is not None and self._row(exact, now) is not None:
                 keys.insert(0, exact)
+        except self._backend_errors as exc:
+            raise self._read_failed(exc) from exc
         return keys
 
     async def watch(self, prefix: str, *, max_pending: int = DEFAULT_MAX_PENDING) -> Watch:
@@ -255,23 +312,27 @@ class LocalStore(MetadataStore):
         validate_version(expected_version)
         ttl = validate_ttl(ttl)
         text = encode_value(new_value)
-        with self._writing() as txn:
-            row = self._row(key, txn.now)
+
+        def op(txn):
+            row = txn.row(key)
             if (None if row is None else row[1]) != expected_version:
                 return False
             txn.put(key, text, ttl)
             return True
+        return await self._execute(op)
 
     async def allocate_id(self, counter_key: str) -> int:
         validate_key(counter_key)
-        with self._writing() as txn:
-            row = self._row(counter_key, txn.now)
+
+        def op(txn):
+            row = txn.row(counter_key)
             current = 0 if row is None else decode_value(row[0])
             if type(current) is not int or current < 0:
                 raise MetadataError(
                     f"counter {counter_key!r} holds {current!r}, not a non-negative integer")
             txn.put(counter_key, encode_value(current + 1), None)
             return current + 1
+        return await self._execute(op)
 
     async def start(self) -> None:
         self._check_open()
@@ -279,12 +340,13 @@ class LocalStore(MetadataStore):
             return
         # Purge what expired while the store was closed before anyone can watch, so a restart
         # does not replay those expiries as fresh delete events.
-        with self._writing():
-            pass
+        await self._execute(_noop)
         self._reaper = asyncio.get_running_loop().create_task(
             self._reap_forever(), name=f"{type(self).__name__}-ttl-reaper")
 
     async def close(self) -> None:
+        """Refuse new calls at once; writes already submitted still complete (and are
+        published) before watches end and the storage is released."""
         if self._closed:
             return
         self._closed = True
@@ -298,8 +360,15 @@ class LocalStore(MetadataStore):
                     if current is not None and current.cancelling():
                         raise
         finally:
-            self._hub.close(MetadataUnavailable("metadata store closed"))
-            self._close_storage()
+            try:
+                await self._finish_writes()
+            finally:
+                self._hub.close(MetadataUnavailable("metadata store closed"))
+                self._close_storage()
+
+    async def _finish_writes(self) -> None:
+        """Wait for every submitted write to complete (nothing to wait for when writes run
+        inline)."""
 
     async def _reap_forever(self) -> None:
         while True:
@@ -307,8 +376,7 @@ class LocalStore(MetadataStore):
             try:
                 next_expiry = self._next_expiry()
                 if next_expiry is not None and next_expiry <= self._clock():
-                    with self._writing():
-                        pass
+                    await self._execute(_noop)
                     continue
             except Exception:
                 log.exception("metadata TTL reaper failed; retrying in %.1fs",

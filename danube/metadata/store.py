@@ -14,8 +14,8 @@ The contract, shared by every backend:
   Values are copied in and out through JSON, so a caller never aliases stored state.
 * Every committed change gets a revision from one store-wide counter that only grows (etcd's
   ``mod_revision``). ``Entry.version`` is the revision of the key's last change; it is what
-  ``compare_and_swap`` compares. Changes committed together (one ``delete_prefix``) share a
-  revision.
+  ``compare_and_swap`` compares. Changes committed together (one ``delete_prefix``, one
+  ``put_many``) share a revision.
 * Prefixes respect the '/' boundary: ``scan("/ns/foo")`` covers ``/ns/foo`` and
   ``/ns/foo/...`` but not ``/ns/foobar``; a prefix ending in '/' covers just what starts with
   it (``"/"`` covers everything). This deliberately differs from upstream, whose
@@ -37,6 +37,7 @@ import abc
 import dataclasses
 import json
 import math
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from danube.metadata.errors import InvalidKey
@@ -152,6 +153,15 @@ class MetadataStore(abc.ABC):
     async def put(self, key: str, value: Any, ttl: float | None = None) -> int:
         """Set the key (creating or replacing it); return the new version. With ``ttl`` the key
         expires ``ttl`` seconds from now; without, it is permanent."""
+
+    @abc.abstractmethod
+    async def put_many(self, items: Mapping[str, Any] | Iterable[tuple[str, Any]],
+                       ttl: float | None = None) -> int:
+        """Set several keys in one atomic transaction (all or none of them); return the
+        revision they share, which is each key's new version (as an etcd ``Txn`` of puts
+        does). A key given twice is a ValueError; with ``ttl`` every key expires ``ttl``
+        seconds from now. With no items nothing is written and the current revision is
+        returned."""
 
     @abc.abstractmethod
     async def delete(self, key: str) -> bool:
