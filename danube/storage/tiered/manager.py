@@ -6,10 +6,10 @@ SDK calls, and a ``TopicTier`` per reliable topic. The upload loop wakes about o
 a topic is exported when its interval (``upload_interval_seconds``) has passed or its backoff
 after a failure has run out. Export = seal the active segment if it holds data not yet
 uploaded, then upload every sealed segment past the catalogue's end, oldest first, writing
-each descriptor to metadata right after its object. The catalogue is therefore the resumable
-checkpoint: after a crash the uploader continues after the last descriptor, and a segment
-whose object was put but whose descriptor was not is detected by the conditional put and
-adopted, never uploaded twice.
+each descriptor (with the catalogue's ``cur`` pointer, in one metadata transaction) right
+after its object. The catalogue is therefore the resumable checkpoint: after a crash the
+uploader continues after the last descriptor, and a segment whose object was put but whose
+descriptor was not is detected by the conditional put and adopted, never uploaded twice.
 
 Nothing on the publish path waits for any of this: appends and syncs touch only the WAL, and
 uploads to cloud stores run in a child process (upload_worker) so their SDK work does not
@@ -93,12 +93,13 @@ class TopicTier:
                                 seg.first_offset - 1)
                 desc = await self.tiered.upload(self.name, seg.path, seg.first_offset,
                                                 seg.last_offset, seg.size)
-                await self.tiered.metadata.put(
-                    keys.storage_segment(self.name, desc.start_offset, self.tiered.prefix),
-                    desc.to_json())
-                await self.tiered.metadata.put(
-                    keys.storage_segments_cur(self.name, self.tiered.prefix),
-                    {"start": f"{desc.start_offset:020d}", "end_offset": desc.end_offset})
+                # The descriptor and the `cur` pointer in one transaction (one fsync, and
+                # `cur` never names a descriptor that is not there).
+                await self.tiered.metadata.put_many({
+                    keys.storage_segment(self.name, desc.start_offset, self.tiered.prefix):
+                        desc.to_json(),
+                    keys.storage_segments_cur(self.name, self.tiered.prefix):
+                        {"start": f"{desc.start_offset:020d}", "end_offset": desc.end_offset}})
                 self.catalog.add(desc)
                 self.tiered.stats["segments"] += 1
                 self.tiered.stats["bytes"] += desc.size
@@ -212,8 +213,10 @@ class TieredStorage:
                                      end_offset=span[1], size=info.size, etag=info.etag,
                                      created_at=time.time())
             catalog.add(desc)
-            await self.metadata.put(keys.storage_segment(name, desc.start_offset, self.prefix),
-                                    desc.to_json())
+        # One transaction for the whole rebuilt catalogue.
+        await self.metadata.put_many(
+            {keys.storage_segment(name, d.start_offset, self.prefix): d.to_json()
+             for d in catalog.segments})
         if catalog.segments:
             log.warning("%s: rebuilt the durable catalogue from %d objects in %s (offsets "
                         "%d..%d)", name, len(catalog.segments), self.objstore.describe(),
@@ -246,6 +249,12 @@ class TieredStorage:
     # -- uploading ------------------------------------------------------------------------
 
     async def _loop(self) -> None:
+        if self._uploader is not None:
+            try:
+                await self.run(self._uploader.warm)
+            except Exception as exc:  # noqa: BLE001 - the first upload starts it again
+                log.warning("the upload worker process did not start: %r", exc)
+                self._uploader.broken()
         while True:
             try:
                 async with asyncio.timeout(min(TICK, self.interval)):

@@ -54,6 +54,10 @@ def _upload(topic, path, first_offset, last_offset, size):
     return upload_segment(_store, topic, path, first_offset, last_offset, size)
 
 
+def _ready():
+    return os.getpid()
+
+
 class ProcessUploader:
     """``upload(topic, path, first, last, size)`` in the child; the pool is made again if
     the child dies (the failed upload is retried by the caller like any other failure)."""
@@ -77,6 +81,12 @@ class ProcessUploader:
             self._pool = None
             return self._get_pool().submit(_upload, topic, path, first_offset, last_offset,
                                            size)
+
+    def warm(self) -> None:
+        """Start the child now and wait until it is ready (blocking: run it in a thread).
+        Spawning a process costs milliseconds of the calling thread, which should not be
+        the event loop's in the middle of a publish."""
+        self._get_pool().submit(_ready).result()
 
     def broken(self) -> None:
         """The child died under an upload: start a fresh one next time."""
