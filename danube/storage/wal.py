@@ -73,8 +73,12 @@ message, is written at once: that costs less than the bookkeeping.) The event lo
 which is the largest cost of a durable append when the page cache grows (on the reference VM
 ~480 us of CPU per 230 KB batch, see bench/reliable): with several batches in flight the loop
 works on the next ones while the executor writes and syncs. Rotation writes whatever is
-pending on the loop (once per segment) before the segment is sealed and its successor
-created, so a process crash never leaves a gap between segments.
+pending before the segment is sealed and its successor created, so a process crash never
+leaves a gap between segments. A rotation forced by an append (the batch does not fit, or
+the segment is too old) does that on the loop, once per segment, waiting for a write in
+flight if there is one; ``rotate()`` (the tiered uploader's, every upload interval) asks the
+sync worker instead, which rotates between two syncs after writing the pending frames in the
+executor, so the loop waits for nothing and copies only what was appended meanwhile.
 
 A sync is ``fdatasync``: appends are ``pwrite`` calls, so it covers them on any POSIX system;
 the file size only changes when a segment grows or is sealed, and fdatasync covers that too.
@@ -85,11 +89,17 @@ Threads and tasks
 -----------------
 
 The WAL is used from one event loop. It owns one background task (the sync worker: group
-commit, interval syncs, closing the descriptors of sealed segments, checkpoint writes) and
-runs blocking file work in an executor: a two-thread executor of its own by default (a sync
-and a deletion may overlap; syncs never do), or one shared by many WALs (pass
-``executor=``; a broker with thousands of topics should).
-``close()`` stops the task and waits for work in the executor.
+commit, interval syncs, closing the descriptors of sealed segments, rotations asked for by
+``rotate()``, checkpoint writes) and runs blocking file work in an executor: a two-thread
+executor of its own by default (a sync and a deletion may overlap; syncs never do), or one
+shared by many WALs (pass ``executor=``; a broker with thousands of topics should).
+Checkpoints are written by one more thread, shared by every WAL of the process, after the
+sync job whose state they record, not in it: appends waiting for that sync (the first after
+a rotation, say) are acknowledged without waiting for the checkpoint's own fsyncs, and
+checkpoints never hold the threads that syncs wait for. That is safe because a checkpoint is
+only a hint that recovery checks against the files, and a new segment's directory entry is
+made durable by the sync job itself. ``close()`` stops the task and waits for work in the
+executors.
 """
 
 from __future__ import annotations
@@ -103,6 +113,7 @@ import heapq
 import logging
 import os
 import sys
+import threading
 import time
 from typing import Callable, Sequence
 
@@ -199,8 +210,8 @@ class _Job:
         self.fdatasyncs = 0
 
     def needs_thread(self) -> bool:
-        return bool(self.writes or self.sync or self.retire or self.dir_fsync
-                    or self.ckpt is not None)
+        """Whether ``run`` has anything to do (the checkpoint is written separately)."""
+        return bool(self.writes or self.sync or self.retire or self.dir_fsync)
 
     def run(self, directory: str) -> None:
         try:
@@ -215,9 +226,7 @@ class _Job:
                 else:
                     _fdatasync(fd)
                 self.fdatasyncs += 1
-            if self.ckpt is not None:
-                write_checkpoint(directory, self.ckpt)      # fsyncs the directory too
-            elif self.dir_fsync:
+            if self.dir_fsync:
                 fsync_dir(directory)
         finally:
             for _, fd in self.retire:
@@ -267,6 +276,8 @@ class WAL:
         self._pass_waiters: list[asyncio.Future] = []
         self._inflight: concurrent.futures.Future | None = None
         self._writing: tuple | None = None     # (concurrent future, future) of a write job
+        self._ckpt_job: tuple | None = None    # (concurrent future, future) of a checkpoint
+        self._rotate_waiters: list[asyncio.Future] = []     # rotate() calls to serve
         self._unclaimed = 0                    # bytes pending and not taken by any job
         self._loop = asyncio.get_running_loop()
         self._worker: asyncio.Task | None = None
@@ -541,14 +552,62 @@ class WAL:
         """Seal the active segment now if it holds data (e.g. before exporting it, or when
         an idle topic's segment should age out). Returns the sealed segment once its file is
         final (trimmed, synced unless the mode is ``none``, descriptor closed), or None if
-        there was nothing to seal."""
+        there was nothing to seal.
+
+        The sync worker makes the rotation, between two syncs, after writing what is pending
+        in the executor (see ``_rotate_for_waiters``): the event loop neither waits for a
+        sync in flight nor copies the pending frames into the page cache."""
         self._check_usable()
         if not self._active.count:
             return None
-        old = self._active
-        self._rotate(self._next_offset)
+        fut = self._loop.create_future()
+        self._rotate_waiters.append(fut)
+        self._kick.set()
+        old = await fut
+        if old is None:
+            return None
         await self._settle_retiring()
         return old.info()
+
+    async def _rotate_for_waiters(self) -> None:
+        """In the sync worker, no sync job in flight: serve the ``rotate()`` calls. Appends
+        still pending are written in the executor first (they are claimed, so no other job
+        writes them), then ``_rotate`` runs on the loop with nothing left to wait for and
+        only what was appended meanwhile to write."""
+        waiters, self._rotate_waiters = self._rotate_waiters, []
+        sealed = error = None
+        try:
+            if self._writing is not None:
+                await asyncio.wait([self._writing[1]])
+            self._check_usable()
+            todo = [p for p in self._pending if not p.written and not p.claimed]
+            if todo:
+                for pending in todo:
+                    pending.claimed = True
+                self._unclaimed = 0
+                try:
+                    await asyncio.wrap_future(self._executor.submit(write_pending, todo))
+                except asyncio.CancelledError:
+                    raise
+                except BaseException as exc:  # noqa: BLE001 - as a failed write-ahead
+                    self._fail(exc)
+                    raise
+            self._check_usable()
+            if self._active.count:
+                sealed = self._active
+                self._rotate(self._next_offset)
+        except asyncio.CancelledError:
+            error = WALClosedError(f"WAL {self._dir} is closed")
+            raise
+        except BaseException as exc:  # noqa: BLE001 - reported to the callers
+            error = exc
+        finally:
+            for fut in waiters:
+                if not fut.done():
+                    if error is None:
+                        fut.set_result(sealed)
+                    else:
+                        fut.set_exception(error)
 
     # ------------------------------------------------------------------ durability
 
@@ -768,6 +827,8 @@ class WAL:
                     except TimeoutError:
                         self._tick = True
             self._kick.clear()
+            if self._rotate_waiters:
+                await self._rotate_for_waiters()
             job = self._make_job()
             if job is None:
                 self._finish_pass()
@@ -789,6 +850,30 @@ class WAL:
                 finally:
                     self._inflight = None
             self._finish_job(job, exc)
+            if job.ckpt is not None and exc is None:
+                self._write_checkpoint(job.ckpt)
+
+    def _write_checkpoint(self, body: dict) -> None:
+        """Write the checkpoint in the executor, after the job whose state it records, and
+        outside the path of acknowledgements: it is a hint for recovery (which checks it
+        against the files), and its write (a file, its fsync, a rename and a directory fsync)
+        would otherwise delay every append waiting for that job. One at a time; a newer one
+        waits for the next pass. They run in a thread of their own, shared by every WAL of
+        the process, so that checkpoints (a rotation makes one for each topic uploaded at
+        the same time) never occupy the threads that syncs wait for."""
+        cf = _checkpoint_executor().submit(write_checkpoint, self._dir, body)
+        fut = asyncio.wrap_future(cf, loop=self._loop)
+        self._ckpt_job = (cf, fut)
+
+        def done(_):
+            self._ckpt_job = None
+            exc = None if cf.cancelled() else cf.exception()
+            if exc is not None:
+                self._fail(exc)
+            elif self._ckpt_dirty and self._state == _OPEN:
+                self._kick.set()
+
+        fut.add_done_callback(done)
 
     def _make_job(self) -> _Job | None:
         job = _Job()
@@ -823,12 +908,12 @@ class WAL:
             self._dir_dirty = False
         job.retire = [(s, s.fd) for s in self._retiring]
         self._retiring = []
-        if self._ckpt_dirty and self._failed is None:
+        if self._ckpt_dirty and self._failed is None and self._ckpt_job is None:
             durable = self._durable if job.target is None else job.target
             job.ckpt = build_checkpoint(self._segments, self._next_offset, durable,
                                         self._clock(), {s for s, _, _ in job.sync})
-            self._ckpt_dirty = self._dir_dirty = False
-        if job.target is None and not job.needs_thread():
+            self._ckpt_dirty = False
+        if job.target is None and not job.needs_thread() and job.ckpt is None:
             return None
         return job
 
@@ -901,6 +986,8 @@ class WAL:
                 await asyncio.shield(self._worker)     # runs a last sync + checkpoint
             if self._writing is not None:
                 await asyncio.wait([self._writing[1]])
+            if self._ckpt_job is not None:
+                await asyncio.wait([self._ckpt_job[1]])
             active = self._active
             active.unmap()
             final = None
@@ -925,10 +1012,15 @@ class WAL:
         """Free everything left, synchronously (also on a cancelled close)."""
         if self._worker is not None and not self._worker.done():
             self._worker.cancel()
-        running = [f for f in (self._inflight, self._writing and self._writing[0]) if f]
+        running = [f for f in (self._inflight, self._writing and self._writing[0],
+                               self._ckpt_job and self._ckpt_job[0]) if f]
         if running:
             concurrent.futures.wait(running)
         err = WALClosedError(f"WAL {self._dir} is closed")
+        waiters, self._rotate_waiters = self._rotate_waiters, []
+        for fut in waiters:
+            if not fut.done():
+                fut.set_exception(err)
         for _, _, fut in self._sync_waiters:
             if not fut.done():
                 fut.set_exception(err)
@@ -975,6 +1067,20 @@ class WAL:
         return (f"<WAL {self._dir} {self._mode} offsets {self._first_offset}.."
                 f"{self._next_offset - 1} durable {self._durable} "
                 f"segments {len(self._segments)}{' closed' if self.closed else ''}>")
+
+
+_ckpt_pool: concurrent.futures.ThreadPoolExecutor | None = None
+_ckpt_pool_lock = threading.Lock()
+
+
+def _checkpoint_executor() -> concurrent.futures.ThreadPoolExecutor:
+    """The one thread that writes every WAL's checkpoints (see ``WAL._write_checkpoint``)."""
+    global _ckpt_pool
+    with _ckpt_pool_lock:
+        if _ckpt_pool is None:
+            _ckpt_pool = concurrent.futures.ThreadPoolExecutor(
+                1, thread_name_prefix="danube-wal-checkpoint")
+        return _ckpt_pool
 
 
 def _unlink_all(directory: str, paths: list[str]) -> None:

@@ -1,0 +1,194 @@
+"""danube.storage.wal: what a rotation costs the event loop and the appends waiting for a sync.
+
+``WAL.rotate()`` (the tiered uploader seals the active segment with it every upload interval)
+is made by the sync worker between two syncs, with what is pending written in the executor,
+so the loop never waits for a sync in flight; and the checkpoint that records the new segment
+is written after the sync job that acknowledges appends, not inside it. Neither may weaken
+recovery: a process killed right after acknowledgements whose checkpoint never got written
+still recovers every acknowledged message."""
+
+import asyncio
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from danube.storage import WAL, WALConfig, wal as wal_module
+from danube.storage.checkpoint import read_checkpoint
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _file_frames(path):
+    from danube._wal import scan_frames
+    with open(path, "rb") as f:
+        data = f.read()
+    offsets, _, _, _ = scan_frames(data)
+    return offsets.tolist()
+
+
+async def _max_tick_gap(stop: asyncio.Event) -> float:
+    """The longest the loop went without running this task (1 ms sleeps)."""
+    worst, t = 0.0, time.perf_counter()
+    while not stop.is_set():
+        await asyncio.sleep(0.001)
+        now = time.perf_counter()
+        worst, t = max(worst, now - t), now
+    return worst
+
+
+async def test_rotate_does_not_block_the_loop_on_a_sync_in_flight(tmp_path, monkeypatch):
+    release = threading.Event()
+    real = wal_module._fdatasync
+
+    def held(fd):
+        release.wait(5)
+        real(fd)
+
+    monkeypatch.setattr(wal_module, "_DEFER_MIN", 0)      # appends go to the sync job
+    wal = await WAL.open(tmp_path, WALConfig(durability="always", cache_capacity=0))
+    try:
+        wal.append([b"x" * 100] * 10)
+        await wal.sync_to(9)
+        monkeypatch.setattr(wal_module, "_fdatasync", held)
+        wal.append([b"a" * 1000] * 10)                    # a job takes these, then waits
+        await asyncio.sleep(0.05)
+        assert wal._inflight is not None
+        wal.append([b"b" * 1000] * 10)                    # pending behind it
+        stop = asyncio.Event()
+        ticker = asyncio.create_task(_max_tick_gap(stop))
+        rotating = asyncio.create_task(wal.rotate())
+        await asyncio.sleep(0.2)
+        assert not rotating.done()                        # it waits for the worker ...
+        stop.set()
+        assert await ticker < 0.1                          # ... without holding the loop
+        release.set()
+        info = await asyncio.wait_for(rotating, 5)
+        assert (info.first_offset, info.last_offset) == (0, 29)
+        assert _file_frames(info.path) == list(range(30))
+        wal.append([b"c"])
+        assert await wal.sync_to(30) == 30
+    finally:
+        release.set()
+        await wal.close()
+    wal = await WAL.open(tmp_path, WALConfig(durability="always", validate_sealed="open"))
+    try:
+        assert [o for o, _ in wal.read(0, 100)] == list(range(31))
+    finally:
+        await wal.close()
+
+
+async def test_rotate_of_an_empty_segment_and_after_close(tmp_path):
+    wal = await WAL.open(tmp_path, WALConfig(durability="always"))
+    assert await wal.rotate() is None
+    wal.append([b"m"])
+    rotating = asyncio.create_task(wal.rotate())
+    info = await rotating
+    assert (info.first_offset, info.last_offset) == (0, 0)
+    assert await wal.rotate() is None                    # the new segment is empty
+    await wal.close()
+    with pytest.raises(Exception):
+        await wal.rotate()
+
+
+async def test_acknowledgements_do_not_wait_for_the_checkpoint(tmp_path, monkeypatch):
+    release = threading.Event()
+    written = []
+    real = wal_module.write_checkpoint
+
+    def held(directory, body):
+        release.wait(5)
+        real(directory, body)
+        written.append(body)
+
+    monkeypatch.setattr(wal_module, "write_checkpoint", held)
+    wal = await WAL.open(tmp_path, WALConfig(durability="always"))
+    try:
+        await wal.append_durable([b"a"] * 5)
+        t = time.perf_counter()
+        info = await asyncio.wait_for(wal.rotate(), 2)   # sealed and synced ...
+        first, last = await asyncio.wait_for(wal.append_durable([b"b"] * 5), 2)
+        assert time.perf_counter() - t < 1.0             # ... with the checkpoint held
+        assert (info.last_offset, first, last) == (4, 5, 9)
+        assert wal.durable_offset == 9 and not written
+        release.set()
+        for _ in range(200):
+            if written:
+                break
+            await asyncio.sleep(0.01)
+        assert [s["name"] for s in written[0]["segments"]] == [os.path.basename(info.path)]
+    finally:
+        release.set()
+        await wal.close()
+    ckpt = read_checkpoint(str(tmp_path))
+    assert ckpt["next_offset"] == 10 and ckpt["segments"][0]["synced"] is True
+
+
+CHILD = r"""
+import asyncio, sys, threading
+from danube.storage import WAL, WALConfig, wal as wal_module
+
+never = threading.Event()
+
+def no_checkpoint(directory, body):
+    never.wait()        # the checkpoint of a rotation never reaches the disk
+
+async def main():
+    wal = await WAL.open(sys.argv[1], WALConfig(durability="always"))
+    print("ready", flush=True)
+    wal_module.write_checkpoint = no_checkpoint
+    i = 0
+    while True:
+        first, last = await wal.append_durable([b"%d" % j for j in range(i, i + 7)])
+        i = last + 1
+        if i % 70 == 0:
+            await wal.rotate()
+        print(last, flush=True)
+
+asyncio.run(main())
+"""
+
+
+def test_kill_before_the_checkpoint_loses_no_acknowledged_message(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    child = subprocess.Popen([sys.executable, "-P", "-c", CHILD, str(tmp_path)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
+    acked = -1
+    watchdog = threading.Timer(120, child.kill)     # a hang fails, not blocks
+    watchdog.start()
+    try:
+        assert child.stdout.readline().strip() == "ready", child.stderr.read()
+        while acked < 700:
+            line = child.stdout.readline()
+            assert line, f"child died: {child.stderr.read()}"
+            acked = int(line)
+        os.kill(child.pid, signal.SIGKILL)
+    finally:
+        watchdog.cancel()
+        child.kill()
+        child.wait(10)
+        child.stdout.close()
+        child.stderr.close()
+    names = sorted(n for n in os.listdir(tmp_path) if n.startswith("wal.0"))
+    assert len(names) > 5                                 # it rotated, checkpoints or not
+
+    async def check():
+        wal = await WAL.open(tmp_path, WALConfig(durability="always", validate_sealed="open"))
+        try:
+            got = []
+            while True:
+                batch = wal.read(len(got), 1000)
+                if not batch:
+                    break
+                got += batch
+            assert len(got) >= acked + 1
+            assert got[:acked + 1] == [(j, b"%d" % j) for j in range(acked + 1)]
+        finally:
+            await wal.close()
+
+    asyncio.run(check())
