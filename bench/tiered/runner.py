@@ -9,8 +9,10 @@ Three sections, in this order, everything on 127.0.0.1 with ports chosen by the 
   in the local WAL (storage.mode local) or only in the durable store (storage.mode
   object_store, local retention deleted every uploaded segment), through our client;
 * publish: unbatched reliable send() ack latency at a paced rate while a second producer
-  pushes bulk batches into another topic, on a broker without tiered storage and on one
-  uploading to SeaweedFS every second.
+  pushes bulk batches into another topic, on two groups of brokers without tiered storage
+  (their difference is the A/A noise band) and on brokers uploading every second to
+  SeaweedFS and to an S3 endpoint that discards what it gets (the broker's own share),
+  every group once per round, the order rotated each round.
 
 The object-store servers (SeaweedFS, fake-gcs-server, Azurite) come from
 tests/objstore_servers.py and are started once for the whole run and always stopped.
@@ -25,6 +27,7 @@ import platform
 import re
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import textwrap
@@ -36,7 +39,7 @@ from pathlib import Path
 
 import yaml
 
-from bench._proc import LineWorker, proc_cpu, reap, reap_all, repo_env, system_busy
+from bench._proc import LineWorker, popen, proc_cpu, reap, reap_all, repo_env, system_busy
 from bench.e2e.common import format_table, us_percentiles
 from bench.e2e.runner import Broker as E2EBroker
 from bench.e2e.runner import loadavg, sleep_until
@@ -51,8 +54,9 @@ SECTIONS = ("storage", "replay", "publish")
 LABELS = {"wal": "local WAL", "wal_verify": "local WAL, verify_reads",
           "local": "local WAL", "memory": "memory", "fs": "fs (directory)",
           "s3": "s3 (SeaweedFS)", "gcs": "gcs (fake-gcs-server)", "azblob": "azblob (Azurite)",
-          "local-rotating": "local, rotating every 1 s"}
-CLOUD = ("s3", "gcs", "azblob")
+          "local-rotating": "local, rotating every 1 s", "s3-sink": "s3 (null sink)"}
+CLOUD = ("s3", "gcs", "azblob", "s3-sink")
+PUBLISH_ONLY = ("local-rotating", "s3-sink")
 
 
 def _load_objstore_servers():
@@ -76,13 +80,15 @@ class Broker(E2EBroker):
     with a config file written from `tree`, a fresh data directory, the Prometheus
     exporter on."""
 
-    def __init__(self, name, tree, scratch, logs):
+    def __init__(self, name, tree, scratch, logs, *, probe=None):
         self.name = name
         self.data_dir = scratch / f"data-{name}"
         self.data_dir.mkdir(parents=True)
         self.config = scratch / f"broker-{name}.yml"
         self.config.write_text(yaml.safe_dump(tree, sort_keys=False))
-        super().__init__(self.data_dir, logs / f"broker-{name}.log",
+        launcher = ("-m", "danube") if probe is None else \
+            ("-m", "bench.tiered.broker_probe", str(probe))
+        super().__init__(self.data_dir, logs / f"broker-{name}.log", launcher=launcher,
                          extra=("--config-file", str(self.config)))
 
     def scrape(self):
@@ -165,7 +171,7 @@ class Servers:
 
         def start(kind):
             try:
-                cls = objstore_servers.SERVER_CLASSES[kind]
+                cls = SinkServer if kind == "s3-sink" else objstore_servers.SERVER_CLASSES[kind]
                 server = cls(self.server_root / f"server-{kind}")
                 t0 = time.monotonic()
                 server.start()
@@ -177,7 +183,9 @@ class Servers:
                 errors[kind] = exc
                 self.skipped[kind] = f"did not start: {exc}"
 
-        threads = [threading.Thread(target=start, args=(k,)) for k in kinds]
+        if "s3-sink" in kinds:
+            start("s3-sink")
+        threads = [threading.Thread(target=start, args=(k,)) for k in kinds if k != "s3-sink"]
         for t in threads:
             t.start()
         for t in threads:
@@ -199,8 +207,38 @@ class Servers:
 
 
 def durable_for(kind, servers, scratch, name, **overrides):
+    if kind == "s3-sink":
+        server = servers.running.get(kind)
+        return dict({"backend": "s3", "root": f"s3://sink/{name}", "endpoint": server.endpoint,
+                     "region": "us-east-1", "access_key": "sink", "secret_key": "sink",
+                     "connect_timeout_seconds": 2, "read_timeout_seconds": 10, "retries": 1},
+                    **overrides)
     return objstore_servers.durable_config(kind, servers.running.get(kind), scratch, name,
                                            **overrides)
+
+
+class SinkServer:
+    """bench/tiered/s3sink.py: an S3 endpoint that reads every PUT and keeps nothing (the
+    `s3-sink` publish backend: the broker's whole upload path without a store's work)."""
+
+    def __init__(self, workdir):
+        self.procs = []
+        self.endpoint = None
+
+    def start(self):
+        # Started from the main thread (see Servers): popen's parent-death signal fires
+        # when the thread that started the child ends.
+        proc = popen([sys.executable, "-P", "-m", "bench.tiered.s3sink"], env=repo_env(),
+                     cwd=REPO, stdout=subprocess.PIPE, text=True)
+        self.procs = [proc]
+        line = proc.stdout.readline()
+        if not line.strip().isdigit():
+            raise RuntimeError("the S3 sink did not start")
+        self.endpoint = f"http://127.0.0.1:{int(line)}"
+
+    def close(self):
+        for proc in self.procs:
+            reap(proc, 5.0)
 
 
 # -- section 2: replay through a broker ---------------------------------------------------
@@ -296,10 +334,26 @@ def publish_tree(kind, durable):
                         "durable": dict(durable, upload_interval_seconds=1)}}
 
 
-def run_publish(kind, rnd, servers, args, scratch, logs):
-    name = f"publish-{kind}-{rnd}"
+def publish_kind(group):
+    """'local#1' -> 'local': the broker kind of a publish group."""
+    return group.split("#", 1)[0]
+
+
+def publish_label(group):
+    kind = publish_kind(group)
+    if kind == "local":
+        return f"local (no uploads) {group[len(kind):]}".rstrip()
+    if kind.startswith("local"):
+        return LABELS[kind]
+    return f"{LABELS[kind]}, uploads every 1 s"
+
+
+def run_publish(group, rnd, servers, args, scratch, logs):
+    kind = publish_kind(group)
+    name = f"publish-{group.replace('#', '')}-{rnd}"
     durable = None if kind.startswith("local") else durable_for(kind, servers, scratch, name)
-    broker = Broker(name, publish_tree(kind, durable), scratch, logs)
+    probe = scratch / f"probe-{name}.json" if args.probe else None
+    broker = Broker(name, publish_tree(kind, durable), scratch, logs, probe=probe)
     lat_topic = f"/default/{name}-latency-{uuid.uuid4().hex[:6]}"
     bulk_topic = f"/default/{name}-bulk-{uuid.uuid4().hex[:6]}"
     bulk = lat = None
@@ -334,7 +388,7 @@ def run_publish(kind, rnd, servers, args, scratch, logs):
         lr = lat.expect("result", 60 + args.duration)
         br = bulk.expect("result", 60 + args.duration)
         listing = None
-        if durable is not None:
+        if durable is not None and kind != "s3-sink":
             listing = _listing(durable, [lat_topic, bulk_topic])
     finally:
         for w in (lat, bulk):
@@ -348,9 +402,9 @@ def run_publish(kind, rnd, servers, args, scratch, logs):
 
     def delta(key):
         return m_b.get(key, 0) - m_a.get(key, 0) if m_b else None
-    return {"kind": kind, "round": rnd, "label": ("local (no uploads)" if kind == "local"
-                                                  else LABELS[kind] if kind.startswith("local")
-                                                  else f"{LABELS[kind]}, uploads every 1 s"),
+    return {"kind": kind, "group": group, "round": rnd, "label": publish_label(group),
+            "probe": None if probe is None else probe_summary(probe, ws, we),
+            "probe_raw": None if probe is None else probe_raw(probe, lr, ws, we),
             "durable": _redact(durable), "rate": args.rate,
             "window_s": args.duration, "warmup_s": args.warmup,
             "latency_ms": us_percentiles(lr["rtt_us"]), "rtt_us": lr["rtt_us"],
@@ -366,6 +420,48 @@ def run_publish(kind, rnd, servers, args, scratch, logs):
             "upload_failures_in_window": delta("danube_storage_upload_failures_total"),
             "storage_metrics_end": m_b, "listing": listing,
             "cpu_window_wall_s": wall, "cores": cores}
+
+
+def probe_raw(path, lr, ws, we):
+    """--probe: the raw material for correlating slow sends with what the broker did: the
+    window, the sends' latencies and pacer lags in completion order (= send order: one
+    producer's sends are acknowledged in order), the probe's timed events and lags."""
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return {"ws": ws, "we": we, "rtt_us": lr["rtt_us"], "lag_us": lr.get("lag_us"),
+            "events": [e for e in data.get("events", ()) if ws - 1 <= e[0] < we],
+            "lags": [x for x in data["lags"] if ws - 1 <= x[0] < we]}
+
+
+def probe_summary(path, ws, we):
+    """What bench.tiered.broker_probe saw inside the window [ws, we] (wall-clock seconds):
+    loop lags (wake-ups of a 1 ms sleep that came late) and the slow calls on the loop
+    thread by function; totals of every call since start-up."""
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, ValueError) as exc:
+        return {"error": f"no probe output: {exc!r}"}
+    lags = [lag for t, lag in data["lags"] if ws <= t < we]
+    slow = {}
+    for t, name, dt in data["slow"]:
+        if ws <= t < we:
+            c = slow.setdefault(name, {"n": 0, "ms": 0.0, "max_ms": 0.0})
+            c["n"] += 1
+            c["ms"] += dt * 1000
+            c["max_ms"] = max(c["max_ms"], dt * 1000)
+    return {"lags_over_0.5ms": len(lags),
+            "lags_over_1ms": sum(1 for v in lags if v >= 0.001),
+            "lags_over_2ms": sum(1 for v in lags if v >= 0.002),
+            "lags_over_5ms": sum(1 for v in lags if v >= 0.005),
+            "lag_ms_total": sum(lags) * 1000, "lag_max_ms": max(lags, default=0) * 1000,
+            "slow_calls": dict(sorted(slow.items(), key=lambda kv: -kv[1]["ms"])),
+            "calls_since_start": {k: {"n": v[0], "ms": v[1] * 1000, "max_ms": v[2] * 1000}
+                                  for k, v in data["calls"].items()},
+            "lag_hist_since_start": data["lag_hist"]}
 
 
 def _listing(durable, topics):
@@ -439,7 +535,7 @@ def replay_table(replays):
 def publish_table(pubs):
     rows = []
     for r in pubs:
-        label = f"{r['label']} #{r['round']}"
+        label = f"#{r['round']} {r['label']}"
         if "error" in r:
             rows.append([label, "ERROR"] + [""] * 10)
             continue
@@ -458,13 +554,116 @@ def publish_table(pubs):
                   rows)
 
 
-def pooled(pubs, kind):
-    samples = [v for r in pubs if r.get("kind") == kind and "error" not in r
+def publish_order(groups, rounds):
+    """[(group, round)]: every group once per round, the order rotated by one each round,
+    so over len(groups) rounds each group runs once in every position (drift of the
+    machine during the run does not favour one of them)."""
+    order = []
+    for i in range(rounds):
+        k = i % len(groups)
+        order += [(g, i + 1) for g in groups[k:] + groups[:k]]
+    return order
+
+
+def probe_line(p):
+    if "error" in p:
+        return p["error"]
+    top = ", ".join(f"{name} {c['n']}x {c['ms']:.0f} ms (max {c['max_ms']:.1f})"
+                    for name, c in list(p["slow_calls"].items())[:4])
+    return (f"loop lag in window: {p['lags_over_1ms']} >1 ms, {p['lags_over_2ms']} >2 ms, "
+            f"{p['lags_over_5ms']} >5 ms, max {p['lag_max_ms']:.1f} ms; slow calls: "
+            f"{top or 'none'}")
+
+
+def pooled(pubs, group):
+    samples = [v for r in pubs if r.get("group") == group and "error" not in r
                for v in r["rtt_us"]]
     return us_percentiles(samples) if samples else None
 
 
-def targets(storage, replays, pubs):
+BOOTSTRAP = 1000
+#: An A/A band wider than this share of the p99 without uploads makes "within the band"
+#: meaningless: the machine was too noisy to tell.
+NOISY_BAND = 0.2
+
+
+def publish_stats(pubs, groups):
+    """Pooled percentiles per group; the A/A comparison (local#2 vs local#1) and each
+    upload group vs the two local groups together, as pooled p99 differences (ms) with a
+    bootstrap over rounds: rounds drawn with replacement (the same rounds for every group),
+    BOOTSTRAP times, give the 5-95% range of each difference. The A/A noise band is the 95th
+    percentile of |A/A difference|: a difference the noise alone makes 1 time in 20."""
+    import numpy as np
+    out = {"pooled": {g: pooled(pubs, g) for g in groups}, "aa": None, "effects": {}}
+    ok = [r for r in pubs if "error" not in r]
+    rounds = sorted({r["round"] for r in ok
+                     if all(any(q["round"] == r["round"] and q["group"] == g for q in ok)
+                            for g in groups)})
+    if len(rounds) < 1 or "local#1" not in groups or "local#2" not in groups:
+        return out
+    data = {g: [np.asarray(next(r["rtt_us"] for r in ok
+                                if r["group"] == g and r["round"] == n), dtype=np.int64)
+                for n in rounds] for g in groups}
+
+    def p99_ms(group_list, idx):
+        x = np.concatenate([data[g][i] for g in group_list for i in idx])
+        return float(np.percentile(x, 99, method="inverted_cdf")) / 1000 if len(x) else 0.0
+
+    rng = np.random.default_rng(12345)
+    draws = [rng.integers(0, len(rounds), len(rounds)) for _ in range(BOOTSTRAP)]
+    everything = list(range(len(rounds)))
+    base = ["local#1", "local#2"]
+
+    def diff(b_groups, a_groups):
+        point = p99_ms(b_groups, everything) - p99_ms(a_groups, everything)
+        boot = np.array([p99_ms(b_groups, d) - p99_ms(a_groups, d) for d in draws])
+        return point, boot
+
+    aa, aa_boot = diff(["local#2"], ["local#1"])
+    band = float(np.percentile(np.abs(aa_boot), 95))
+    out["aa"] = {"rounds": rounds, "p99_diff_ms": aa,
+                 "p99_diff_ms_5_95": [float(np.percentile(aa_boot, 5)),
+                                      float(np.percentile(aa_boot, 95))],
+                 "band_ms": band,
+                 "per_round_p99_ms": {g: [p99_ms([g], [i]) for i in everything]
+                                      for g in groups}}
+    for g in groups:
+        if g in base:
+            continue
+        eff, boot = diff([g], base)
+        out["effects"][g] = {"p99_ms": p99_ms([g], everything),
+                             "p99_without_ms": p99_ms(base, everything),
+                             "p99_diff_ms": eff,
+                             "p99_diff_ms_5_95": [float(np.percentile(boot, 5)),
+                                                  float(np.percentile(boot, 95))],
+                             "within_aa_band": abs(eff) <= band,
+                             "conclusive": abs(eff) > band
+                             or band <= NOISY_BAND * p99_ms(base, everything)}
+    return out
+
+
+def publish_noise_lines(st):
+    aa = st.get("aa")
+    if not aa:
+        return ["A/A: needs local#1 and local#2 in at least one complete round"]
+    lo, hi = aa["p99_diff_ms_5_95"]
+    lines = [f"A/A (local#2 - local#1, no uploads on either): p99 {aa['p99_diff_ms']:+.2f} ms "
+             f"(bootstrap over {len(aa['rounds'])} rounds: 5-95% {lo:+.2f}..{hi:+.2f}); "
+             f"noise band +-{aa['band_ms']:.2f} ms"]
+    for g, e in st["effects"].items():
+        lo, hi = e["p99_diff_ms_5_95"]
+        lines.append(f"{publish_label(g)} - both local: p99 {e['p99_ms']:.2f} vs "
+                     f"{e['p99_without_ms']:.2f} ms = {e['p99_diff_ms']:+.2f} ms (5-95% "
+                     f"{lo:+.2f}..{hi:+.2f}): "
+                     + ("within" if e["within_aa_band"] else "OUTSIDE")
+                     + " the A/A noise band"
+                     + ("" if e["conclusive"] else
+                        f" (INCONCLUSIVE: the band is over {NOISY_BAND:.0%} of the p99 "
+                        "without uploads; the machine was too noisy)"))
+    return lines
+
+
+def targets(storage, replays, pubs, pstats=None):
     out = []
 
     def verdict(ok):
@@ -482,17 +681,21 @@ def targets(storage, replays, pubs):
         out.append((f"end to end: replay from SeaweedFS >= {REPLAY_TARGET:g} x local WAL "
                     f"replay ({s3r['msgs_per_s']:,.0f} vs {base:,.0f} msgs/s = {ratio:.2f})",
                     verdict(ratio >= REPLAY_TARGET)))
-    a = pooled(pubs, "local")
-    for kind in dict.fromkeys(r["kind"] for r in pubs if r.get("kind") != "local"):
-        b = pooled(pubs, kind)
-        if not (a and b):
-            continue
-        ups = [r for r in pubs if r.get("kind") == kind and "error" not in r]
+    st = pstats or {}
+    for g, e in (st.get("effects") or {}).items():
+        ups = [r for r in pubs if r.get("group") == g and "error" not in r]
         uploaded = all((r["uploaded_segments_in_window"] or 0) > 0 for r in ups)
-        out.append((f"publish p99 while uploads to {LABELS[kind]} run: {_ms(b['p99'])} ms "
-                    f"with uploads vs {_ms(a['p99'])} ms without (p50 {_ms(b['p50'])} vs "
-                    f"{_ms(a['p50'])} ms; uploads "
-                    f"{'happened in every window' if uploaded else 'MISSING'})", "reported"))
+        uploads = not publish_kind(g).startswith("local")
+        if uploads:
+            what = (f"uploads {'happened in every window' if uploaded else 'MISSING'}")
+        else:
+            what = "no uploads"
+        out.append((f"zero effect on publish p99 while {publish_label(g)}: p99 "
+                    f"{e['p99_ms']:.2f} ms vs {e['p99_without_ms']:.2f} ms without "
+                    f"({e['p99_diff_ms']:+.2f} ms; A/A noise band +-{st['aa']['band_ms']:.2f} "
+                    f"ms; {what})",
+                    "inconclusive (noisy A/A)" if not e["conclusive"] else
+                    "met" if e["within_aa_band"] and (uploaded or not uploads) else "NOT met"))
     return out
 
 
@@ -509,12 +712,13 @@ def main(argv=None):
     ap.add_argument("--size", type=int, default=100, help="payload bytes (100)")
     ap.add_argument("--storage-backends", default="memory,fs,s3,gcs,azblob")
     ap.add_argument("--replay-backends", default="fs,s3,gcs,azblob")
-    ap.add_argument("--publish-backends", default="s3",
-                    help="stores the uploading broker of the publish section uses, each "
-                         "compared with the local broker (s3; memory and fs tell the "
-                         "broker's own share from the store's; local-rotating is a local "
-                         "broker sealing a segment every second, the cost of rotation "
-                         "alone)")
+    ap.add_argument("--publish-backends", default="s3,s3-sink",
+                    help="stores the uploading brokers of the publish section use, each "
+                         "compared with the two local brokers (s3,s3-sink: SeaweedFS, and an "
+                         "S3 endpoint that discards what it gets, i.e. the broker's whole "
+                         "upload path without the store's own work on this machine; memory "
+                         "and fs upload in-process; local-rotating is a local broker sealing "
+                         "a segment every second, the cost of rotation alone)")
     ap.add_argument("--segment-mb", type=float, default=8,
                     help="WAL segment size of the storage section (8 MiB)")
     ap.add_argument("--repeats", type=int, default=5, help="timed reads per store (best of)")
@@ -528,7 +732,13 @@ def main(argv=None):
     ap.add_argument("--warmup", type=float, default=None,
                     help="publish warm-up seconds (2; 1.5 --quick)")
     ap.add_argument("--rounds", type=int, default=None,
-                    help="publish rounds, order local,s3,s3,local,... (3; 1 --quick)")
+                    help="publish rounds; each runs local#1, the --publish-backends and "
+                         "local#2 once, in an order rotated by one every round (6; 3 "
+                         "--quick)")
+    ap.add_argument("--probe", action="store_true",
+                    help="publish section: run the brokers under bench.tiered.broker_probe "
+                         "(event-loop lag and slow calls on the loop thread, per window; "
+                         "costs the broker ~1-2%% of a core, so not for headline figures)")
     ap.add_argument("--dir", default=None, help="parent of the scratch directory")
     ap.add_argument("--json", default=str(RESULTS), help="where to write the results")
     args = ap.parse_args(argv)
@@ -539,7 +749,7 @@ def main(argv=None):
     if args.warmup is None:
         args.warmup = 1.5 if args.quick else 2.0
     if args.rounds is None:
-        args.rounds = 1 if args.quick else 3
+        args.rounds = 3 if args.quick else 6
     sections = [s.strip() for s in args.sections.split(",") if s.strip()]
     if set(sections) - set(SECTIONS):
         ap.error(f"unknown sections: {', '.join(sorted(set(sections) - set(SECTIONS)))}")
@@ -549,9 +759,14 @@ def main(argv=None):
         else []
     pbackends = [b for b in args.publish_backends.split(",") if b] if "publish" in sections \
         else []
+    # Two groups without uploads, run like any other, give the A/A noise band.
+    pgroups = ["local#1"] + pbackends + ["local#2"]
     for b in sbackends + rbackends + pbackends:
         if b not in LABELS or b in ("wal", "wal_verify", "local"):
             ap.error(f"unknown backend {b!r}")
+    for b in sbackends + rbackends:
+        if b in PUBLISH_ONLY:
+            ap.error(f"{b} is a publish backend only")
     need = sorted({b for b in sbackends + rbackends + pbackends if b in CLOUD})
 
     def on_term(signum, frame):
@@ -654,24 +869,20 @@ def main(argv=None):
             print(f"publish latency: send() at {args.rate:,}/s + bulk {args.bulk_mbps:g} "
                   f"MB/s into another topic, {args.warmup:g} s warm-up + {args.duration:g} s "
                   f"window:", flush=True)
-            order = []
-            for i in range(args.rounds):
-                kinds = ["local"] + pbackends
-                order += [(k, i + 1) for k in (kinds if i % 2 == 0 else kinds[::-1])]
-            for kind, rnd in order:
-                label = "local (no uploads)" if kind == "local" else \
-                    f"{LABELS[kind]}, uploads every 1 s"
-                print(f"  {label} #{rnd} ...", end=" ", flush=True)
+            for group, rnd in publish_order(pgroups, args.rounds):
+                kind = publish_kind(group)
+                label = publish_label(group)
+                print(f"  #{rnd} {label} ...", end=" ", flush=True)
                 if kind in CLOUD and kind not in servers.running:
-                    pubs.append({"kind": kind, "round": rnd, "label": label,
+                    pubs.append({"kind": kind, "group": group, "round": rnd, "label": label,
                                  "error": f"skipped: {servers.skipped.get(kind)}"})
                     print("skipped", flush=True)
                     continue
                 try:
-                    r = run_publish(kind, rnd, servers, args, scratch, logs)
+                    r = run_publish(group, rnd, servers, args, scratch, logs)
                 except RuntimeError as exc:
                     failed = True
-                    pubs.append({"kind": kind, "round": rnd, "label": label,
+                    pubs.append({"kind": kind, "group": group, "round": rnd, "label": label,
                                  "error": str(exc)})
                     print("ERROR", flush=True)
                     print(str(exc), file=sys.stderr)
@@ -686,6 +897,8 @@ def main(argv=None):
                          f", uploaded {up / 1e6:.0f} MB in "
                          f"{r['uploaded_segments_in_window']:.0f} segments in the window"),
                       flush=True)
+                if r["probe"] is not None:
+                    print("      " + probe_line(r["probe"]), flush=True)
     except KeyboardInterrupt:
         print("\ninterrupted; stopping the processes", file=sys.stderr)
         reap_all()
@@ -701,6 +914,7 @@ def main(argv=None):
     env_info["total_s"] = time.monotonic() - t_start
 
     tables = {}
+    pstats = publish_stats(pubs, pgroups) if pubs else {}
     print()
     if storage:
         tables["storage"] = storage_table(storage)
@@ -742,13 +956,12 @@ def main(argv=None):
             "danube_storage_uploaded_bytes_total / _segments_total growth inside the window; "
             "broker/server/other/total = CPU cores (server = SeaweedFS's processes).", 100))
         print(f"pooled over {args.rounds} round(s):")
-        for kind in dict.fromkeys(r["kind"] for r in pubs):
-            a = pooled(pubs, kind)
+        for group, a in pstats["pooled"].items():
             if a:
-                label = "local (no uploads)" if kind == "local" else \
-                    f"uploads to {LABELS[kind]} every 1 s"
-                print(f"  {label}: p50 {_ms(a['p50'])} / p99 {_ms(a['p99'])} / p99.9 "
-                      f"{_ms(a['p99.9'])} ms")
+                print(f"  {publish_label(group)}: p50 {_ms(a['p50'])} / p99 {_ms(a['p99'])} / "
+                      f"p99.9 {_ms(a['p99.9'])} ms ({a['n']:,} sends)")
+        for line in publish_noise_lines(pstats):
+            print(line)
         print()
     busy = [f"the storage section ({storage_other:.2f})"] if storage_other > 0.25 else []
     busy += [f"replay {r['label']} ({r['cores']['other']:.2f})" for r in replays
@@ -762,20 +975,20 @@ def main(argv=None):
             + " ".join(env_info["loadavg_before"]) + " / "
             + " ".join(env_info["loadavg_after"]) + ").", 100))
         print()
-    checks = targets(storage, replays, pubs)
+    checks = targets(storage, replays, pubs, pstats)
     if checks:
         print("targets:")
         for text, verdict in checks:
             print(f"  [{verdict}] {text}")
     print(f"\ntotal {env_info['total_s']:.0f} s")
-    pooled_ms = {kind: pooled(pubs, kind) for kind in dict.fromkeys(r["kind"] for r in pubs)}
+    pooled_ms = pstats
     for r in pubs:
         r.pop("rtt_us", None)
     out = {"config": {k: v for k, v in vars(args).items() if k != "json"},
            "environment": env_info, "storage_other_cores": storage_other,
            "servers": {"skipped": servers.skipped if servers else {}},
            "storage": storage, "replay": replays, "publish": pubs,
-           "publish_pooled_ms": pooled_ms,
+           "publish_stats": pooled_ms,
            "targets": [{"target": t, "verdict": v} for t, v in checks],
            "summary_tables": tables}
     path = Path(args.json)
