@@ -9,7 +9,6 @@ still recovers every acknowledged message."""
 
 import asyncio
 import os
-import pathlib
 import signal
 import subprocess
 import sys
@@ -21,7 +20,6 @@ import pytest
 from danube.storage import WAL, WALConfig, wal as wal_module
 from danube.storage.checkpoint import read_checkpoint
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def _file_frames(path):
@@ -155,7 +153,7 @@ asyncio.run(main())
 
 
 def test_kill_before_the_checkpoint_loses_no_acknowledged_message(tmp_path):
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env = dict(os.environ)      # the installed package (or the caller's PYTHONPATH), as -P keeps
     child = subprocess.Popen([sys.executable, "-P", "-c", CHILD, str(tmp_path)],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
     acked = -1
