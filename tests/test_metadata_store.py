@@ -6,11 +6,7 @@ writer is SIGKILLed the moment after."""
 import asyncio
 import gc
 import math
-import os
-import pathlib
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
@@ -20,8 +16,8 @@ from hypothesis import strategies as st
 from danube.metadata import (DELETE, PUT, EmbeddedStore, Entry, MemoryStore, MetadataError,
                              MetadataUnavailable, StoreLocked, WatchEvent, WatchOverflow)
 from danube.metadata.store import in_prefix
+from killed_child import KilledChild
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
 TTL = 0.2
 
 
@@ -545,21 +541,11 @@ asyncio.run(main())
 
 def test_embedded_acknowledged_put_survives_sigkill(tmp_path):
     path = tmp_path / "metadata"
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    child = subprocess.Popen([sys.executable, "-P", "-c", CHILD, str(path)], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, env=env, text=True)
     last = -1
-    try:
+    with KilledChild(CHILD, path) as child:
         while last < 25:
-            line = child.stdout.readline()
-            assert line, f"child died: {child.stderr.read()}"
-            last = int(line)
-        os.kill(child.pid, signal.SIGKILL)
-    finally:
-        child.kill()
-        child.wait(10)
-        child.stdout.close()
-        child.stderr.close()
+            last = int(child.line())
+        child.sigkill()
     assert child.returncode == -signal.SIGKILL
 
     async def check():

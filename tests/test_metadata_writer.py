@@ -5,20 +5,14 @@ lets pending writes finish, and an acknowledged write survives SIGKILL with many
 flight. Plus put_many, on both in-process stores."""
 
 import asyncio
-import os
-import pathlib
-import signal
 import sqlite3
-import subprocess
-import sys
 import threading
 
 import pytest
 
 from danube.metadata import (DELETE, PUT, EmbeddedStore, MemoryStore, MetadataError,
                              MetadataUnavailable, WatchEvent)
-
-REPO = pathlib.Path(__file__).resolve().parents[1]
+from killed_child import KilledChild
 
 
 @pytest.fixture
@@ -324,25 +318,12 @@ asyncio.run(main())
 
 def test_acknowledged_writes_survive_sigkill_under_group_commit(tmp_path):
     path = tmp_path / "metadata"
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    child = subprocess.Popen([sys.executable, "-P", "-c", CHILD, str(path)],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
     acked = {}
-    watchdog = threading.Timer(120, child.kill)     # a hang fails, not blocks
-    watchdog.start()
-    try:
+    with KilledChild(CHILD, path) as child:
         while sum(acked.values()) < 400:
-            line = child.stdout.readline()
-            assert line, f"child died: {child.stderr.read()}"
-            w, i = map(int, line.split())
+            w, i = map(int, child.line().split())
             acked[w] = i + 1
-        os.kill(child.pid, signal.SIGKILL)
-    finally:
-        watchdog.cancel()
-        child.kill()
-        child.wait(10)
-        child.stdout.close()
-        child.stderr.close()
+        child.sigkill()
 
     async def check():
         async with await EmbeddedStore.open(path) as s:

@@ -9,9 +9,6 @@ still recovers every acknowledged message."""
 
 import asyncio
 import os
-import signal
-import subprocess
-import sys
 import threading
 import time
 
@@ -19,6 +16,7 @@ import pytest
 
 from danube.storage import WAL, WALConfig, wal as wal_module
 from danube.storage.checkpoint import read_checkpoint
+from killed_child import KilledChild
 
 
 
@@ -153,25 +151,12 @@ asyncio.run(main())
 
 
 def test_kill_before_the_checkpoint_loses_no_acknowledged_message(tmp_path):
-    env = dict(os.environ)      # the installed package (or the caller's PYTHONPATH), as -P keeps
-    child = subprocess.Popen([sys.executable, "-P", "-c", CHILD, str(tmp_path)],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
     acked = -1
-    watchdog = threading.Timer(120, child.kill)     # a hang fails, not blocks
-    watchdog.start()
-    try:
-        assert child.stdout.readline().strip() == "ready", child.stderr.read()
+    with KilledChild(CHILD, tmp_path) as child:
+        assert child.line().strip() == "ready"
         while acked < 700:
-            line = child.stdout.readline()
-            assert line, f"child died: {child.stderr.read()}"
-            acked = int(line)
-        os.kill(child.pid, signal.SIGKILL)
-    finally:
-        watchdog.cancel()
-        child.kill()
-        child.wait(10)
-        child.stdout.close()
-        child.stderr.close()
+            acked = int(child.line())
+        child.sigkill()
     names = sorted(n for n in os.listdir(tmp_path) if n.startswith("wal.0"))
     assert len(names) > 5                                 # it rotated, checkpoints or not
 
