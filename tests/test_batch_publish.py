@@ -9,11 +9,7 @@ import pytest
 from danube.proto import DanubeApi_pb2 as pb
 from danube.proto import DanubeExt_pb2 as ext
 from broker_process import BrokerProcess
-
-
-def _unary(ch, path, resp):
-    return ch.unary_unary(path, request_serializer=lambda m: m.SerializeToString(),
-                          response_deserializer=resp.FromString)
+from grpc_calls import create_producer, receive, subscribe, unary
 
 
 @pytest.fixture(scope="module")
@@ -26,24 +22,18 @@ def broker(tmp_path_factory):
     b.stop()
 
 
-def _setup(ch, topic):
-    producer = _unary(ch, "/danube.ProducerService/CreateProducer", pb.ProducerResponse)(
-        pb.ProducerRequest(producer_name="bp", topic_name=topic), timeout=10)
-    consumer = _unary(ch, "/danube.ConsumerService/Subscribe", pb.ConsumerResponse)(
-        pb.ConsumerRequest(topic_name=topic, consumer_name="c", subscription="s",
-                           subscription_type=pb.ConsumerRequest.Exclusive), timeout=10)
-    stream = ch.unary_stream("/danube.ConsumerService/ReceiveMessages",
-                             request_serializer=lambda m: m.SerializeToString(),
-                             response_deserializer=pb.StreamMessage.FromString)(
-        pb.ReceiveRequest(consumer_id=consumer.consumer_id), timeout=30)
-    return producer.producer_id, stream
+def _setup(ch, topic, producer_name="bp", dispatch_strategy=pb.NonReliable):
+    """A producer and an Exclusive consumer's stream on ``topic``."""
+    producer_id = create_producer(ch, topic, producer_name, dispatch_strategy)
+    consumer_id = subscribe(ch, topic, "c", "s", pb.ConsumerRequest.Exclusive)
+    return producer_id, receive(ch, consumer_id)
 
 
 def test_batch_is_delivered_in_order_with_msg_ids(broker):
     topic = "/default/batch-order"
     with grpc.insecure_channel(broker.client_addr) as ch:
         producer_id, stream = _setup(ch, topic)
-        send = _unary(ch, "/danube_ext.BatchProducer/SendMessages", ext.BatchResponse)
+        send = unary(ch, "/danube_ext.BatchProducer/SendMessages", ext.BatchResponse)
         batch = [pb.StreamMessage(request_id=i, payload=f"m{i}".encode(),
                                   attributes={"i": str(i)}) for i in range(500)]
         resp = send(ext.MessageBatch(request_id=7, producer_id=producer_id, messages=batch),
@@ -62,7 +52,7 @@ def test_batch_is_delivered_in_order_with_msg_ids(broker):
 def test_oversize_message_stops_the_batch_with_a_count(broker):
     with grpc.insecure_channel(broker.client_addr) as ch:
         producer_id, stream = _setup(ch, "/default/batch-oversize")
-        send = _unary(ch, "/danube_ext.BatchProducer/SendMessages", ext.BatchResponse)
+        send = unary(ch, "/danube_ext.BatchProducer/SendMessages", ext.BatchResponse)
         batch = [pb.StreamMessage(payload=b"a"), pb.StreamMessage(payload=b"b" * 2000),
                  pb.StreamMessage(payload=b"c")]
         with pytest.raises(grpc.RpcError) as err:
@@ -75,7 +65,7 @@ def test_oversize_message_stops_the_batch_with_a_count(broker):
 
 def test_unknown_producer_is_not_found(broker):
     with grpc.insecure_channel(broker.client_addr) as ch:
-        send = _unary(ch, "/danube_ext.BatchProducer/SendMessages", ext.BatchResponse)
+        send = unary(ch, "/danube_ext.BatchProducer/SendMessages", ext.BatchResponse)
         with pytest.raises(grpc.RpcError) as err:
             send(ext.MessageBatch(producer_id=12345, messages=[pb.StreamMessage()]), timeout=10)
         assert err.value.code() == grpc.StatusCode.NOT_FOUND
@@ -85,22 +75,13 @@ def test_unknown_producer_is_not_found(broker):
 def test_reliable_batch_returns_offsets_and_stamps_them(broker):
     topic = "/default/batch-reliable"
     with grpc.insecure_channel(broker.client_addr) as ch:
-        producer = _unary(ch, "/danube.ProducerService/CreateProducer", pb.ProducerResponse)(
-            pb.ProducerRequest(producer_name="rp", topic_name=topic,
-                               dispatch_strategy=pb.Reliable), timeout=10)
-        consumer = _unary(ch, "/danube.ConsumerService/Subscribe", pb.ConsumerResponse)(
-            pb.ConsumerRequest(topic_name=topic, consumer_name="c", subscription="s",
-                               subscription_type=pb.ConsumerRequest.Exclusive), timeout=10)
-        stream = ch.unary_stream("/danube.ConsumerService/ReceiveMessages",
-                                 request_serializer=lambda m: m.SerializeToString(),
-                                 response_deserializer=pb.StreamMessage.FromString)(
-            pb.ReceiveRequest(consumer_id=consumer.consumer_id), timeout=30)
-        send = _unary(ch, "/danube_ext.BatchProducer/SendMessages", ext.BatchResponse)
-        ack = _unary(ch, "/danube.ConsumerService/Ack", pb.AckResponse)
+        producer_id, stream = _setup(ch, topic, "rp", pb.Reliable)
+        send = unary(ch, "/danube_ext.BatchProducer/SendMessages", ext.BatchResponse)
+        ack = unary(ch, "/danube.ConsumerService/Ack", pb.AckResponse)
         for round_ in range(2):
             batch = [pb.StreamMessage(request_id=i, payload=b"r%d-%d" % (round_, i))
                      for i in range(8)]
-            resp = send(ext.MessageBatch(producer_id=producer.producer_id, messages=batch),
+            resp = send(ext.MessageBatch(producer_id=producer_id, messages=batch),
                         timeout=10)
             assert list(resp.offsets) == list(range(round_ * 8, round_ * 8 + 8))
             for i in range(8):
@@ -108,15 +89,15 @@ def test_reliable_batch_returns_offsets_and_stamps_them(broker):
                 assert (m.payload, m.msg_id.topic_offset) == (b"r%d-%d" % (round_, i),
                                                               round_ * 8 + i)
                 assert (m.msg_id.producer_id, m.msg_id.topic_name, m.producer_name) == \
-                    (producer.producer_id, topic, "rp")
+                    (producer_id, topic, "rp")
                 ack(pb.AckRequest(msg_id=m.msg_id, subscription_name="s"), timeout=10)
         oversize = [pb.StreamMessage(payload=b"ok"), pb.StreamMessage(payload=b"x" * 2000)]
         with pytest.raises(grpc.RpcError) as err:
-            send(ext.MessageBatch(producer_id=producer.producer_id, messages=oversize),
+            send(ext.MessageBatch(producer_id=producer_id, messages=oversize),
                  timeout=10)
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         # A reliable batch is taken whole or not at all: the next offset is still 16.
-        resp = send(ext.MessageBatch(producer_id=producer.producer_id,
+        resp = send(ext.MessageBatch(producer_id=producer_id,
                                      messages=[pb.StreamMessage(payload=b"after")]), timeout=10)
         assert list(resp.offsets) == [16]
         stream.cancel()
@@ -127,26 +108,17 @@ def test_reliable_batch_offsets_as_range_and_broker_stamped_msg_id(broker):
     asked for as a range. Consumers get the full msg_id, the broker's address included."""
     topic = "/default/batch-range"
     with grpc.insecure_channel(broker.client_addr) as ch:
-        producer = _unary(ch, "/danube.ProducerService/CreateProducer", pb.ProducerResponse)(
-            pb.ProducerRequest(producer_name="rr", topic_name=topic,
-                               dispatch_strategy=pb.Reliable), timeout=10)
-        consumer = _unary(ch, "/danube.ConsumerService/Subscribe", pb.ConsumerResponse)(
-            pb.ConsumerRequest(topic_name=topic, consumer_name="c", subscription="s",
-                               subscription_type=pb.ConsumerRequest.Exclusive), timeout=10)
-        stream = ch.unary_stream("/danube.ConsumerService/ReceiveMessages",
-                                 request_serializer=lambda m: m.SerializeToString(),
-                                 response_deserializer=pb.StreamMessage.FromString)(
-            pb.ReceiveRequest(consumer_id=consumer.consumer_id), timeout=30)
-        send = _unary(ch, "/danube_ext.BatchProducer/SendMessages", ext.BatchResponse)
-        ack = _unary(ch, "/danube.ConsumerService/Ack", pb.AckResponse)
+        producer_id, stream = _setup(ch, topic, "rr", pb.Reliable)
+        send = unary(ch, "/danube_ext.BatchProducer/SendMessages", ext.BatchResponse)
+        ack = unary(ch, "/danube.ConsumerService/Ack", pb.AckResponse)
         batch = [pb.StreamMessage(request_id=i + 1, payload=b"q%d" % i, publish_time=5)
                  for i in range(3)]
         batch.append(pb.StreamMessage(request_id=4, payload=b"own-id", msg_id=pb.MsgID(
             producer_id=1, topic_name="x", broker_addr="http://elsewhere:1")))
-        resp = send(ext.MessageBatch(request_id=1, producer_id=producer.producer_id,
+        resp = send(ext.MessageBatch(request_id=1, producer_id=producer_id,
                                      messages=batch, offsets_as_range=True), timeout=10)
         assert (resp.accepted, list(resp.offsets), resp.first_offset) == (4, [], 0)
-        resp = send(ext.MessageBatch(request_id=2, producer_id=producer.producer_id,
+        resp = send(ext.MessageBatch(request_id=2, producer_id=producer_id,
                                      messages=batch[:1]), timeout=10)
         assert (resp.accepted, list(resp.offsets), resp.first_offset) == (1, [4], 4)
         got = [next(stream) for _ in range(5)]
@@ -158,7 +130,7 @@ def test_reliable_batch_offsets_as_range_and_broker_stamped_msg_id(broker):
         assert (m.payload, m.producer_name, m.publish_time) == (b"q0" if i == 3 else
                                                                  b"q%d" % i, "rr", 5)
         assert (m.msg_id.producer_id, m.msg_id.topic_name, m.msg_id.broker_addr) == \
-            (producer.producer_id, topic, want_addr)
+            (producer_id, topic, want_addr)
     assert [m.msg_id.topic_offset for m in got] == [0, 1, 2, 3, 4]
     # A message that brought its own msg_id keeps its broker_addr (merged, as before).
     assert (got[3].payload, got[3].msg_id.broker_addr, got[3].msg_id.topic_name) == \
@@ -173,19 +145,17 @@ def test_reliable_batch_offsets_as_range_and_broker_stamped_msg_id(broker):
 
 def test_malformed_batch_is_refused_whole(broker):
     with grpc.insecure_channel(broker.client_addr) as ch:
-        producer = _unary(ch, "/danube.ProducerService/CreateProducer", pb.ProducerResponse)(
-            pb.ProducerRequest(producer_name="mp", topic_name="/default/batch-malformed",
-                               dispatch_strategy=pb.Reliable), timeout=10)
+        producer_id = create_producer(ch, "/default/batch-malformed", "mp", pb.Reliable)
         send = ch.unary_unary("/danube_ext.BatchProducer/SendMessages",
                               request_serializer=lambda b: b,
                               response_deserializer=ext.BatchResponse.FromString)
         ok = pb.StreamMessage(payload=b"fine").SerializeToString()
-        body = (ext.MessageBatchRaw(producer_id=producer.producer_id, messages=[ok])
+        body = (ext.MessageBatchRaw(producer_id=producer_id, messages=[ok])
                 .SerializeToString() + b"\x1a\x02\x1a\x09")   # a payload past its message
         with pytest.raises(grpc.RpcError) as err:
             send(body, timeout=10)
         assert err.value.code() == grpc.StatusCode.INTERNAL
         assert "malformed StreamMessage 1" in err.value.details()
-        resp = send(ext.MessageBatchRaw(producer_id=producer.producer_id, messages=[ok])
+        resp = send(ext.MessageBatchRaw(producer_id=producer_id, messages=[ok])
                     .SerializeToString(), timeout=10)
         assert list(resp.offsets) == [0]       # nothing of the refused batch was stored

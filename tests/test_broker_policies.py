@@ -9,40 +9,18 @@ import pytest
 
 from danube.proto import DanubeApi_pb2 as pb
 from broker_process import BrokerProcess
-
-
-def _unary(ch, path, resp):
-    return ch.unary_unary(path, request_serializer=lambda m: m.SerializeToString(),
-                          response_deserializer=resp.FromString)
-
-
-def _producer(ch, topic, name):
-    return _unary(ch, "/danube.ProducerService/CreateProducer", pb.ProducerResponse)(
-        pb.ProducerRequest(producer_name=name, topic_name=topic), timeout=10).producer_id
-
-
-def _subscribe(ch, topic, consumer, sub, sub_type=pb.ConsumerRequest.Shared):
-    return _unary(ch, "/danube.ConsumerService/Subscribe", pb.ConsumerResponse)(
-        pb.ConsumerRequest(topic_name=topic, consumer_name=consumer, subscription=sub,
-                           subscription_type=sub_type), timeout=10).consumer_id
-
-
-def _receive(ch, consumer_id):
-    return ch.unary_stream("/danube.ConsumerService/ReceiveMessages",
-                           request_serializer=lambda m: m.SerializeToString(),
-                           response_deserializer=pb.StreamMessage.FromString)(
-        pb.ReceiveRequest(consumer_id=consumer_id), timeout=30)
+from grpc_calls import create_producer, receive, subscribe, unary
 
 
 def _send(ch, topic, producer_id, payload):
-    return _unary(ch, "/danube.ProducerService/SendMessage", pb.MessageResponse)(
+    return unary(ch, "/danube.ProducerService/SendMessage", pb.MessageResponse)(
         pb.StreamMessage(request_id=1, payload=payload, producer_name="p",
                          msg_id=pb.MsgID(producer_id=producer_id, topic_name=topic)),
         timeout=10)
 
 
 def _health(ch, kind, ident):
-    return _unary(ch, "/danube.HealthCheck/HealthCheck", pb.HealthCheckResponse)(
+    return unary(ch, "/danube.HealthCheck/HealthCheck", pb.HealthCheckResponse)(
         pb.HealthCheckRequest(client=kind, id=ident), timeout=10).status
 
 
@@ -71,10 +49,10 @@ def limited(tmp_path_factory):
 def test_max_producers_per_topic(limited):
     topic = "/default/lim-producers"
     with grpc.insecure_channel(limited.client_addr) as ch:
-        _producer(ch, topic, "a")
-        _producer(ch, topic, "b")
-        assert _producer(ch, topic, "a")            # same name: the existing producer
-        code, details = _code(lambda: _producer(ch, topic, "c"))
+        create_producer(ch, topic, "a")
+        create_producer(ch, topic, "b")
+        assert create_producer(ch, topic, "a")            # same name: the existing producer
+        code, details = _code(lambda: create_producer(ch, topic, "c"))
     assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert "max_producers_per_topic" in details
 
@@ -82,26 +60,26 @@ def test_max_producers_per_topic(limited):
 def test_max_subscriptions_and_consumers(limited):
     topic = "/default/lim-subs"
     with grpc.insecure_channel(limited.client_addr) as ch:
-        _producer(ch, topic, "p")
-        _subscribe(ch, topic, "c1", "s1")
-        _subscribe(ch, topic, "c2", "s1")
-        code, details = _code(lambda: _subscribe(ch, topic, "c3", "s1"))
+        create_producer(ch, topic, "p")
+        subscribe(ch, topic, "c1", "s1")
+        subscribe(ch, topic, "c2", "s1")
+        code, details = _code(lambda: subscribe(ch, topic, "c3", "s1"))
         assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert "max_consumers_per_subscription" in details
-        _subscribe(ch, topic, "c3", "s2")
-        code, details = _code(lambda: _subscribe(ch, topic, "c4", "s2"))
+        subscribe(ch, topic, "c3", "s2")
+        code, details = _code(lambda: subscribe(ch, topic, "c4", "s2"))
         assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert "max_consumers_per_topic" in details
-        code, details = _code(lambda: _subscribe(ch, topic, "c5", "s3"))
+        code, details = _code(lambda: subscribe(ch, topic, "c5", "s3"))
         assert code == grpc.StatusCode.PERMISSION_DENIED
         assert "max_subscriptions_per_topic" in details
 
 
 def test_bootstrap_namespaces_exist(limited):
     with grpc.insecure_channel(limited.client_addr) as ch:
-        assert _producer(ch, "/team-a/orders", "p")
-        assert _producer(ch, "/team-b/orders", "p")
-        code, details = _code(lambda: _producer(ch, "/team-c/orders", "p"))
+        assert create_producer(ch, "/team-a/orders", "p")
+        assert create_producer(ch, "/team-b/orders", "p")
+        code, details = _code(lambda: create_producer(ch, "/team-c/orders", "p"))
     assert code == grpc.StatusCode.UNAVAILABLE
     assert "team-c" in details
 
@@ -112,7 +90,7 @@ def test_auto_create_off_gives_not_found(tmp_path):
     b = BrokerProcess("--config-file", str(cfg), data_dir=tmp_path / "d").start()
     try:
         with grpc.insecure_channel(b.client_addr) as ch:
-            code, details = _code(lambda: _producer(ch, "/default/nope", "p"))
+            code, details = _code(lambda: create_producer(ch, "/default/nope", "p"))
     finally:
         b.stop()
     assert code == grpc.StatusCode.NOT_FOUND
@@ -123,13 +101,13 @@ def test_topics_survive_restart_and_old_ids_get_close(tmp_path):
     b = BrokerProcess(data_dir=tmp_path / "d").start()
     topic = "/default/survivor"
     with grpc.insecure_channel(b.client_addr) as ch:
-        producer_id = _producer(ch, topic, "p")
-        consumer_id = _subscribe(ch, topic, "c", "s")
+        producer_id = create_producer(ch, topic, "p")
+        consumer_id = subscribe(ch, topic, "c", "s")
     assert b.stop() == 0
     b = BrokerProcess(data_dir=tmp_path / "d").start()
     try:
         with grpc.insecure_channel(b.client_addr) as ch:
-            lookup = _unary(ch, "/danube.Discovery/TopicLookup", pb.TopicLookupResponse)(
+            lookup = unary(ch, "/danube.Discovery/TopicLookup", pb.TopicLookupResponse)(
                 pb.TopicLookupRequest(topic=topic), timeout=10)
             assert lookup.response_type == pb.TopicLookupResponse.Connect
             assert lookup.connect_url == f"http://{b.client_addr}"
@@ -138,9 +116,9 @@ def test_topics_survive_restart_and_old_ids_get_close(tmp_path):
             assert _health(ch, pb.HealthCheckRequest.Consumer, consumer_id) == \
                 pb.HealthCheckResponse.CLOSE
             # The client's recovery: create again and carry on.
-            new_id = _producer(ch, topic, "p")
-            consumer_id = _subscribe(ch, topic, "c", "s")
-            stream = _receive(ch, consumer_id)
+            new_id = create_producer(ch, topic, "p")
+            consumer_id = subscribe(ch, topic, "c", "s")
+            stream = receive(ch, consumer_id)
             _send(ch, topic, new_id, b"after restart")
             assert next(stream).payload == b"after restart"
             stream.cancel()
@@ -153,13 +131,13 @@ def test_consumer_reconnecting_by_name_takes_over_its_stream(tmp_path):
     topic = "/default/takeover"
     try:
         with grpc.insecure_channel(b.client_addr) as ch:
-            producer_id = _producer(ch, topic, "p")
-            first = _subscribe(ch, topic, "c", "s", pb.ConsumerRequest.Exclusive)
-            old_stream = _receive(ch, first)
+            producer_id = create_producer(ch, topic, "p")
+            first = subscribe(ch, topic, "c", "s", pb.ConsumerRequest.Exclusive)
+            old_stream = receive(ch, first)
             _send(ch, topic, producer_id, b"one")
             assert next(old_stream).payload == b"one"
-            assert _subscribe(ch, topic, "c", "s", pb.ConsumerRequest.Exclusive) == first
-            new_stream = _receive(ch, first)
+            assert subscribe(ch, topic, "c", "s", pb.ConsumerRequest.Exclusive) == first
+            new_stream = receive(ch, first)
             _send(ch, topic, producer_id, b"two")
             assert next(new_stream).payload == b"two"
             with pytest.raises(grpc.RpcError) as err:
@@ -176,10 +154,10 @@ def test_exclusive_gives_way_when_the_holder_is_gone(tmp_path):
     topic = "/default/exclusive-gone"
     try:
         with grpc.insecure_channel(b.client_addr) as ch:
-            _producer(ch, topic, "p")
-            holder = _subscribe(ch, topic, "c1", "s", pb.ConsumerRequest.Exclusive)
-            stream = _receive(ch, holder)
-            code, _ = _code(lambda: _subscribe(ch, topic, "c2", "s",
+            create_producer(ch, topic, "p")
+            holder = subscribe(ch, topic, "c1", "s", pb.ConsumerRequest.Exclusive)
+            stream = receive(ch, holder)
+            code, _ = _code(lambda: subscribe(ch, topic, "c2", "s",
                                                pb.ConsumerRequest.Exclusive))
             assert code == grpc.StatusCode.PERMISSION_DENIED
             stream.cancel()
@@ -189,7 +167,7 @@ def test_exclusive_gives_way_when_the_holder_is_gone(tmp_path):
                         pb.HealthCheckResponse.CLOSE:
                     break
                 deadline.wait(0.1)
-            assert _subscribe(ch, topic, "c2", "s", pb.ConsumerRequest.Exclusive)
+            assert subscribe(ch, topic, "c2", "s", pb.ConsumerRequest.Exclusive)
     finally:
         b.stop()
 

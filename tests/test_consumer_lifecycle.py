@@ -12,6 +12,7 @@ import pytest
 from danube.proto import DanubeApi_pb2 as pb
 from danube.proto import DanubeExt_pb2 as ext
 from broker_process import BrokerProcess
+from grpc_calls import create_producer, receive, subscribe, unary
 
 GRACE_MS = 400
 
@@ -26,49 +27,33 @@ def broker(tmp_path_factory):
     b.stop()
 
 
-def _unary(ch, path, resp):
-    return ch.unary_unary(path, request_serializer=lambda m: m.SerializeToString(),
-                          response_deserializer=resp.FromString)
-
-
-def _subscribe(ch, topic, name):
-    return _unary(ch, "/danube.ConsumerService/Subscribe", pb.ConsumerResponse)(
-        pb.ConsumerRequest(topic_name=topic, consumer_name=name, subscription="s",
-                           subscription_type=pb.ConsumerRequest.Exclusive), timeout=10)
-
-
-def _receive(ch, consumer_id):
-    return ch.unary_stream("/danube.ConsumerService/ReceiveMessages",
-                           request_serializer=lambda m: m.SerializeToString(),
-                           response_deserializer=pb.StreamMessage.FromString)(
-        pb.ReceiveRequest(consumer_id=consumer_id), timeout=30)
+def _exclusive(ch, topic, name):
+    return subscribe(ch, topic, name, "s", pb.ConsumerRequest.Exclusive)
 
 
 def test_consumer_without_a_stream_gives_way_after_the_grace(broker):
     topic = "/default/lifecycle-no-stream"
     with grpc.insecure_channel(broker.client_addr) as ch:
-        producer = _unary(ch, "/danube.ProducerService/CreateProducer", pb.ProducerResponse)(
-            pb.ProducerRequest(producer_name="p", topic_name=topic,
-                               dispatch_strategy=pb.Reliable), timeout=10)
-        _subscribe(ch, topic, "ghost")          # never opens its stream
-        send = _unary(ch, "/danube_ext.BatchProducer/SendMessages", ext.BatchResponse)
-        send(ext.MessageBatch(producer_id=producer.producer_id,
+        producer_id = create_producer(ch, topic, "p", pb.Reliable)
+        _exclusive(ch, topic, "ghost")          # never opens its stream
+        send = unary(ch, "/danube_ext.BatchProducer/SendMessages", ext.BatchResponse)
+        send(ext.MessageBatch(producer_id=producer_id,
                               messages=[pb.StreamMessage(payload=b"m%d" % i) for i in range(3)]),
              timeout=10)
         with pytest.raises(grpc.RpcError) as err:
-            _subscribe(ch, topic, "second")
+            _exclusive(ch, topic, "second")
         assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
         assert "ghost" in err.value.details()
         deadline = time.monotonic() + 10
         while True:
             try:
-                consumer = _subscribe(ch, topic, "second")
+                consumer_id = _exclusive(ch, topic, "second")
                 break
             except grpc.RpcError as exc:
                 assert exc.code() == grpc.StatusCode.PERMISSION_DENIED
                 assert time.monotonic() < deadline, "the ghost consumer still holds the subscription"
                 time.sleep(0.05)
-        stream = _receive(ch, consumer.consumer_id)
+        stream = receive(ch, consumer_id)
         # In flight to the ghost, redelivered at once rather than after the 30 s ack timeout.
         start = time.monotonic()
         got = [next(stream) for _ in range(3)]
@@ -81,14 +66,13 @@ def test_consumer_without_a_stream_gives_way_after_the_grace(broker):
 def test_a_stream_opened_within_the_grace_keeps_the_consumer(broker):
     topic = "/default/lifecycle-late-stream"
     with grpc.insecure_channel(broker.client_addr) as ch:
-        _unary(ch, "/danube.ProducerService/CreateProducer", pb.ProducerResponse)(
-            pb.ProducerRequest(producer_name="p", topic_name=topic), timeout=10)
-        consumer = _subscribe(ch, topic, "slow-starter")
+        create_producer(ch, topic, "p")
+        consumer_id = _exclusive(ch, topic, "slow-starter")
         time.sleep(GRACE_MS / 2000)
-        stream = _receive(ch, consumer.consumer_id)
+        stream = receive(ch, consumer_id)
         time.sleep(GRACE_MS * 2 / 1000)
         with pytest.raises(grpc.RpcError) as err:
-            _subscribe(ch, topic, "intruder")
+            _exclusive(ch, topic, "intruder")
         assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
         stream.cancel()
 
@@ -96,21 +80,18 @@ def test_a_stream_opened_within_the_grace_keeps_the_consumer(broker):
 def test_a_stream_opened_after_the_grace_still_receives(broker):
     topic = "/default/lifecycle-very-late"
     with grpc.insecure_channel(broker.client_addr) as ch:
-        producer = _unary(ch, "/danube.ProducerService/CreateProducer", pb.ProducerResponse)(
-            pb.ProducerRequest(producer_name="p", topic_name=topic), timeout=10)
-        consumer = _unary(ch, "/danube.ConsumerService/Subscribe", pb.ConsumerResponse)(
-            pb.ConsumerRequest(topic_name=topic, consumer_name="late", subscription="s",
-                               subscription_type=pb.ConsumerRequest.Shared), timeout=10)
+        producer_id = create_producer(ch, topic, "p")
+        consumer_id = subscribe(ch, topic, "late", "s", pb.ConsumerRequest.Shared)
         time.sleep(GRACE_MS * 2 / 1000)
-        stream = _receive(ch, consumer.consumer_id)
-        send = _unary(ch, "/danube.ProducerService/SendMessage", pb.MessageResponse)
+        stream = receive(ch, consumer_id)
+        send = unary(ch, "/danube.ProducerService/SendMessage", pb.MessageResponse)
         received = threading.Event()
 
         def keep_sending():
             # Non-reliable: what is published before the stream is attached is not kept.
             while not received.wait(0.05):
                 send(pb.StreamMessage(request_id=1, payload=b"hi", msg_id=pb.MsgID(
-                    producer_id=producer.producer_id, topic_name=topic)), timeout=10)
+                    producer_id=producer_id, topic_name=topic)), timeout=10)
 
         sender = threading.Thread(target=keep_sending, daemon=True)
         sender.start()
