@@ -61,11 +61,9 @@ class Topic:
         it and protobuf merges the two, so whatever a frame does say (its producer_id and
         topic_offset, or an older frame's own topic_name) wins."""
         if self._read_head is None:
-            inner = pb.MsgID(topic_name=self.name,
-                             broker_addr=self.broker.cfg.advertised_broker_url
-                             ).SerializeToString()
-            self._read_head = pb.StreamMessage(msg_id=pb.MsgID.FromString(inner)
-                                               ).SerializeToString()
+            self._read_head = pb.StreamMessage(msg_id=pb.MsgID(
+                topic_name=self.name, broker_addr=self.broker.cfg.advertised_broker_url)
+            ).SerializeToString()
         return self._read_head
 
     def stored_form(self, msg):
