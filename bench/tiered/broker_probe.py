@@ -170,17 +170,37 @@ THREAD_TARGETS = (
 )
 
 
+def _resolve(module_name, qualname):
+    """(module, owner, attribute name) of ``module_name``'s ``qualname``, or None when it
+    is not there (a target a given build does not have)."""
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError:
+        return None
+    parts = qualname.split(".")
+    owner = module
+    for part in parts[:-1]:
+        owner = getattr(owner, part, None)
+    return None if owner is None else (module, owner, parts[-1])
+
+
+def _replace(module, owner, name, real, wrapped):
+    setattr(owner, name, wrapped)
+    if owner is module:
+        # Modules that imported the function by name call their own reference.
+        for mod in list(sys.modules.values()):
+            if getattr(mod, "__name__", "").startswith("danube") \
+                    and getattr(mod, name, None) is real:
+                setattr(mod, name, wrapped)
+
+
 def _install_thread_events():
     for module_name, qualname in THREAD_TARGETS:
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError:
+        found = _resolve(module_name, qualname)
+        if found is None:
             continue
-        parts = qualname.split(".")
-        owner = module
-        for part in parts[:-1]:
-            owner = getattr(owner, part, None)
-        real = getattr(owner, parts[-1], None)
+        module, owner, attr = found
+        real = getattr(owner, attr, None)
         if real is None:
             continue
 
@@ -194,13 +214,7 @@ def _install_thread_events():
                     _events.append((t0, name, time.perf_counter() - t,
                                     threading.get_ident() == _main))
             return timed
-        wrapped = make(real, qualname)
-        setattr(owner, parts[-1], wrapped)
-        if owner is module:
-            for mod in list(sys.modules.values()):
-                if getattr(mod, "__name__", "").startswith("danube") \
-                        and getattr(mod, parts[-1], None) is real:
-                    setattr(mod, parts[-1], wrapped)
+        _replace(module, owner, attr, real, make(real, qualname))
 
 
 def _install_executor_waits():
@@ -229,34 +243,20 @@ def install():
     _install_upload_events()
     _install_thread_events()
     for module_name, qualname in TARGETS:
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError:
+        found = _resolve(module_name, qualname)
+        if found is None:
             continue
-        owner = module
-        parts = qualname.split(".")
-        for part in parts[:-1]:
-            owner = getattr(owner, part, None)
-        if owner is None:
-            continue
-        raw = owner.__dict__.get(parts[-1]) if isinstance(owner, type) else \
-            getattr(owner, parts[-1], None)
+        module, owner, attr = found
+        raw = owner.__dict__.get(attr) if isinstance(owner, type) else \
+            getattr(owner, attr, None)
         if raw is None:
             continue
         if isinstance(raw, classmethod):
-            fn = raw.__func__
-            setattr(owner, parts[-1], classmethod(_wrap(qualname, fn)))
+            setattr(owner, attr, classmethod(_wrap(qualname, raw.__func__)))
         elif isinstance(raw, staticmethod):
-            setattr(owner, parts[-1], staticmethod(_wrap(qualname, raw.__func__)))
+            setattr(owner, attr, staticmethod(_wrap(qualname, raw.__func__)))
         elif callable(raw):
-            wrapped = _wrap(qualname, raw)
-            setattr(owner, parts[-1], wrapped)
-            if owner is module:
-                # Modules that imported the function by name call their own reference.
-                for mod in list(sys.modules.values()):
-                    if getattr(mod, "__name__", "").startswith("danube") \
-                            and getattr(mod, parts[-1], None) is raw:
-                        setattr(mod, parts[-1], wrapped)
+            _replace(module, owner, attr, raw, _wrap(qualname, raw))
 
 
 async def _monitor():
