@@ -99,6 +99,8 @@ class Server:
         self.procs: list[subprocess.Popen] = []
         self._lock = threading.Lock()
         self.starts = 0
+        # Put before every command the server runs (bench.tiered: ``chrt --idle 0``).
+        self.launch_prefix: list[str] = []
 
     # -- to implement --
 
@@ -143,6 +145,7 @@ class Server:
         self.spawn(self.command())
 
     def spawn(self, cmd):
+        cmd = [*self.launch_prefix, *cmd]
         with open(self.logfile, "ab") as log:
             log.write(f"\n=== start {self.starts}: {' '.join(cmd)}\n".encode())
             log.flush()

@@ -218,7 +218,8 @@ def _install_thread_events():
 
 
 def _install_executor_waits():
-    """How long work submitted to the WAL executor waited for a free thread."""
+    """How long work submitted to the WAL executor waited for a free thread, and what ran
+    there for 2 ms or more (what a waiting job waited for)."""
     import concurrent.futures
     real = concurrent.futures.ThreadPoolExecutor.submit
 
@@ -232,7 +233,13 @@ def _install_executor_waits():
             waited = time.perf_counter() - t
             if waited >= 0.0002:
                 _events.append((t0, f"executor wait ({name})", waited, False))
-            return fn(*a, **k)
+            t1 = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                ran = time.perf_counter() - t1
+                if ran >= 0.002:
+                    _events.append((t0 + waited, f"executor run ({name})", ran, False))
         return real(self, run, *args, **kwargs)
     concurrent.futures.ThreadPoolExecutor.submit = submit
 

@@ -51,6 +51,7 @@ RESULTS = REPO / "bench" / "results" / "tiered.json"
 
 REPLAY_TARGET = 0.25            # replay from SeaweedFS >= 1/4 of the local WAL's rate
 SECTIONS = ("storage", "replay", "publish")
+STORE_PRIORITY = {"normal": (), "idle": ("chrt", "--idle", "0")}
 LABELS = {"wal": "local WAL", "wal_verify": "local WAL, verify_reads",
           "local": "local WAL", "memory": "memory", "fs": "fs (directory)",
           "s3": "s3 (SeaweedFS)", "gcs": "gcs (fake-gcs-server)", "azblob": "azblob (Azurite)",
@@ -158,7 +159,7 @@ def cpu_of(pids):
 class Servers:
     """The object-store servers, started in parallel, each in its own directory."""
 
-    def __init__(self, kinds, scratch):
+    def __init__(self, kinds, scratch, prefix=()):
         self.running = {}
         self.skipped = {}
         errors = {}
@@ -173,6 +174,7 @@ class Servers:
             try:
                 cls = SinkServer if kind == "s3-sink" else objstore_servers.SERVER_CLASSES[kind]
                 server = cls(self.server_root / f"server-{kind}")
+                server.launch_prefix = list(prefix)
                 t0 = time.monotonic()
                 server.start()
                 server.start_s = time.monotonic() - t0
@@ -224,12 +226,13 @@ class SinkServer:
     def __init__(self, workdir):
         self.procs = []
         self.endpoint = None
+        self.launch_prefix = []
 
     def start(self):
         # Started from the main thread (see Servers): popen's parent-death signal fires
         # when the thread that started the child ends.
-        proc = popen([sys.executable, "-P", "-m", "bench.tiered.s3sink"], env=repo_env(),
-                     cwd=REPO, stdout=subprocess.PIPE, text=True)
+        proc = popen([*self.launch_prefix, sys.executable, "-P", "-m", "bench.tiered.s3sink"],
+                     env=repo_env(), cwd=REPO, stdout=subprocess.PIPE, text=True)
         self.procs = [proc]
         line = proc.stdout.readline()
         if not line.strip().isdigit():
@@ -739,6 +742,8 @@ def main(argv=None):
                     help="publish section: run the brokers under bench.tiered.broker_probe "
                          "(event-loop lag and slow calls on the loop thread, per window; "
                          "costs the broker ~1-2%% of a core, so not for headline figures)")
+    ap.add_argument("--store-priority", choices=sorted(STORE_PRIORITY), default="normal",
+                    help="CPU priority of the object-store servers")
     ap.add_argument("--dir", default=None, help="parent of the scratch directory")
     ap.add_argument("--json", default=str(RESULTS), help="where to write the results")
     args = ap.parse_args(argv)
@@ -795,7 +800,7 @@ def main(argv=None):
     try:
         if need:
             print(f"starting {', '.join(need)} servers ...", end=" ", flush=True)
-            servers = Servers(need, scratch)
+            servers = Servers(need, scratch, STORE_PRIORITY[args.store_priority])
             print(", ".join(f"{k} {s.start_s:.1f} s" for k, s in servers.running.items())
                   or "none", flush=True)
             for kind, why in servers.skipped.items():
@@ -868,7 +873,8 @@ def main(argv=None):
         if "publish" in sections:
             print(f"publish latency: send() at {args.rate:,}/s + bulk {args.bulk_mbps:g} "
                   f"MB/s into another topic, {args.warmup:g} s warm-up + {args.duration:g} s "
-                  f"window:", flush=True)
+                  f"window" + (", store servers SCHED_IDLE" if args.store_priority == "idle"
+                               else "") + ":", flush=True)
             for group, rnd in publish_order(pgroups, args.rounds):
                 kind = publish_kind(group)
                 label = publish_label(group)
