@@ -77,3 +77,7 @@ def small_limit_server():
 # Object-store emulators (SeaweedFS, fake-gcs-server, Azurite) as session fixtures.
 from objstore_fixtures import (_no_cloud_metadata_probes, azurite_server,  # noqa: E402,F401
                                fake_gcs_server, objstore_server, seaweedfs_server)
+
+# `store`: a metadata store, once in memory and once embedded (SQLite), for the metadata
+# test modules (test_objstore_backends has a `store` of its own).
+from metadata_stores import store  # noqa: E402,F401

@@ -21,16 +21,6 @@ from killed_child import KilledChild
 TTL = 0.2
 
 
-@pytest.fixture(params=["memory", "embedded"])
-async def store(request, tmp_path):
-    if request.param == "memory":
-        s = await MemoryStore.open()
-    else:
-        s = await EmbeddedStore.open(tmp_path / "metadata")
-    yield s
-    await s.close()
-
-
 async def next_event(watch, timeout=2.0):
     return await asyncio.wait_for(anext(watch), timeout)
 

@@ -23,16 +23,6 @@ async def embedded(tmp_path):
     await s.close()
 
 
-@pytest.fixture(params=["memory", "embedded"])
-async def store(request, tmp_path):
-    if request.param == "memory":
-        s = await MemoryStore.open()
-    else:
-        s = await EmbeddedStore.open(tmp_path / "metadata")
-    yield s
-    await s.close()
-
-
 async def settle():
     """Let submitted calls reach the writer's queue."""
     for _ in range(5):
