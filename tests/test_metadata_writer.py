@@ -5,7 +5,10 @@ lets pending writes finish, and an acknowledged write survives SIGKILL with many
 flight. Plus put_many, on both in-process stores."""
 
 import asyncio
+import re
 import sqlite3
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -119,12 +122,13 @@ async def test_batch_results_equal_serial_execution(tmp_path):
     serial = [await call() for call in calls(mem)]
     emb = await EmbeddedStore.open(tmp_path / "m")
     try:
+        before = emb.write_stats["commits"]
         emb._writer.pause()
         tasks = [asyncio.create_task(call()) for call in calls(emb)]
         await settle()
         emb._writer.resume()
         batched = await asyncio.gather(*tasks)
-        assert emb.write_stats["commits"] == 1
+        assert emb.write_stats["commits"] == before + 1
         assert batched == serial
         for key in await mem.keys("/"):
             assert await emb.get_entry(key) == await mem.get_entry(key)
@@ -281,6 +285,119 @@ async def test_delete_events_after_batched_deletes(embedded):
     assert events[0].version == events[1].version == events[2].version - 1
 
 
+# -- writes that skip the fsync (durable=False) -------------------------------------------------
+
+def committed(store_or_stats):
+    stats = getattr(store_or_stats, "write_stats", store_or_stats)
+    return stats["commits"], stats["synced_commits"]
+
+
+async def test_non_durable_writes_are_synced_by_the_next_durable_one(embedded):
+    await embedded.sync()
+    stats = embedded.write_stats
+    await embedded.put_many({"/n/a": 1}, durable=False)
+    await embedded.put_many({"/n/b": 2}, durable=False)
+    after = embedded.write_stats
+    assert after["commits"] == stats["commits"] + 2
+    assert after["synced_commits"] == stats["synced_commits"], "no fsync for either"
+    assert await embedded.get("/n/a") == 1 and await embedded.get("/n/b") == 2
+    await embedded.sync()
+    synced = embedded.write_stats
+    assert synced["synced_commits"] == after["synced_commits"] + 1, "sync() is one commit"
+    await embedded.sync()
+    assert committed(embedded) == committed(synced), "nothing left to sync: no commit"
+    await embedded.put_many({"/n/c": 3}, durable=False)
+    await embedded.put("/n/d", 4)
+    last = embedded.write_stats
+    assert last["synced_commits"] == synced["synced_commits"] + 1
+    await embedded.sync()
+    assert committed(embedded) == committed(last), "the durable put synced what came before"
+
+
+async def test_a_batch_with_one_durable_write_is_synced(embedded):
+    await embedded.sync()
+    stats = embedded.write_stats
+    embedded._writer.pause()
+    tasks = [asyncio.create_task(embedded.put_many({f"/m/{i}": i}, durable=False))
+             for i in range(5)]
+    tasks.append(asyncio.create_task(embedded.put("/m/durable", 1)))
+    await settle()
+    embedded._writer.resume()
+    await asyncio.gather(*tasks)
+    after = embedded.write_stats
+    assert after["commits"] - stats["commits"] == 1
+    assert after["synced_commits"] - stats["synced_commits"] == 1
+
+
+async def test_sync_on_the_memory_store_returns(tmp_path):
+    async with await MemoryStore.open() as mem:
+        await mem.put_many({"/a": 1}, durable=False)
+        await mem.sync()
+        assert await mem.get("/a") == 1
+
+
+async def test_a_reopened_store_syncs_what_a_killed_process_left(tmp_path):
+    """A process killed after a non-durable write leaves it unsynced in the page cache;
+    the next process's first sync() must cover it, though it wrote nothing itself."""
+    path = tmp_path / "metadata"
+    async with await EmbeddedStore.open(path) as s:
+        before = s.write_stats["synced_commits"]
+        await s.sync()
+        assert s.write_stats["synced_commits"] == before, "the open already synced"
+    # (the open's own purge transaction is the first durable batch: it syncs)
+    async with await EmbeddedStore.open(path) as s:
+        assert s.write_stats["synced_commits"] == 1
+
+
+FSYNC_CHILD = r"""
+import asyncio, os, sys
+from danube.metadata import EmbeddedStore
+
+def mark(text):
+    os.write(2, f"@@ {text}\n".encode())
+
+async def main():
+    s = await EmbeddedStore.open(sys.argv[1])
+    mark("non-durable")
+    for i in range(5):
+        await s.put_many({f"/a/{i}": i}, durable=False)
+    mark("sync")
+    await s.sync()
+    mark("sync-again")
+    await s.sync()
+    mark("durable")
+    await s.put("/b", 1)
+    mark("end")
+    os._exit(0)
+
+asyncio.run(main())
+"""
+
+
+def test_only_durable_commits_fsync(tmp_path):
+    """Counted by the kernel, not by our counters: strace sees the writer thread's
+    fsync/fdatasync calls between the child's markers."""
+    trace = tmp_path / "trace"
+    proc = subprocess.run(
+        ["strace", "-f", "-qq", "-o", str(trace), "-e", "trace=fsync,fdatasync,write",
+         "-e", "signal=none", sys.executable, "-P", "-c", FSYNC_CHILD,
+         str(tmp_path / "metadata")],
+        capture_output=True, text=True, timeout=60)
+    if "PTRACE_TRACEME" in proc.stderr or "ptrace" in proc.stderr.lower():
+        pytest.skip(f"ptrace is not permitted here: {proc.stderr.splitlines()[0]}")
+    assert proc.returncode == 0, proc.stderr
+    syncs, section = {}, None
+    for line in trace.read_text().splitlines():
+        marker = re.search(r'write\(2, "@@ ([a-z-]+)', line)
+        if marker:
+            section = marker.group(1)
+            syncs[section] = 0
+        elif section is not None and re.search(r"\b(fsync|fdatasync)\(", line):
+            syncs[section] += 1
+    assert syncs == {"non-durable": 0, "sync": 1, "sync-again": 0, "durable": 1, "end": 0}, \
+        trace.read_text()
+
+
 # -- durability with many writers in flight --------------------------------------------------
 
 CHILD = r"""
@@ -294,7 +411,9 @@ async def main():
         i = 0
         while True:
             if i % 3 == 2:
-                await store.put_many({f"/acked/{w}/{i:06d}": i, f"/acked/{w}/{i:06d}/x": i})
+                # Half the writers' pairs skip the fsync: a kill must not lose them either.
+                await store.put_many({f"/acked/{w}/{i:06d}": i, f"/acked/{w}/{i:06d}/x": i},
+                                     durable=w % 2 == 0)
             else:
                 await store.put(f"/acked/{w}/{i:06d}", i)
             print(w, i, flush=True)

@@ -631,13 +631,22 @@ class BrokerCore:
         cfg = self.cfg
         while True:
             await asyncio.sleep(cfg.retention_check_interval_minutes * 60)
+            uploaded = {}
+            if self.tiered is not None:
+                try:
+                    uploaded = await self.tiered.durable_ends()
+                except Exception:  # noqa: BLE001 - tiered topics keep their WAL this pass
+                    log.exception("retention: cannot sync the segment catalogue")
             for topic in list(self.topics.values()):
                 if topic.log is None or topic.closed:
                     continue
                 if topic.tier is not None:
                     # Subscriptions behind the local WAL read from the durable tier, so
-                    # what is uploaded may go, and what is not must stay.
-                    keep_from, force = topic.tier.uploaded_end + 1, False
+                    # what is uploaded (and recorded for good) may go, and the rest stays.
+                    end = uploaded.get(topic.name)
+                    if end is None:
+                        continue
+                    keep_from, force = end + 1, False
                 else:
                     needed = [s.dispatcher.cursor + 1 for s in topic.subscriptions.values()
                               if s.dispatcher is not None]

@@ -106,6 +106,11 @@ def _noop(txn: _Txn) -> None:
     """Writes nothing: a transaction that only purges what expired."""
 
 
+def _barrier(txn: _Txn) -> None:
+    """Writes nothing; run as a durable operation it makes the writes before it durable
+    (``sync``)."""
+
+
 class LocalStore(MetadataStore):
     """A ``MetadataStore`` living in this process. Subclasses provide the read primitives
     (``_row``, ``_rows``, ``_keys``, ``_next_expiry``; reads filter out rows whose
@@ -177,10 +182,12 @@ class LocalStore(MetadataStore):
     def _read_failed(self, exc: BaseException) -> MetadataUnavailable:
         return MetadataUnavailable(f"metadata read failed: {exc}")
 
-    async def _execute(self, op: Operation) -> Any:
-        """Run a write operation and return its result once it is committed and its changes
-        published. Raises ``MetadataUnavailable`` if the store is closed or its storage
-        fails, and whatever the operation itself raises (nothing of it is then applied)."""
+    async def _execute(self, op: Operation, durable: bool = True) -> Any:
+        """Run a write operation and return its result once it is committed (durably unless
+        ``durable`` is False, see ``MetadataStore``) and its changes published. Raises
+        ``MetadataUnavailable`` if the store is closed or its storage fails, and whatever the
+        operation itself raises (nothing of it is then applied). Inline writes are as durable
+        as the backend is, whatever ``durable`` says."""
         return self._execute_inline(op)
 
     def _execute_inline(self, op: Operation) -> Any:
@@ -243,7 +250,7 @@ class LocalStore(MetadataStore):
         return await self._execute(lambda txn: txn.put(key, text, ttl))
 
     async def put_many(self, items: Mapping[str, Any] | Iterable[tuple[str, Any]],
-                       ttl: float | None = None) -> int:
+                       ttl: float | None = None, *, durable: bool = True) -> int:
         entries = [(validate_key(key), value) for key, value in
                    (items.items() if isinstance(items, Mapping) else items)]
         ttl = validate_ttl(ttl)
@@ -253,7 +260,11 @@ class LocalStore(MetadataStore):
         if not texts:
             self._check_open()
             return self._revision
-        return await self._execute(lambda txn: txn.put_many(texts, ttl))
+        return await self._execute(lambda txn: txn.put_many(texts, ttl), durable)
+
+    async def sync(self) -> None:
+        self._check_open()
+        await self._execute(_barrier)
 
     async def delete(self, key: str) -> bool:
         validate_key(key)

@@ -19,6 +19,19 @@ verdicts, allocated ids, versions) are what serial execution would have given. I
 itself fails, every operation of the batch that had succeeded fails with
 ``MetadataUnavailable`` and nothing of the batch is kept.
 
+Durability per batch: an operation submitted with ``durable=False`` (see ``MetadataStore``) may
+skip the fsync. A batch holding only such operations commits under ``synchronous=NORMAL``:
+SQLite writes the commit into its WAL file without syncing it, so the commit survives the
+process being killed (the page cache has it) but not a power cut. A batch holding any durable
+operation commits under ``synchronous=FULL``, whose fsync of the WAL file also covers every
+unsynced commit before it; when such a batch changes nothing while unsynced commits are
+outstanding (``sync()``), it writes a ``barrier`` counter so there is a commit to fsync.
+NORMAL is WAL mode's own crash-safe setting: its checkpoints still sync, so the database is
+never corrupted, only the newest unsynced commits can be lost. The point is the publish path:
+an fsync of this database competes with the message WAL's ``fdatasync`` calls on the same
+disk, and segment descriptors, written twice a second with short upload intervals, do not
+need one (see ``danube.storage.tiered.manager``).
+
 Results go back to the loop with ``call_soon_threadsafe``, in batch order and in one callback
 per batch: each operation's changes are published to watchers (in revision order) and then
 its future is resolved, so a caller resumes only after its watchers were told.
@@ -44,10 +57,13 @@ MAX_BATCH = 1024
 
 
 class _Item:
-    __slots__ = ("op", "loop", "future", "error", "result", "revision", "changes", "ttl_set")
+    __slots__ = ("op", "durable", "loop", "future", "error", "result", "revision", "changes",
+                 "ttl_set")
 
-    def __init__(self, op: Operation, loop: asyncio.AbstractEventLoop, future: asyncio.Future):
+    def __init__(self, op: Operation, durable: bool, loop: asyncio.AbstractEventLoop,
+                 future: asyncio.Future):
         self.op = op
+        self.durable = durable
         self.loop = loop
         self.future = future
         self.error: BaseException | None = None
@@ -84,23 +100,30 @@ class Writer:
         self._paused = False                    # pause() (tests)
         #: Finished when the thread has exited (or, if it never started, at stop()).
         self.done: concurrent.futures.Future = concurrent.futures.Future()
-        #: Operations run, transactions committed (each one fsync), batches taken.
+        #: Operations run, transactions committed, batches taken, and the commits that were
+        #: synced (``synchronous=FULL``: one fsync each).
         self.operations = 0
         self.commits = 0
         self.batches = 0
+        self.synced_commits = 0
+        self._level = "FULL"            # the connection's `synchronous` setting
+        # A commit since the last synced one was not synced. True at first: a process that
+        # was killed may have left unsynced commits in the WAL file, in the page cache.
+        self._unsynced = True
 
     @property
     def started(self) -> bool:
         return self._thread is not None
 
-    def submit(self, op: Operation) -> asyncio.Future:
-        """Queue ``op``; the returned future (of the running loop) gets its result."""
+    def submit(self, op: Operation, durable: bool = True) -> asyncio.Future:
+        """Queue ``op``; the returned future (of the running loop) gets its result, once the
+        commit is synced unless ``durable`` is False."""
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         with self._cond:
             if self._stopping:
                 raise MetadataUnavailable("metadata store is closed")
-            self._queue.append(_Item(op, loop, future))
+            self._queue.append(_Item(op, durable, loop, future))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name=self._name,
                                                 daemon=True)
@@ -158,15 +181,41 @@ class Writer:
         conn, self._conn = self._conn, None
         if conn is not None:
             try:
+                if self._unsynced:
+                    # Closing checkpoints (and syncs) anyway; this says it outright, so a
+                    # clean stop leaves nothing that a power cut could take.
+                    self._set_level(conn, "FULL")
+                    conn.execute("BEGIN IMMEDIATE")
+                    self._write_barrier(conn)
+                    conn.execute("COMMIT")
+                    self._unsynced = False
+            except sqlite3.Error:
+                pass
+            try:
                 conn.close()
             except sqlite3.Error:
                 pass
 
+    def _set_level(self, conn: sqlite3.Connection, level: str) -> None:
+        if level != self._level:
+            conn.execute(f"PRAGMA synchronous={level}")
+            self._level = level
+
+    @staticmethod
+    def _write_barrier(conn: sqlite3.Connection) -> None:
+        # A row that really changes: an UPDATE writing the same value leaves the page clean,
+        # and a commit without pages is not synced.
+        conn.execute("INSERT INTO meta (name, value) VALUES ('barriers', 1) "
+                     "ON CONFLICT (name) DO UPDATE SET value = value + 1")
+
     def _process(self, batch: list[_Item]) -> None:
         conn = self._conn
         base = revision = self._revision
+        durable = any(item.durable for item in batch)
         self.batches += 1
         try:
+            # Set outside the transaction: SQLite reads it when the transaction starts.
+            self._set_level(conn, "FULL" if durable else "NORMAL")
             conn.execute("BEGIN IMMEDIATE")
         except sqlite3.Error as exc:
             for item in batch:
@@ -207,11 +256,18 @@ class Writer:
                 break
             item.revision, item.changes, item.ttl_set = txn.revision, txn.changes, txn.ttl_set
             revision = txn.revision
-        if aborted is None and revision != base:
+        if aborted is None and (revision != base or (durable and self._unsynced)):
             try:
-                conn.execute("UPDATE meta SET value = ? WHERE name = 'revision'", (revision,))
+                if revision != base:
+                    conn.execute("UPDATE meta SET value = ? WHERE name = 'revision'",
+                                 (revision,))
+                else:
+                    self._write_barrier(conn)
                 conn.execute("COMMIT")
                 self.commits += 1
+                if durable:
+                    self.synced_commits += 1
+                self._unsynced = not durable
             except sqlite3.Error as exc:
                 aborted = exc
         if aborted is not None:

@@ -9,7 +9,9 @@ primary key is both index-backed and exactly the '/'-boundary range.
 Why ``journal_mode=WAL`` with ``synchronous=FULL``: a write returns only after its commit
 record is fsynced into the WAL, so an acknowledged write survives a crash or power loss.
 That costs a sync per commit, which is right for metadata: it is the control plane (topic
-creation, cursors, registrations, segment descriptors), never the per-message data path.
+creation, cursors, registrations), never the per-message data path. Writes that can be redone
+after a power cut (``put_many(durable=False)``: segment descriptors) skip it; the writer
+thread commits them under ``synchronous=NORMAL`` (see ``danube.metadata._writer``).
 
 Two connections. Writes go to one writer thread (``danube.metadata._writer``) with a
 connection of its own: the commit and its fsync never run on the event loop, and writes
@@ -174,17 +176,19 @@ class EmbeddedStore(LocalStore):
 
     # -- writes, in the writer thread ---------------------------------------------------------
 
-    async def _execute(self, op):
+    async def _execute(self, op, durable=True):
         self._check_open()
-        return await self._writer.submit(op)
+        return await self._writer.submit(op, durable)
 
     @property
     def write_stats(self) -> dict[str, int]:
-        """Operations run, transactions committed (one fsync each) and batches taken by the
-        writer thread since the store was opened."""
+        """Operations run, transactions committed, commits synced (one fsync each) and
+        batches taken by the writer thread since the store was opened."""
         w = self._writer
-        return {"operations": w.operations, "commits": w.commits, "batches": w.batches} \
-            if w is not None else {"operations": 0, "commits": 0, "batches": 0}
+        if w is None:
+            return {"operations": 0, "commits": 0, "synced_commits": 0, "batches": 0}
+        return {"operations": w.operations, "commits": w.commits,
+                "synced_commits": w.synced_commits, "batches": w.batches}
 
     async def _finish_writes(self):
         writer = self._writer

@@ -26,6 +26,11 @@ The contract, shared by every backend:
   is repeated; a later write without a TTL makes it permanent. An expired key is invisible to
   every read at once, before any background reaping, and its expiry is announced to watchers
   as a ``delete`` event ahead of any later change.
+* A write returns once it is durable: it survives the broker being killed and the machine
+  losing power. ``put_many(..., durable=False)`` relaxes that for writes that can be redone
+  (a segment descriptor whose object is still in the store): it returns once committed and
+  visible, survives the broker being killed, but a machine crash may lose it, until the next
+  durable write or ``sync()``, which make every earlier write durable as well.
 * Watch events arrive in commit order, and a watch sees every commit made after ``watch()``
   returned. A watcher never slows writers: see ``danube.metadata._watch`` for what happens to
   one that falls behind.
@@ -156,12 +161,17 @@ class MetadataStore(abc.ABC):
 
     @abc.abstractmethod
     async def put_many(self, items: Mapping[str, Any] | Iterable[tuple[str, Any]],
-                       ttl: float | None = None) -> int:
+                       ttl: float | None = None, *, durable: bool = True) -> int:
         """Set several keys in one atomic transaction (all or none of them); return the
         revision they share, which is each key's new version (as an etcd ``Txn`` of puts
         does). A key given twice is a ValueError; with ``ttl`` every key expires ``ttl``
         seconds from now. With no items nothing is written and the current revision is
-        returned."""
+        returned. ``durable=False``: see the module docstring; a backend whose every commit
+        is durable anyway ignores it."""
+
+    async def sync(self) -> None:
+        """Return once every write that returned before this call is durable (a no-op for a
+        backend whose every commit is)."""
 
     @abc.abstractmethod
     async def delete(self, key: str) -> bool:
