@@ -12,7 +12,7 @@ Three sections, in this order, everything on 127.0.0.1 with ports chosen by the 
   pushes bulk batches into another topic, on two groups of brokers without tiered storage
   (their difference is the A/A noise band) and on brokers uploading every second to
   SeaweedFS and to an S3 endpoint that discards what it gets (the broker's own share),
-  every group once per round, the order rotated each round.
+  every group once per round, in orders balanced for position and predecessor.
 
 The object-store servers (SeaweedFS, fake-gcs-server, Azurite) come from
 tests/objstore_servers.py and are started once for the whole run and always stopped.
@@ -558,13 +558,26 @@ def publish_table(pubs):
 
 
 def publish_order(groups, rounds):
-    """[(group, round)]: every group once per round, the order rotated by one each round,
-    so over len(groups) rounds each group runs once in every position (drift of the
-    machine during the run does not favour one of them)."""
+    """[(group, round)]: every group once per round, in the rows of a Williams Latin square:
+    over len(groups) rounds (2 x len(groups) for an odd count) each group runs once in every
+    position, so drift of the machine during the run favours none, and right after every
+    other group equally often, so what one run leaves behind (a store still busy, writeback
+    of its data) does not always land on the same group. A plain rotation of one order kept
+    each group's predecessor fixed: the null sink always ran right after SeaweedFS."""
+    n = len(groups)
+    first, lo, hi = [0], 1, n - 1
+    while len(first) < n:
+        first.append(lo)
+        lo += 1
+        if len(first) < n:
+            first.append(hi)
+            hi -= 1
+    rows = [[(k + r) % n for k in first] for r in range(n)]
+    if n % 2:
+        rows += [row[::-1] for row in rows]
     order = []
     for i in range(rounds):
-        k = i % len(groups)
-        order += [(g, i + 1) for g in groups[k:] + groups[:k]]
+        order += [(groups[k], i + 1) for k in rows[i % len(rows)]]
     return order
 
 
@@ -736,8 +749,8 @@ def main(argv=None):
                     help="publish warm-up seconds (2; 1.5 --quick)")
     ap.add_argument("--rounds", type=int, default=None,
                     help="publish rounds; each runs local#1, the --publish-backends and "
-                         "local#2 once, in an order rotated by one every round (6; 3 "
-                         "--quick)")
+                         "local#2 once, in orders balanced for position and predecessor "
+                         "(6; 3 --quick)")
     ap.add_argument("--probe", action="store_true",
                     help="publish section: run the brokers under bench.tiered.broker_probe "
                          "(event-loop lag and slow calls on the loop thread, per window; "
