@@ -329,7 +329,7 @@ async def test_a_batch_with_one_durable_write_is_synced(embedded):
     assert after["synced_commits"] - stats["synced_commits"] == 1
 
 
-async def test_sync_on_the_memory_store_returns(tmp_path):
+async def test_sync_on_the_memory_store_returns():
     async with await MemoryStore.open() as mem:
         await mem.put_many({"/a": 1}, durable=False)
         await mem.sync()

@@ -464,6 +464,14 @@ class WAL:
             self._unclaimed += pending.nbytes
             self._write_ahead()
 
+    def _claim_unwritten(self) -> list:
+        """The pending writes no job has written or taken, now taken by the caller's."""
+        todo = [p for p in self._pending if not p.written and not p.claimed]
+        for pending in todo:
+            pending.claimed = True
+        self._unclaimed = 0
+        return todo
+
     def _write_ahead(self) -> None:
         """While a sync job runs, write what was appended since it started in another
         executor thread, so that the next sync finds it written: copying into the page cache
@@ -473,12 +481,9 @@ class WAL:
         if (self._writing is not None or self._inflight is None or self._failed is not None
                 or self._unclaimed < _WRITE_AHEAD_MIN):
             return
-        todo = [p for p in self._pending if not p.written and not p.claimed]
-        self._unclaimed = 0
+        todo = self._claim_unwritten()
         if not todo:
             return
-        for p in todo:
-            p.claimed = True
         cf = self._executor.submit(write_pending, todo)
         fut = asyncio.wrap_future(cf, loop=self._loop)
         self._writing = (cf, fut)
@@ -580,11 +585,8 @@ class WAL:
             if self._writing is not None:
                 await asyncio.wait([self._writing[1]])
             self._check_usable()
-            todo = [p for p in self._pending if not p.written and not p.claimed]
+            todo = self._claim_unwritten()
             if todo:
-                for pending in todo:
-                    pending.claimed = True
-                self._unclaimed = 0
                 try:
                     await asyncio.wrap_future(self._executor.submit(write_pending, todo))
                 except asyncio.CancelledError:
