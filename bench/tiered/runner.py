@@ -58,11 +58,6 @@ LABELS = {"wal": "local WAL", "wal_verify": "local WAL, verify_reads",
           "local-rotating": "local, rotating every 1 s", "s3-sink": "s3 (null sink)"}
 CLOUD = ("s3", "gcs", "azblob", "s3-sink")
 PUBLISH_ONLY = ("local-rotating", "s3-sink")
-#: Store servers on this machine: in the publish section their effect includes the store's
-#: own work on the broker's CPUs, which a store on other hosts does not do, so it is reported
-#: and not judged against the zero-effect target (that is the null sink's, and the in-process
-#: memory and fs stores').
-CO_LOCATED = ("s3", "gcs", "azblob")
 
 
 def _load_objstore_servers():
@@ -710,7 +705,10 @@ def targets(storage, replays, pubs, pstats=None):
                     verdict(ratio >= REPLAY_TARGET)))
     st = pstats or {}
     for g, e in (st.get("effects") or {}).items():
-        if publish_kind(g) in CO_LOCATED:
+        if publish_kind(g) in objstore_servers.SERVER_CLASSES:
+            # A store server on this machine: its effect includes the store's own work on
+            # the broker's CPUs, which a store on other hosts does not do, so it is reported,
+            # not judged (the target is the null sink's and the in-process stores').
             out.append((f"publish p99 while {publish_label(g)}: {e['p99_ms']:.2f} ms vs "
                         f"{e['p99_without_ms']:.2f} ms without ({e['p99_diff_ms']:+.2f} ms)",
                         "reference: the store runs on the broker's CPUs"))
