@@ -459,3 +459,70 @@ def test_bad_storage_sections_name_the_key(tmp_path, text, names):
 
     with pytest.raises(ConfigError, match=names.replace(".", r"\.")):
         _load(tmp_path, text)
+
+
+def _phase(name, interval):
+    import zlib
+    return zlib.crc32(name.encode()) / 2 ** 32 * interval
+
+
+async def test_topics_are_exported_on_their_own_phase_of_the_interval(tmp_path):
+    """Exports are spread over the upload interval, each topic on a fixed phase of it, so the
+    topics' segments are not all sealed in the same millisecond (see the manager's
+    docstring); each topic still goes up once per interval."""
+    from danube.metadata.memory import MemoryStore
+    from danube.storage.durable.config import DurableConfig
+    from danube.storage.durable.memory import MemoryObjectStore
+    from danube.storage.tiered.manager import TieredStorage
+
+    interval = 0.6
+    # Two names whose phases are about half an interval apart.
+    names = ["/default/spread-0"]
+    i = 1
+    while True:
+        name = f"/default/spread-{i}"
+        gap = (_phase(name, interval) - _phase(names[0], interval)) % interval
+        if 0.4 * interval < gap < 0.6 * interval:
+            names.append(name)
+            break
+        i += 1
+    metadata = await MemoryStore.open()
+    tiered = TieredStorage(DurableConfig(backend="memory", upload_interval_seconds=interval),
+                           MemoryObjectStore(), metadata)
+    exports = {name: [] for name in names}
+    wals = []
+    try:
+        for name in names:
+            tier = await tiered.load_topic(name, wal_missing=True)
+            assert 0 < tier.next_export - time.monotonic() <= interval
+            wal = await WAL.open(tmp_path / name.rsplit("/", 1)[1], WALConfig())
+            wals.append(wal)
+            tier.wal = wal
+            real = tier.export
+
+            async def export(real=real, name=name, **kw):
+                exports[name].append(time.monotonic())
+                return await real(**kw)
+            tier.export = export
+        tiered.start()
+        deadline = time.monotonic() + 4 * interval
+        while time.monotonic() < deadline:
+            for wal in wals:
+                await wal.append_durable([b"m" * 100])
+            await asyncio.sleep(0.01)
+        for name, times in exports.items():
+            assert len(times) >= 3, (name, times)
+            # On the topic's own grid: phase + k * interval (loop wake-ups are late, never
+            # early).
+            for t in times:
+                late = (t - _phase(name, interval)) % interval
+                assert late < 0.25 * interval, (name, late, times)
+        a, b = exports[names[0]], exports[names[1]]
+        assert min(abs(x - y) for x in a for y in b) > 0.15 * interval, (a, b)
+        for wal in wals:
+            assert wal.segments()[0].sealed_at is not None
+    finally:
+        await tiered.close()
+        for wal in wals:
+            await wal.close()
+        await metadata.close()

@@ -2,14 +2,23 @@
 older than the local WAL is read back from there.
 
 One ``TieredStorage`` per broker owns the object store, a small thread pool for the blocking
-SDK calls, and a ``TopicTier`` per reliable topic. The upload loop wakes about once a second;
-a topic is exported when its interval (``upload_interval_seconds``) has passed or its backoff
-after a failure has run out. Export = seal the active segment if it holds data not yet
-uploaded, then upload every sealed segment past the catalogue's end, oldest first, writing
-each descriptor (with the catalogue's ``cur`` pointer, in one metadata transaction) right
-after its object. The catalogue is therefore the resumable checkpoint: after a crash the
-uploader continues after the last descriptor, and a segment whose object was put but whose
-descriptor was not is detected by the conditional put and adopted, never uploaded twice.
+SDK calls, and a ``TopicTier`` per reliable topic. Each topic is exported once per interval
+(``upload_interval_seconds``), or when its backoff after a failure has run out.
+
+The topics' exports are spread over the interval, each topic on a fixed phase of it (from a
+hash of its name), instead of all falling due on the same tick. An export seals the topic's
+active segment: syncs and file-system metadata work on the disk the WAL acknowledges from,
+and the upload's first reads. With every topic sealed in the same millisecond, publishes
+started then waited for all of it: in bench.tiered (two topics, uploads every second) sends
+started in the 10 ms after an export were slow 15-25 times as often as on average; with the
+exports spread, 5 times. The upload loop sleeps until the next topic falls due.
+
+Export = seal the active segment if it holds data not yet uploaded, then upload every sealed
+segment past the catalogue's end, oldest first, writing each descriptor (with the
+catalogue's ``cur`` pointer, in one metadata transaction) right after its object. The
+catalogue is therefore the resumable checkpoint: after a crash the uploader continues after
+the last descriptor, and a segment whose object was put but whose descriptor was not is
+detected by the conditional put and adopted, never uploaded twice.
 
 A descriptor is written without an fsync of its own (``durable=False``) when its segment is
 durable in the local WAL: a power cut can then lose the descriptor, but not the segment, so
@@ -31,8 +40,10 @@ import asyncio
 import concurrent.futures
 from concurrent.futures.process import BrokenProcessPool
 import logging
+import math
 import os
 import time
+import zlib
 
 from danube.metadata import keys
 from danube.storage.durable.base import ObjectStoreConfigError, ObjectStoreError
@@ -46,6 +57,8 @@ from danube.storage.tiered.upload_worker import IN_PROCESS_BACKENDS, ProcessUplo
 log = logging.getLogger("danube.tiered")
 
 TICK = 1.0
+#: The upload loop's shortest sleep: topics falling due this close together go together.
+MIN_SLEEP = 0.005
 BACKOFF_FIRST = 1.0
 BACKOFF_MAX = 60.0
 
@@ -60,6 +73,7 @@ class TopicTier:
         self.wal = None
         self.lock = asyncio.Lock()          # one export at a time per topic
         self.next_export = 0.0
+        self.phase = 0.0                    # where in each interval its exports fall
         self.failures = 0
         self.last_error: str | None = None
         self.closed = False
@@ -202,7 +216,8 @@ class TieredStorage:
         if not catalog.segments and wal_missing:
             catalog = await self._rebuild(name)
         tier = TopicTier(self, name, catalog)
-        tier.next_export = time.monotonic() + self.interval
+        tier.phase = zlib.crc32(name.encode()) / 2 ** 32 * self.interval
+        tier.next_export = self._next_slot(tier, time.monotonic())
         self.topics[name] = tier
         return tier
 
@@ -266,20 +281,33 @@ class TieredStorage:
                 log.warning("the upload worker process did not start: %r", exc)
                 self._uploader.broken()
         while True:
+            due = min((t.next_export for t in self.topics.values()), default=math.inf)
             try:
-                async with asyncio.timeout(min(TICK, self.interval)):
+                async with asyncio.timeout(
+                        min(TICK, max(MIN_SLEEP, due - time.monotonic()))):
                     await self._wake.wait()
             except TimeoutError:
                 pass
             self._wake.clear()
             now = time.monotonic()
             for tier in list(self.topics.values()):
-                if tier.next_export <= now and not tier.lock.locked() and tier.needs_export():
+                if tier.next_export > now:
+                    continue
+                if not tier.lock.locked() and tier.needs_export():
                     task = asyncio.get_running_loop().create_task(self._export(tier))
                     self._exports.add(task)
                     task.add_done_callback(self._exports.discard)
-                elif tier.next_export <= now:
-                    tier.next_export = now + self.interval
+                    # Not due again before the export has settled its schedule.
+                    tier.next_export = math.inf
+                else:
+                    tier.next_export = self._next_slot(tier, now)
+
+    def _next_slot(self, tier: TopicTier, now: float) -> float:
+        """The topic's next export time after ``now``: the next point of its own grid,
+        ``phase + k * interval``, so its exports stay spread from the other topics' however
+        long each one takes."""
+        k = math.floor((now - tier.phase) / self.interval) + 1
+        return tier.phase + k * self.interval
 
     async def _export(self, tier: TopicTier) -> None:
         try:
@@ -294,7 +322,7 @@ class TieredStorage:
                      self.objstore.describe(), tier.failures)
         tier.failures = 0
         tier.last_error = None
-        tier.next_export = time.monotonic() + self.interval
+        tier.next_export = self._next_slot(tier, time.monotonic())
         if n:
             log.debug("%s: uploaded %d segment(s), durable up to offset %d", tier.name, n,
                       tier.uploaded_end)
