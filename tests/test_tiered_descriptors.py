@@ -10,7 +10,7 @@ from danube.client import DanubeClient
 from danube.metadata import EmbeddedStore, keys
 from danube.storage.durable.base import ObjectExists
 from danube.storage.tiered.catalog import topic_object_prefix
-from tiered_harness import InProcBroker, tiered_tree
+from tiered_harness import InProcBroker, tiered_tree, upload_in_process
 import objstore_servers
 
 TOPIC = "/default/descriptors"
@@ -110,7 +110,7 @@ async def test_a_lost_descriptor_is_adopted_not_uploaded_again(tmp_path):
         tier = broker.topic(TOPIC).tier
         assert tier.uploaded_end == before.end_offset
         counting = CountingStore(broker.tiered.objstore)
-        broker.tiered.objstore = counting
+        await upload_in_process(broker, counting)
         assert await tier.export(seal=False) == 1
         assert counting.written == [] and counting.refused == [lost.object_key]
         assert tier.uploaded_end == lost.end_offset

@@ -18,7 +18,7 @@ from danube.client import DanubeClient
 from danube.metadata import keys
 from danube.storage.errors import TieredStartupError
 from danube.storage.tiered.catalog import parse_object_key, topic_object_prefix
-from tiered_harness import FlakyStore, InProcBroker, tiered_tree
+from tiered_harness import FlakyStore, InProcBroker, tiered_tree, upload_in_process
 import objstore_servers
 
 BACKENDS = ["memory", "fs", "s3", "gcs", "azblob"]
@@ -44,7 +44,7 @@ class Backend:
                 await asyncio.to_thread(self.server.start)
         else:
             flaky = FlakyStore(broker.tiered.objstore)
-            broker.tiered.objstore = flaky
+            await upload_in_process(broker, flaky)
             flaky.down = True
             try:
                 yield

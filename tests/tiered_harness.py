@@ -112,6 +112,17 @@ class InProcBroker:
             await asyncio.sleep(0.05)
 
 
+async def upload_in_process(broker, store):
+    """Make ``broker`` upload through ``store`` from its own process. Tests wrap the broker's
+    store to count or fail its calls, which the upload child (s3, gcs, azblob and fs
+    uploads) would not see; the child is stopped."""
+    tiered = broker.tiered
+    uploader, tiered._uploader = tiered._uploader, None
+    if uploader is not None:
+        await asyncio.to_thread(uploader.close)
+    tiered.objstore = store
+
+
 class FlakyStore(ObjectStore):
     """Wraps a store; while ``down`` every call fails as an unreachable server would (for
     backends with no server to stop)."""

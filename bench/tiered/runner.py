@@ -708,7 +708,8 @@ def targets(storage, replays, pubs, pstats=None):
         if publish_kind(g) in objstore_servers.SERVER_CLASSES:
             # A store server on this machine: its effect includes the store's own work on
             # the broker's CPUs, which a store on other hosts does not do, so it is reported,
-            # not judged (the target is the null sink's and the in-process stores').
+            # not judged (the target is the null sink's, the memory store's and the fs
+            # store's).
             out.append((f"publish p99 while {publish_label(g)}: {e['p99_ms']:.2f} ms vs "
                         f"{e['p99_without_ms']:.2f} ms without ({e['p99_diff_ms']:+.2f} ms)",
                         "reference: the store runs on the broker's CPUs"))
@@ -747,7 +748,8 @@ def main(argv=None):
                          "compared with the two local brokers (s3,s3-sink: SeaweedFS, and an "
                          "S3 endpoint that discards what it gets, i.e. the broker's whole "
                          "upload path without the store's own work on this machine; memory "
-                         "and fs upload in-process; local-rotating is a local broker sealing "
+                         "uploads in-process, fs (a directory on the same disk) from the "
+                         "upload child; local-rotating is a local broker sealing "
                          "a segment every second, the cost of rotation alone)")
     ap.add_argument("--segment-mb", type=float, default=8,
                     help="WAL segment size of the storage section (8 MiB)")
