@@ -461,11 +461,6 @@ def test_bad_storage_sections_name_the_key(tmp_path, text, names):
         _load(tmp_path, text)
 
 
-def _phase(name, interval):
-    import zlib
-    return zlib.crc32(name.encode()) / 2 ** 32 * interval
-
-
 async def test_topics_are_exported_on_their_own_phase_of_the_interval(tmp_path):
     """Exports are spread over the upload interval, each topic on a fixed phase of it, so the
     topics' segments are not all sealed in the same millisecond (see the manager's
@@ -473,7 +468,7 @@ async def test_topics_are_exported_on_their_own_phase_of_the_interval(tmp_path):
     from danube.metadata.memory import MemoryStore
     from danube.storage.durable.config import DurableConfig
     from danube.storage.durable.memory import MemoryObjectStore
-    from danube.storage.tiered.manager import TieredStorage
+    from danube.storage.tiered.manager import TieredStorage, export_phase as _phase
 
     interval = 0.6
     # Two names whose phases are about half an interval apart.

@@ -63,6 +63,12 @@ BACKOFF_FIRST = 1.0
 BACKOFF_MAX = 60.0
 
 
+def export_phase(name: str, interval: float) -> float:
+    """Where in each upload interval the topic's exports fall, in seconds: fixed per topic,
+    and spread over the interval across topics (see the module docstring)."""
+    return zlib.crc32(name.encode()) / 2 ** 32 * interval
+
+
 class TopicTier:
     """A reliable topic's view of the durable tier."""
 
@@ -72,8 +78,8 @@ class TopicTier:
         self.catalog = catalog
         self.wal = None
         self.lock = asyncio.Lock()          # one export at a time per topic
+        self.phase = export_phase(name, tiered.interval)
         self.next_export = 0.0
-        self.phase = 0.0                    # where in each interval its exports fall
         self.failures = 0
         self.last_error: str | None = None
         self.closed = False
@@ -216,7 +222,6 @@ class TieredStorage:
         if not catalog.segments and wal_missing:
             catalog = await self._rebuild(name)
         tier = TopicTier(self, name, catalog)
-        tier.phase = zlib.crc32(name.encode()) / 2 ** 32 * self.interval
         tier.next_export = self._next_slot(tier, time.monotonic())
         self.topics[name] = tier
         return tier
