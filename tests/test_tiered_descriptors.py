@@ -73,14 +73,23 @@ class CountingStore:
     def __getattr__(self, name):
         return getattr(self.inner, name)
 
-    def put(self, key, data, *, if_absent=False):
+    def _count(self, put, key, *args, if_absent):
         try:
-            info = self.inner.put(key, data, if_absent=if_absent)
+            info = put(key, *args, if_absent=if_absent)
         except ObjectExists:
             self.refused.append(key)
             raise
         self.written.append(key)
         return info
+
+    def put(self, key, data, *, if_absent=False):
+        return self._count(self.inner.put, key, data, if_absent=if_absent)
+
+    def put_file(self, key, path, size, *, if_absent=False):
+        return self._count(self.inner.put_file, key, path, size, if_absent=if_absent)
+
+    def put_sealed_file(self, key, path, size, *, if_absent=False):
+        return self._count(self.inner.put_sealed_file, key, path, size, if_absent=if_absent)
 
 
 async def test_a_lost_descriptor_is_adopted_not_uploaded_again(tmp_path):

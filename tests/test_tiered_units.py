@@ -7,13 +7,17 @@ failures and damage."""
 import asyncio
 import concurrent.futures
 import dataclasses
+import errno
+import os
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
 from danube.storage.durable.base import (ObjectExists, ObjectInfo, ObjectNotFound,
                                          ObjectStore, ObjectStoreError)
+from danube.storage.durable.fs import TMP_PREFIX, FsObjectStore
 from danube.storage.errors import OffsetTruncatedError
 from danube.storage.tiered.catalog import (Catalog, SegmentDescriptor, object_key,
                                            parse_object_key, segment_id)
@@ -352,15 +356,61 @@ async def test_a_retried_upload_adopts_the_existing_object(tmp_path):
         upload_segment(store, "/default/t", info.path, 0, 99, info.size)
 
 
-async def test_a_corrupt_segment_is_not_uploaded(tmp_path):
+@pytest.mark.parametrize("kind", ["dict", "fs"])
+async def test_a_corrupt_segment_is_not_uploaded(tmp_path, kind):
     info = await _sealed_segment(tmp_path, 100)
     with open(info.path, "r+b") as f:
         f.seek(info.size // 2)
         f.write(b"\xff\xff\xff")
-    store = DictStore()
+    store = DictStore() if kind == "dict" else FsObjectStore(str(tmp_path / "store"))
     with pytest.raises(SegmentUploadError, match="not clean"):
         upload_segment(store, "/default/t", info.path, 0, 99, info.size)
-    assert not store.objects
+    assert not store.list("")
+
+
+async def test_the_fs_store_keeps_a_sealed_segment_as_a_hard_link(tmp_path):
+    info = await _sealed_segment(tmp_path, 2600)
+    store = FsObjectStore(str(tmp_path / "store"))
+    desc = upload_segment(store, "/default/t", info.path, 0, 2599, info.size)
+    obj = os.path.join(store.root, *desc.object_key.split("/"))
+    assert os.path.samefile(obj, info.path)
+    assert store.head(desc.object_key) == ObjectInfo(desc.object_key, info.size, desc.etag)
+    got = read_history(store, desc, 1234, max_bytes=1 << 20)
+    assert got[0] == (1234, _payload(1234)) and got[-1] == (2599, _payload(2599))
+    # A retry (the catalogue write was lost) adopts the object; the local file can go.
+    again = upload_segment(store, "/default/t", info.path, 0, 2599, info.size)
+    assert again.object_key == desc.object_key and again.etag == desc.etag
+    os.unlink(info.path)
+    assert read_history(store, desc, 0)[0] == (0, _payload(0))
+    # An unconditional put of a sealed file replaces the object, also by a link.
+    other = await _sealed_segment(tmp_path / "b", 10)
+    assert store.put_sealed_file("x/y", other.path, other.size).size == other.size
+    assert os.path.samefile(os.path.join(store.root, "x", "y"), other.path)
+    assert not [p for p in Path(store.root).rglob(TMP_PREFIX + "*")]
+
+
+@pytest.mark.parametrize("why", ["other-filesystem", "longer-file"])
+async def test_the_fs_store_copies_a_segment_it_cannot_link(tmp_path, monkeypatch, why):
+    info = await _sealed_segment(tmp_path, 500)
+    size = info.size
+    if why == "other-filesystem":
+        real_link = os.link
+
+        def link(src, dst, **kw):
+            if os.path.samefile(src, info.path):
+                raise OSError(errno.EXDEV, os.strerror(errno.EXDEV), src)
+            return real_link(src, dst, **kw)
+        monkeypatch.setattr(os, "link", link)
+    else:
+        with open(info.path, "ab") as f:     # only the first `size` bytes are the segment
+            f.write(b"tail")
+    store = FsObjectStore(str(tmp_path / "store"))
+    desc = upload_segment(store, "/default/t", info.path, 0, 499, size)
+    obj = os.path.join(store.root, *desc.object_key.split("/"))
+    assert not os.path.samefile(obj, info.path)
+    with open(info.path, "rb") as f:
+        assert Path(obj).read_bytes() == f.read(size)
+    assert read_history(store, desc, 0)[0] == (0, _payload(0))
 
 
 class _Tier:

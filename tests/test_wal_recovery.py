@@ -245,6 +245,51 @@ async def test_sealed_zero_tail_is_trimmed(tmp_path):
     assert os.path.getsize(infos[1].path) == infos[1].size
 
 
+# ---------------------------------------------------------------- segments with a second name
+#
+# The fs object store keeps an uploaded segment as a hard link to the WAL's file. Recovery
+# changes files in place (trims a zero tail, reopens the last one for appends); it must first
+# give the file an inode of its own, or it would change the uploaded object.
+
+async def test_reopening_a_linked_last_segment_leaves_the_other_name_alone(tmp_path):
+    infos = await build(tmp_path / "wal", 300)
+    last = infos[-1]
+    store = tmp_path / "store.seg"
+    os.link(last.path, store)
+    before = store.read_bytes()
+    wal = await WAL.open(tmp_path / "wal", cfg())
+    try:
+        assert os.stat(last.path).st_nlink == 1
+        for off in range(300, 400):
+            wal.append([payload(off)])
+    finally:
+        await wal.close()
+    assert store.read_bytes() == before and os.stat(store).st_nlink == 1
+    await check_log(tmp_path / "wal", 0, 400)
+    assert not [n for n in os.listdir(tmp_path / "wal") if n.endswith(".tmp")]
+
+
+async def test_trimming_a_linked_sealed_segment_leaves_the_other_name_alone(tmp_path):
+    infos = await build(tmp_path / "wal", 300)
+    with open(infos[1].path, "ab") as f:     # a seal whose truncation never hit the disk
+        f.write(bytes(3000))
+    store = tmp_path / "store.seg"
+    os.link(infos[1].path, store)
+    before = store.read_bytes()
+    report = await check_log(tmp_path / "wal", 0, 300, config=cfg())
+    assert report.trimmed_bytes == 3000
+    assert os.path.getsize(infos[1].path) == infos[1].size
+    assert store.read_bytes() == before
+
+
+async def test_a_crash_while_unsharing_leaves_no_copy_behind(tmp_path):
+    infos = await build(tmp_path, 300)
+    leftover = infos[-1].path + ".unshare.tmp"
+    shutil.copyfile(infos[-1].path, leftover)
+    await check_log(tmp_path, 0, 300)
+    assert not os.path.exists(leftover)
+
+
 @pytest.mark.parametrize("how", ["missing", "garbage", "bad-crc"])
 async def test_checkpoint_is_only_a_hint(tmp_path, how, caplog):
     infos = await build(tmp_path, 300)

@@ -130,6 +130,7 @@ class FlakyStore(ObjectStore):
     def __init__(self, inner):
         self.inner = inner
         self.backend = inner.backend
+        self.keeps_files = inner.keeps_files
         self.down = False
 
     def _gate(self):
@@ -150,6 +151,10 @@ class FlakyStore(ObjectStore):
     def put_file(self, key, path, size, *, if_absent=False):
         self._gate()
         return self.inner.put_file(key, path, size, if_absent=if_absent)
+
+    def put_sealed_file(self, key, path, size, *, if_absent=False):
+        self._gate()
+        return self.inner.put_sealed_file(key, path, size, if_absent=if_absent)
 
     def get(self, key, start=0, end=None):
         self._gate()

@@ -31,7 +31,8 @@ import time
 from danube.storage.checkpoint import (build_checkpoint, read_checkpoint, remove_stale_tmp,
                                        write_checkpoint)
 from danube.storage.errors import CorruptSegmentError, WALLockedError
-from danube.storage.segment import STATUS_NAMES, Segment, parse_segment_name
+from danube.storage.segment import (STATUS_NAMES, Segment, parse_segment_name,
+                                    remove_unshare_leftovers)
 
 LOCK_NAME = "wal.lock"
 
@@ -88,6 +89,7 @@ def recover(directory: str, config, start_offset: int, clock) -> Recovered:
     segments: list[Segment] = []
     try:
         remove_stale_tmp(directory)
+        remove_unshare_leftovers(directory)
         ckpt = read_checkpoint(directory)
         entries = {}
         if ckpt:

@@ -41,12 +41,14 @@ import errno
 import mmap
 import os
 import re
+import shutil
 import threading
 
 import numpy as np
 
 from danube._wal import (SCAN_CLEAN, SCAN_CORRUPT, SCAN_GAP, SCAN_TORN, encode_frames_indexed,
                          encode_frames_packed, last_nonzero, read_frames_into, scan_frames)
+from danube.storage.checkpoint import fsync_dir
 from danube.storage.errors import CorruptSegmentError
 
 _NAME_RE = re.compile(r"^wal\.(\d{20})\.log$")
@@ -78,6 +80,45 @@ def parse_segment_name(name: str) -> int | None:
     """The first offset a segment file name carries, or None for other files."""
     m = _NAME_RE.match(name)
     return int(m.group(1)) if m else None
+
+
+UNSHARE_SUFFIX = ".unshare.tmp"
+
+
+def unshare(path: str) -> bool:
+    """Give the segment file ``path`` an inode of its own before it is changed in place;
+    True if it had to be copied. An uploaded segment can have a second name: the fs object
+    store keeps it as a hard link to the WAL's file rather than a copy, and writing through
+    the shared inode would change the uploaded object."""
+    if os.stat(path).st_nlink <= 1:
+        return False
+    tmp = path + UNSHARE_SUFFIX
+    try:
+        shutil.copyfile(path, tmp)
+        fd = os.open(tmp, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    fsync_dir(os.path.dirname(path) or ".")
+    return True
+
+
+def remove_unshare_leftovers(directory: str) -> None:
+    """Drop the copies of a crash in the middle of ``unshare`` (the original is intact)."""
+    for name in os.listdir(directory):
+        if name.endswith(UNSHARE_SUFFIX):
+            try:
+                os.unlink(os.path.join(directory, name))
+            except FileNotFoundError:
+                pass
 
 
 def allocate(fd: int, start: int, end: int) -> None:
@@ -252,6 +293,7 @@ class Segment:
         the number of bytes dropped and the scan status at the cut.
         """
         seg = cls(path, base, max_size=max_size, created_at=created_at)
+        unshare(path)       # a graceful shutdown may have sealed and uploaded it
         fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
         try:
             file_size = os.fstat(fd).st_size
@@ -295,6 +337,7 @@ class Segment:
             trimmed = seg._validate(None, None)
             if trimmed:
                 seg.unmap()
+                unshare(path)
                 os.truncate(path, seg.write_pos)
                 if seg.write_pos:
                     seg.map_readonly()

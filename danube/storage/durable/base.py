@@ -64,6 +64,16 @@ class ObjectStore(abc.ABC):
                  if_absent: bool = False) -> ObjectInfo:
         """Upload the first ``size`` bytes of the local file ``path``, streamed."""
 
+    # True if put_sealed_file keeps the file itself rather than reading it: the uploader then
+    # checks a segment through a mapping instead of reading it into memory.
+    keeps_files = False
+
+    def put_sealed_file(self, key: str, path: str, size: int, *,
+                        if_absent: bool = False) -> ObjectInfo:
+        """``put_file`` for a file whose first ``size`` bytes never change again (a sealed WAL
+        segment): a store may keep the file itself instead of a copy."""
+        return self.put_file(key, path, size, if_absent=if_absent)
+
     @abc.abstractmethod
     def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
         """The bytes [start, end) of the object (to its end when ``end`` is None). A range

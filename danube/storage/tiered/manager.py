@@ -52,7 +52,7 @@ from danube.storage.segment import parse_segment_name
 from danube.storage.tiered.catalog import (Catalog, SegmentDescriptor, parse_object_key,
                                            segment_id, topic_object_prefix)
 from danube.storage.tiered.segments import SegmentUploadError, upload_segment
-from danube.storage.tiered.upload_worker import IN_PROCESS_BACKENDS, ProcessUploader
+from danube.storage.tiered.upload_worker import IN_PROCESS_BACKENDS, ProcessUploader, run_idle
 
 log = logging.getLogger("danube.tiered")
 
@@ -152,6 +152,11 @@ class TieredStorage:
                       "history_reads": 0, "history_messages": 0}
         self._uploader = (None if durable_cfg.backend in IN_PROCESS_BACKENDS
                           else ProcessUploader(durable_cfg))
+        # In-process uploads (the memory store, or a test's wrapped store) run on a thread of
+        # their own at idle CPU priority, like the upload child: reading and checking a
+        # segment is GIL-free work that should only use a core the broker leaves idle.
+        self._upload_thread = concurrent.futures.ThreadPoolExecutor(
+            1, thread_name_prefix="danube-tiered-upload", initializer=run_idle)
         self._task: asyncio.Task | None = None
         self._wake = asyncio.Event()
         self._exports: set[asyncio.Task] = set()
@@ -161,8 +166,9 @@ class TieredStorage:
 
     async def upload(self, topic, path, first_offset, last_offset, size):
         if self._uploader is None:
-            return await self.run(upload_segment, self.objstore, topic, path, first_offset,
-                                  last_offset, size)
+            return await asyncio.get_running_loop().run_in_executor(
+                self._upload_thread, upload_segment, self.objstore, topic, path, first_offset,
+                last_offset, size)
         try:
             return await asyncio.wrap_future(
                 self._uploader.submit(topic, path, first_offset, last_offset, size))
@@ -200,6 +206,7 @@ class TieredStorage:
         if self._exports:
             await asyncio.gather(*self._exports, return_exceptions=True)
         self.executor.shutdown(wait=True)
+        self._upload_thread.shutdown(wait=True)
         if self._uploader is not None:
             await asyncio.get_running_loop().run_in_executor(None, self._uploader.close)
         await asyncio.get_running_loop().run_in_executor(None, self.objstore.close)

@@ -9,10 +9,11 @@ want it), and gets only a file path to upload,
 so the broker's part of an upload is one pickled descriptor coming back.
 
 The file-system store uploads from the child too. Its work is a few syscalls that release
-the GIL, but copying and syncing a segment is still CPU on the broker's cores: in-process it
-raised the publish p99 by ~4 ms while uploads ran every second (bench.tiered, session 7),
-from the child by ~1.6 ms. Only the memory store stays in-process, since it can only be
-shared within one process.
+the GIL, but checking (and, across file systems, copying and syncing) a segment is still CPU
+on the broker's cores: with a copy, in-process it raised the publish p99 by ~4 ms while
+uploads ran every second (bench.tiered, session 7), from the child by ~1.6 ms. Only the
+memory store stays in-process, since it can only be shared within one process; its uploads
+run on a thread of their own at idle priority (``run_idle``).
 """
 
 from __future__ import annotations
@@ -33,6 +34,18 @@ NICE = 10
 _store = None
 
 
+def run_idle() -> None:
+    """Give the calling thread (on Linux a thread is scheduled on its own) CPU only when
+    nothing else wants it: the broker, not the upload, owns the cores."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except (AttributeError, OSError):
+        try:
+            os.nice(NICE)
+        except OSError:
+            pass
+
+
 def _init(durable_cfg) -> None:
     global _store
     try:
@@ -41,14 +54,7 @@ def _init(durable_cfg) -> None:
     except Exception:  # noqa: BLE001 - best effort off Linux
         pass
     signal.signal(signal.SIGINT, signal.SIG_IGN)     # the broker decides when to stop
-    # CPU only when nothing else wants it: the broker, not the upload, owns the cores.
-    try:
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-    except (AttributeError, OSError):
-        try:
-            os.nice(NICE)
-        except OSError:
-            pass
+    run_idle()
     logging.getLogger("azure").setLevel(logging.WARNING)
     _store = open_object_store(durable_cfg)
 
