@@ -172,9 +172,12 @@ class Servers:
 
         def start(kind):
             try:
-                cls = SinkServer if kind == "s3-sink" else objstore_servers.SERVER_CLASSES[kind]
-                server = cls(self.server_root / f"server-{kind}")
-                server.launch_prefix = list(prefix)
+                if kind == "s3-sink":
+                    server = SinkServer()        # always idle priority: see SinkServer
+                else:
+                    server = objstore_servers.SERVER_CLASSES[kind](
+                        self.server_root / f"server-{kind}")
+                    server.launch_prefix = list(prefix)
                 t0 = time.monotonic()
                 server.start()
                 server.start_s = time.monotonic() - t0
@@ -228,10 +231,9 @@ class SinkServer:
     at normal priority the sink, asleep between PUTs, preempts the broker's threads when a
     PUT wakes it. The sending side (the kernel's loopback work included) stays the broker's."""
 
-    def __init__(self, workdir):
+    def __init__(self):
         self.procs = []
         self.endpoint = None
-        self.launch_prefix = []
 
     def start(self):
         # Started from the main thread (see Servers): popen's parent-death signal fires
