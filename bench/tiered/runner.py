@@ -712,21 +712,21 @@ def targets(storage, replays, pubs, pstats=None):
                     verdict(ratio >= REPLAY_TARGET)))
     st = pstats or {}
     for g, e in (st.get("effects") or {}).items():
+        # Reported, not judged (the target is the null sink's and the fs store's): a store
+        # server on this machine, whose effect includes the store's own work on the broker's
+        # CPUs, which a store on other hosts does not do; and the memory store, not a durable
+        # tier, whose "upload" is by definition the broker copying every byte into its own
+        # RAM, lost at the next restart (tests and development only).
         if publish_kind(g) in objstore_servers.SERVER_CLASSES:
-            # A store server on this machine: its effect includes the store's own work on
-            # the broker's CPUs, which a store on other hosts does not do, so it is reported,
-            # not judged (the target is the null sink's and the fs store's).
+            reference = "the store runs on the broker's CPUs"
+        elif publish_kind(g) == "memory":
+            reference = "the memory store copies into the broker's own RAM"
+        else:
+            reference = None
+        if reference:
             out.append((f"publish p99 while {publish_label(g)}: {e['p99_ms']:.2f} ms vs "
                         f"{e['p99_without_ms']:.2f} ms without ({e['p99_diff_ms']:+.2f} ms)",
-                        "reference: the store runs on the broker's CPUs"))
-            continue
-        if publish_kind(g) == "memory":
-            # Not a durable tier: its "upload" is, by definition, the broker copying every
-            # byte into its own RAM, where it is lost at the next restart (tests and
-            # development only), so it is reported, not judged.
-            out.append((f"publish p99 while {publish_label(g)}: {e['p99_ms']:.2f} ms vs "
-                        f"{e['p99_without_ms']:.2f} ms without ({e['p99_diff_ms']:+.2f} ms)",
-                        "reference: the memory store copies into the broker's own RAM"))
+                        f"reference: {reference}"))
             continue
         ups = [r for r in pubs if r.get("group") == g and "error" not in r]
         uploaded = all((r["uploaded_segments_in_window"] or 0) > 0 for r in ups)

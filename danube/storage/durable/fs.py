@@ -10,9 +10,9 @@ A sealed WAL segment (``put_sealed_file``) on the same file system is not copied
 is a hard link to the segment's file. Copying it would cost the broker's machine a read and a
 write of every byte plus an fsync, for a second copy on the same disk that protects against
 nothing the first does not (bench.tiered, session 8: while uploads ran every second the
-publish p99 was +2.1 ms with the copy, +0.00 ms with the link). The WAL never writes to a sealed file again; where it
-would (recovery trimming a tail, reopening the last segment for appends), it first gives the
-file an inode of its own (``danube.storage.segment.unshare``)."""
+publish p99 was +2.1 ms with the copy, +0.00 ms with the link). The WAL never writes to a
+sealed file again; where it would (recovery trimming a tail, reopening the last segment for
+appends), it first gives the file an inode of its own (``danube.storage.segment.unshare``)."""
 
 from __future__ import annotations
 
@@ -113,41 +113,44 @@ class FsObjectStore(ObjectStore):
 
     def put_sealed_file(self, key: str, path: str, size: int, *,
                         if_absent: bool = False) -> ObjectInfo:
+        try:
+            info = self._link(key, path, size, if_absent)
+        except FileExistsError:
+            raise ObjectExists(f"{self.describe()}: {key!r} already exists") from None
+        except OSError as exc:
+            # Another file system (EXDEV), or one without hard links: copy.
+            if exc.errno not in _NO_LINK:
+                raise self._error("put", key, exc) from exc
+            info = None
+        return info or self.put_file(key, path, size, if_absent=if_absent)
+
+    def _link(self, key, path, size, if_absent):
+        """Name ``path`` at ``key`` by a hard link; None when the file is longer than the
+        segment (a link would take its tail along), which is then copied."""
         final = self._path(key)
         directory = os.path.dirname(final)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        except OSError as exc:
-            raise self._error("put", key, exc) from exc
-        try:
-            st = os.fstat(fd)
-            if st.st_size == size:
+            if os.fstat(fd).st_size != size:
+                return None
+            self._makedirs(directory)
+            # The data must be durable before a name in the store points at it (the WAL has
+            # usually synced it already, and then this costs nothing).
+            os.fdatasync(fd)
+            if if_absent:
+                os.link(path, final)
+            else:
+                tmp = os.path.join(directory, f"{TMP_PREFIX}{uuid.uuid4().hex}")
+                os.link(path, tmp)
                 try:
-                    self._makedirs(directory)
-                    # The data must be durable before a name in the store points at it (the
-                    # WAL has usually synced it already, and then this costs nothing).
-                    os.fdatasync(fd)
-                    if if_absent:
-                        os.link(path, final)
-                    else:
-                        tmp = os.path.join(directory, f"{TMP_PREFIX}{uuid.uuid4().hex}")
-                        os.link(path, tmp)
-                        try:
-                            os.replace(tmp, final)
-                        except BaseException:
-                            _unlink_quietly(tmp)
-                            raise
-                    _fsync_dir(directory)
-                    return ObjectInfo(key, size, _etag(os.fstat(fd)))
-                except FileExistsError:
-                    raise ObjectExists(f"{self.describe()}: {key!r} already exists") from None
-                except OSError as exc:
-                    # Another file system (EXDEV), or one without hard links: copy.
-                    if exc.errno not in _NO_LINK:
-                        raise self._error("put", key, exc) from exc
+                    os.replace(tmp, final)
+                except BaseException:
+                    _unlink_quietly(tmp)
+                    raise
+            _fsync_dir(directory)
+            return ObjectInfo(key, size, _etag(os.fstat(fd)))
         finally:
             os.close(fd)
-        return self.put_file(key, path, size, if_absent=if_absent)
 
     def _write(self, key, write, if_absent):
         final = self._path(key)

@@ -34,16 +34,13 @@ def upload_segment(objstore: ObjectStore, topic: str, path: str, first_offset: i
             on_disk = os.fstat(f.fileno()).st_size
             if on_disk < size:
                 raise SegmentUploadError(f"{path}: {on_disk} bytes on disk, expected {size}")
-            data = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ)
-        else:
-            data = f.read(size)
-            if len(data) != size:
-                raise SegmentUploadError(f"{path}: {len(data)} bytes on disk, expected {size}")
-    try:
-        return _upload_checked(objstore, topic, path, data, first_offset, last_offset, size)
-    finally:
-        if isinstance(data, mmap.mmap):
-            data.close()
+            with mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ) as data:
+                return _upload_checked(objstore, topic, path, data, first_offset,
+                                       last_offset, size)
+        data = f.read(size)
+    if len(data) != size:
+        raise SegmentUploadError(f"{path}: {len(data)} bytes on disk, expected {size}")
+    return _upload_checked(objstore, topic, path, data, first_offset, last_offset, size)
 
 
 def _upload_checked(objstore, topic, path, data, first_offset, last_offset, size):
