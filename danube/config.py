@@ -8,7 +8,16 @@ import os
 
 import yaml
 
+from danube import config_keys
+
 log = logging.getLogger("danube.config")
+
+# The transport cap sits this far above policies.max_message_size when the file does not set
+# grpc.max_message_size, so a message the policy refuses is refused by the policy check
+# (INVALID_ARGUMENT) and not by the transport (RESOURCE_EXHAUSTED, which the official clients
+# retry forever). It covers the envelope around the payload (ids, attributes, keys).
+ENVELOPE_ALLOWANCE = 64 * 1024
+DEFAULT_GRPC_MAX_MESSAGE_SIZE = 16 * 1024 * 1024
 
 
 class ConfigError(ValueError):
@@ -51,6 +60,10 @@ class BrokerConfig:
     bootstrap_namespaces: list = dataclasses.field(default_factory=lambda: ["default"])
     auto_create_topics: bool = True
     auth_mode: str = "none"
+    jwt: dict | None = None                     # auth.jwt (not enforced in this build)
+    super_admins: list = dataclasses.field(default_factory=list)   # auth.super_admins
+    # --insecure-allow-unauthenticated (ours): serve auth.mode tls without token checks.
+    insecure_allow_unauthenticated: bool = False
     tls_cert_file: str | None = None
     tls_key_file: str | None = None
     tls_ca_file: str | None = None
@@ -76,9 +89,10 @@ class BrokerConfig:
     durable: object = None                      # storage.durable (DurableConfig), tiers only
     # Transport cap on one gRPC message (our key, not upstream's); policies.max_message_size
     # must stay below it so oversize publishes get INVALID_ARGUMENT, not RESOURCE_EXHAUSTED.
-    grpc_max_message_size: int = 16 * 1024 * 1024
+    grpc_max_message_size: int | None = None    # None: derived from the policy
     grpc_max_concurrent_streams: int = 16384
     raw: dict = dataclasses.field(default_factory=dict)
+    unbuilt_keys: list = dataclasses.field(default_factory=list)   # see config_keys
 
     @property
     def client_addr(self):
@@ -100,10 +114,27 @@ class BrokerConfig:
             raise ConfigError(f"auth.mode: expected none or tls, got {self.auth_mode!r}")
         if self.auth_mode == "tls" and not (self.tls_cert_file and self.tls_key_file):
             raise ConfigError("auth.mode tls needs auth.tls.cert_file and auth.tls.key_file")
-        if self.policies.max_message_size > self.grpc_max_message_size - 64 * 1024:
+        if self.auth_mode == "tls" and not self.insecure_allow_unauthenticated:
+            # Upstream's tls mode means a JWT on every call. Serving TLS while accepting
+            # calls without a token would leave an operator who copied upstream's secure
+            # file believing every call is authenticated: fail closed instead.
             raise ConfigError(
-                f"policies.max_message_size ({self.policies.max_message_size}) must be below "
-                f"the gRPC transport limit grpc.max_message_size ({self.grpc_max_message_size})")
+                "auth.mode tls requires a JWT on every call, but token authentication is "
+                "not available in this build, so the broker would accept unauthenticated "
+                "calls; refusing to start. Use auth.mode none, or pass "
+                "--insecure-allow-unauthenticated to serve TLS without authentication")
+        if self.policies.max_message_size < 1:
+            raise ConfigError("policies.max_message_size must be at least 1 byte")
+        if self.grpc_max_message_size is None:
+            self.grpc_max_message_size = max(
+                DEFAULT_GRPC_MAX_MESSAGE_SIZE,
+                self.policies.max_message_size + ENVELOPE_ALLOWANCE)
+        if self.policies.max_message_size > self.grpc_max_message_size - ENVELOPE_ALLOWANCE:
+            raise ConfigError(
+                f"policies.max_message_size ({self.policies.max_message_size}) must be at "
+                f"least {ENVELOPE_ALLOWANCE} bytes below the gRPC transport limit "
+                f"grpc.max_message_size ({self.grpc_max_message_size}); leave "
+                f"grpc.max_message_size out to derive it")
         if not 1 <= self.max_unacked_messages <= 10000:
             raise ConfigError("dispatch.max_unacked_messages must be between 1 and 10000")
         if self.consumer_stream_grace_ms < 1:
@@ -156,6 +187,11 @@ def load_config(path: str | None) -> BrokerConfig:
         raise ConfigError(f"--config-file {path}: invalid YAML: {exc}") from None
     if not isinstance(tree, dict):
         raise ConfigError(f"--config-file {path}: expected a mapping at the top level")
+    try:
+        cfg.unbuilt_keys = config_keys.check_keys(tree)
+    except ValueError as exc:
+        raise ConfigError(f"--config-file {path}: {exc}") from None
+    tree = _resolve_aliases(tree)
     cfg.raw = tree
     cfg.cluster_name = str(tree.get("cluster_name", cfg.cluster_name))
     cfg.host = str(_get(tree, "broker.host", cfg.host))
@@ -179,6 +215,14 @@ def load_config(path: str | None) -> BrokerConfig:
     cfg.tls_cert_file = _get(tree, "auth.tls.cert_file")
     cfg.tls_key_file = _get(tree, "auth.tls.key_file")
     cfg.tls_ca_file = _get(tree, "auth.tls.ca_file")
+    jwt = _get(tree, "auth.jwt")
+    if jwt is not None and not isinstance(jwt, dict):
+        raise ConfigError("auth.jwt: expected a mapping (secret_key, issuer, expiration_time)")
+    cfg.jwt = jwt
+    admins = _get(tree, "auth.super_admins") or []
+    if not isinstance(admins, list):
+        raise ConfigError("auth.super_admins: expected a list of principal names")
+    cfg.super_admins = [str(a) for a in admins]
     cfg.max_unacked_messages = _int(tree, "dispatch.max_unacked_messages",
                                     cfg.max_unacked_messages)
     cfg.consumer_stream_grace_ms = _int(tree, "dispatch.consumer_stream_grace_ms",
@@ -187,10 +231,51 @@ def load_config(path: str | None) -> BrokerConfig:
         value = _int(tree, f"policies.{field.name}", getattr(cfg.policies, field.name))
         setattr(cfg.policies, field.name, value)
     _load_storage(cfg, tree)
-    cfg.grpc_max_message_size = _int(tree, "grpc.max_message_size", cfg.grpc_max_message_size)
+    cfg.grpc_max_message_size = _int(tree, "grpc.max_message_size", None)
     cfg.grpc_max_concurrent_streams = _int(tree, "grpc.max_concurrent_streams",
                                            cfg.grpc_max_concurrent_streams)
     return cfg
+
+
+def _resolve_aliases(tree):
+    """The tree with upstream's older spellings moved to the current ones (the current one
+    wins where both are given), so the rest of the loader reads one spelling."""
+    storage = tree.get("storage")
+    if not isinstance(storage, dict):
+        return tree
+    storage = dict(storage)
+    mode = storage.get("mode", "local")
+    wal = dict(storage.get("wal") or {})
+    advanced = dict(wal.get("advanced") or {})
+
+    def move(src, key, dst, new_key=None):
+        if key in src:
+            value = src.pop(key)
+            dst.setdefault(new_key or key, value)
+
+    if mode == "shared_fs" and "root" in storage:
+        # shared_fs's legacy `root` is the shared directory, not the WAL's.
+        durable = dict(storage.get("durable") or {})
+        move(storage, "root", durable)
+        storage["durable"] = durable
+    move(storage, "root", storage, "local_wal_root")
+    move(storage, "cache_root", storage, "local_wal_root")
+    move(storage, "metadata_root", storage, "metadata_prefix")
+    move(storage, "object_store", storage, "durable")
+    move(wal, "dir", storage, "local_wal_root")
+    move(wal, "retention", storage, "local_retention")
+    move(wal, "cache_capacity", advanced)
+    move(wal, "file_sync", advanced)
+    if "rotation" in advanced:
+        rotation = dict(wal.get("rotation") or {})
+        for key, value in (advanced.pop("rotation") or {}).items():
+            rotation.setdefault(key, value)
+        wal["rotation"] = rotation
+    if advanced:
+        wal["advanced"] = advanced
+    if wal:
+        storage["wal"] = wal
+    return {**tree, "storage": storage}
 
 
 def _load_storage(cfg, tree):
@@ -264,8 +349,9 @@ def _load_tiers(cfg, tree):
     elif "backend" not in section and "://" not in str(section.get("root", "")):
         raise ConfigError("storage.durable.backend: required with storage.mode object_store "
                           "(s3, gcs, azblob, fs or memory)")
-    from danube.storage.durable.config import parse_durable
+    from danube.storage.durable.config import parse_durable, require_sdk
     cfg.durable = parse_durable(section, "storage.durable")
+    require_sdk(cfg.durable.backend)
 
 
 def apply_overrides(cfg: BrokerConfig, args) -> BrokerConfig:
@@ -289,5 +375,7 @@ def apply_overrides(cfg: BrokerConfig, args) -> BrokerConfig:
     if getattr(args, "connect_url", None):
         url = args.connect_url
         cfg.connect_url = url if "://" in url else f"http://{url}"
+    cfg.insecure_allow_unauthenticated = bool(
+        getattr(args, "insecure_allow_unauthenticated", False))
     cfg.data_dir = os.path.abspath(cfg.data_dir)
     return cfg.validate()

@@ -261,6 +261,7 @@ class SeaweedFS(Server):
     admin_secret = "danube-test-admin-secret-0123456789"
     region = REGION
     bucket = BUCKET
+    public_bucket = "danube-public"
 
     def __init__(self, workdir):
         super().__init__(workdir)
@@ -275,6 +276,9 @@ class SeaweedFS(Server):
             {"name": "danube",
              "credentials": [{"accessKey": self.access_key, "secretKey": self.secret_key}],
              "actions": ["Read", "Write", "List", "Tagging"]},
+            # Unsigned requests (storage.durable.anonymous) reach only the public bucket.
+            {"name": "anonymous",
+             "actions": [f"{a}:{self.public_bucket}" for a in ("Read", "Write", "List")]},
         ]}
         self.s3_config = self.workdir / "s3.json"
         self.s3_config.write_text(json.dumps(identities))
@@ -340,6 +344,7 @@ class SeaweedFS(Server):
         if self._admin is None:
             self._admin = self.client(admin=True)
         self.create_bucket(self.bucket)
+        self.create_bucket(self.public_bucket)
         # Writes need the master to have grown volumes: only a write says it is ready.
         self._admin.put_object(Bucket=self.bucket, Key=".ready", Body=b"ready")
         self._admin.get_object(Bucket=self.bucket, Key=".ready")["Body"].read()

@@ -27,6 +27,16 @@ def _add_broker(sub):
                    help="address clients are told to connect to (broker_url and connect_url)")
     p.add_argument("--connect-url", metavar="HOST:PORT",
                    help="address clients dial, if it differs from the advertised broker URL")
+    p.add_argument("--raft-addr", metavar="HOST:PORT",
+                   help="upstream's Raft address; accepted and ignored (no Raft in this build)")
+    p.add_argument("--seed-nodes", metavar="H1:P1,H2:P2",
+                   help="upstream's Raft seed nodes; accepted and ignored")
+    p.add_argument("--join", action="store_true",
+                   help="upstream's Raft join; accepted and ignored")
+    p.add_argument("--insecure-allow-unauthenticated", action="store_true",
+                   help="with auth.mode tls, serve TLS although token (JWT) authentication "
+                        "is not available in this build: every call is accepted without a "
+                        "token. Without this flag such a config refuses to start")
     p.add_argument("--log-level", default="info",
                    choices=("debug", "info", "warning", "error"))
     p.set_defaults(func=_run_broker)
@@ -43,16 +53,14 @@ def _run_broker(args):
     try:
         if args.mode is None:
             args.mode = "cluster"
-        if args.mode == "cluster":
-            if not args.config_file:
-                raise ConfigError("cluster mode (the default) requires --config-file; "
-                                  "use --mode standalone for a single broker")
-            raise ConfigError("cluster mode needs the etcd metadata store, which this build "
-                              "does not have yet; use --mode standalone")
+        if args.mode == "cluster" and not args.config_file:
+            raise ConfigError("cluster mode (the default) requires --config-file; "
+                              "use --mode standalone for a single broker")
         cfg = apply_overrides(load_config(args.config_file), args)
     except ConfigError as exc:
         print(f"danube broker: {exc}", file=sys.stderr)
         return 2
+    _warn_unbuilt(cfg, args)
     from danube.storage.errors import TieredStartupError
 
     try:
@@ -61,6 +69,25 @@ def _run_broker(args):
         print(f"danube broker: cannot start: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def _warn_unbuilt(cfg, args):
+    from danube.config_keys import unbuilt_warning
+
+    log = logging.getLogger("danube.config")
+    flags = [f for f, given in (("--raft-addr", args.raft_addr), ("--seed-nodes",
+             args.seed_nodes), ("--join", args.join)) if given]
+    line = unbuilt_warning(cfg.unbuilt_keys + flags)
+    if line:
+        log.warning("%s", line)
+    if cfg.mode == "cluster":
+        # Upstream's cluster mode with no seed nodes is a single-node Raft cluster; ours
+        # without etcd is the same broker on the embedded store.
+        log.warning("cluster mode without an etcd metadata store (not in this build): "
+                    "serving as a single-node cluster on the embedded store")
+    if cfg.auth_mode == "tls":
+        log.warning("auth.mode tls with --insecure-allow-unauthenticated: TLS only, every "
+                    "call is accepted without a token")
 
 
 def build_parser():

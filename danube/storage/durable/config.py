@@ -20,10 +20,13 @@ AZURE_STORAGE_CONNECTION_STRING / AZURE_STORAGE_ACCOUNT / AZURE_STORAGE_KEY)."""
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import os
+import sys
 from collections.abc import Mapping
 
 from danube.config import ConfigError
+from danube.config_keys import suggest
 from danube.storage.durable.base import ObjectStore
 
 BACKENDS = ("s3", "gcs", "azblob", "fs", "memory")
@@ -32,15 +35,26 @@ _CLOUD = ("s3", "gcs", "azblob")
 _TUNING = {"connect_timeout_seconds", "read_timeout_seconds", "retries"}
 _COMMON = {"backend", "root", "upload_interval_seconds"}
 _KEYS = {
+    # anonymous .. virtual_host_style are upstream's; path_style is ours (its inverse).
     "s3": _COMMON | _TUNING | {"bucket", "prefix", "endpoint", "region", "access_key",
-                               "secret_key", "path_style"},
-    "gcs": _COMMON | _TUNING | {"bucket", "prefix", "endpoint", "project", "credentials_file"},
+                               "secret_key", "session_token", "profile", "role_arn",
+                               "anonymous", "virtual_host_style", "path_style"},
+    # credentials_path / credentials_json are upstream's; credentials_file is our alias.
+    "gcs": _COMMON | _TUNING | {"bucket", "prefix", "endpoint", "project", "credentials_file",
+                                "credentials_path", "credentials_json"},
     "azblob": _COMMON | _TUNING | {"container", "bucket", "prefix", "endpoint",
                                    "account_name", "account_key", "connection_string"},
     "fs": _COMMON,
     "memory": _COMMON,
 }
 _ALL_KEYS = set().union(*_KEYS.values())
+# backend -> (the SDK's import name, its distribution, our extra that installs it)
+_SDKS = {
+    "s3": ("boto3", "boto3", "s3"),
+    "gcs": ("google.cloud.storage", "google-cloud-storage", "gcs"),
+    "azblob": ("azure.storage.blob", "azure-storage-blob", "azure"),
+}
+DISTRIBUTION = "danube-broker-py"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,8 +68,13 @@ class DurableConfig:
     region: str | None = None
     access_key: str | None = None
     secret_key: str | None = dataclasses.field(default=None, repr=False)
+    session_token: str | None = dataclasses.field(default=None, repr=False)
+    profile: str | None = None
+    role_arn: str | None = None
+    anonymous: bool = False
     project: str | None = None
     credentials_file: str | None = None
+    credentials_json: str | None = dataclasses.field(default=None, repr=False)
     account_name: str | None = None
     account_key: str | None = dataclasses.field(default=None, repr=False)
     connection_string: str | None = dataclasses.field(default=None, repr=False)
@@ -82,8 +101,7 @@ def parse_durable(mapping, where: str = "storage.durable") -> DurableConfig:
         raise ConfigError(f"{where}: expected a mapping, got {type(mapping).__name__}")
     for key in mapping:
         if key not in _ALL_KEYS:
-            raise ConfigError(f"{where}.{key}: unknown key (known: "
-                              f"{', '.join(sorted(_ALL_KEYS))})")
+            raise ConfigError(f"{where}.{key}: unknown key{suggest(str(key), _ALL_KEYS)}")
 
     def text(key, required=False):
         value = mapping.get(key)
@@ -174,25 +192,93 @@ def parse_durable(mapping, where: str = "storage.durable") -> DurableConfig:
         raise ConfigError(f"{where}.endpoint: expected an http:// or https:// URL, got "
                           f"{endpoint!r}")
     values["endpoint"] = endpoint
-    for key in ("region", "access_key", "secret_key", "project", "credentials_file",
-                "account_name", "account_key", "connection_string"):
+    for key in ("region", "access_key", "secret_key", "session_token", "profile", "role_arn",
+                "project", "credentials_file", "credentials_json", "account_name",
+                "account_key", "connection_string"):
         if key in _KEYS[backend]:
             values[key] = text(key)
-    if backend == "s3" and (values["access_key"] is None) != (values["secret_key"] is None):
-        missing = "secret_key" if values["secret_key"] is None else "access_key"
-        raise ConfigError(f"{where}.{missing}: access_key and secret_key go together")
+    if backend == "gcs":
+        path = text("credentials_path")
+        if path and values["credentials_file"] and path != values["credentials_file"]:
+            raise ConfigError(f"{where}.credentials_path: give credentials_path or "
+                              f"credentials_file (the same setting), not both")
+        values["credentials_file"] = path or values["credentials_file"]
+        if values["credentials_file"] and values["credentials_json"]:
+            raise ConfigError(f"{where}.credentials_json: give credentials_json or "
+                              f"credentials_path, not both")
+    if backend == "s3":
+        _check_s3_credentials(mapping, values, where)
     if backend == "azblob" and values["connection_string"] and (
             values["account_key"] or values["endpoint"]):
         raise ConfigError(f"{where}.connection_string: give either connection_string or "
                           f"endpoint/account_name/account_key, not both")
-    if "path_style" in mapping:
-        if not isinstance(mapping["path_style"], bool):
-            raise ConfigError(f"{where}.path_style: expected true or false")
+    for key in ("path_style", "virtual_host_style", "anonymous"):
+        if key in mapping and not isinstance(mapping[key], bool):
+            raise ConfigError(f"{where}.{key}: expected true or false, got {mapping[key]!r}")
+    if "virtual_host_style" in mapping:
+        path_style = not mapping["virtual_host_style"]
+        if "path_style" in mapping and mapping["path_style"] != path_style:
+            raise ConfigError(f"{where}.path_style: contradicts virtual_host_style")
+        values["path_style"] = path_style
+    elif "path_style" in mapping:
         values["path_style"] = mapping["path_style"]
     values["connect_timeout_seconds"] = number("connect_timeout_seconds", 5.0, minimum=0)
     values["read_timeout_seconds"] = number("read_timeout_seconds", 60.0, minimum=0)
     values["retries"] = number("retries", 3, minimum=0, integer=True, inclusive=True)
     return DurableConfig(**values)
+
+
+def require_sdk(backend: str, where: str = "storage.durable.backend") -> None:
+    """ConfigError with the exact install command when ``backend``'s SDK is missing. The
+    SDKs are extras, so a broker on local disk does not carry ~150 MB of cloud clients."""
+    if backend not in _SDKS:
+        return
+    module, distribution, extra = _SDKS[backend]
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):     # a parent package missing, or a blocked import
+        found = False
+    if found:
+        return
+    requirement = _requirement(distribution, extra)
+    raise ConfigError(
+        f"{where}: backend {backend} needs the {distribution} package, which is not "
+        f"installed: run {sys.executable} -m pip install '{requirement}' (or, in the "
+        f"source checkout, pip install '.[{extra}]')")
+
+
+def _requirement(distribution, extra):
+    """The version range our own metadata gives for ``distribution`` (one source of truth:
+    pyproject.toml's extras), or the bare name."""
+    from importlib import metadata
+
+    try:
+        requires = metadata.requires(DISTRIBUTION) or []
+    except metadata.PackageNotFoundError:
+        return distribution
+    for line in requires:
+        spec, _, marker = line.partition(";")
+        if f'extra == "{extra}"' in marker and spec.strip().startswith(distribution):
+            return spec.strip().replace(" ", "")
+    return distribution
+
+
+def _check_s3_credentials(mapping, values, where):
+    if (values["access_key"] is None) != (values["secret_key"] is None):
+        missing = "secret_key" if values["secret_key"] is None else "access_key"
+        raise ConfigError(f"{where}.{missing}: access_key and secret_key go together")
+    if values["session_token"] and values["access_key"] is None:
+        raise ConfigError(f"{where}.session_token: goes with access_key and secret_key "
+                          f"(temporary credentials)")
+    if values["profile"] and values["access_key"] is not None:
+        raise ConfigError(f"{where}.profile: give either profile or access_key/secret_key, "
+                          f"not both")
+    values["anonymous"] = mapping.get("anonymous") is True
+    if values["anonymous"]:
+        for key in ("access_key", "profile", "role_arn"):
+            if values[key]:
+                raise ConfigError(f"{where}.anonymous: unsigned requests take no credentials, "
+                                  f"but {key} is set")
 
 
 def _split_root(root, backend, where):
@@ -227,12 +313,14 @@ def open_object_store(cfg: DurableConfig, *, environ: Mapping[str, str] | None =
         from danube.storage.durable.s3 import S3ObjectStore
         return S3ObjectStore(cfg.bucket, cfg.prefix, endpoint=cfg.endpoint, region=cfg.region,
                              access_key=cfg.access_key, secret_key=cfg.secret_key,
+                             session_token=cfg.session_token, profile=cfg.profile,
+                             role_arn=cfg.role_arn, anonymous=cfg.anonymous,
                              path_style=cfg.path_style, **tuning)
     if cfg.backend == "gcs":
         from danube.storage.durable.gcs import GcsObjectStore
         return GcsObjectStore(cfg.bucket, cfg.prefix, endpoint=cfg.endpoint,
                               project=cfg.project, credentials_file=cfg.credentials_file,
-                              **tuning)
+                              credentials_json=cfg.credentials_json, **tuning)
     if cfg.backend == "azblob":
         from danube.storage.durable.azblob import AzureBlobObjectStore
         connection_string = cfg.connection_string

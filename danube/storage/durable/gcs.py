@@ -31,12 +31,37 @@ class _Attempts:
         return True
 
 
+def _credentials_from_json(text):
+    """Credentials (and their project) from a credentials file's contents given inline."""
+    import json
+
+    import google.auth
+
+    try:
+        info = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not valid JSON ({exc})") from None
+    if not isinstance(info, dict):
+        raise ValueError("expected a JSON object")
+    # The two kinds people use, by their own loaders (google-auth warns that its generic
+    # loader also runs external-account configurations); anything else by the generic one.
+    if info.get("type") == "service_account":
+        from google.oauth2 import service_account
+        creds = service_account.Credentials.from_service_account_info(info, scopes=_SCOPES)
+        return creds, info.get("project_id")
+    if info.get("type") == "authorized_user":
+        from google.oauth2 import credentials as user_credentials
+        creds = user_credentials.Credentials.from_authorized_user_info(info, scopes=_SCOPES)
+        return creds, info.get("quota_project_id")
+    return google.auth.load_credentials_from_dict(info, scopes=_SCOPES)
+
+
 class GcsObjectStore(ObjectStore):
     backend = "gcs"
 
     def __init__(self, bucket: str, prefix: str = "", *, endpoint: str | None = None,
                  project: str | None = None, credentials_file: str | None = None,
-                 connect_timeout: float = 5.0, read_timeout: float = 60.0, retries: int = 3):
+                 credentials_json: str | None = None, connect_timeout: float = 5.0, read_timeout: float = 60.0, retries: int = 3):
         """``endpoint`` points at an emulator (fake-gcs-server): without ``credentials_file``
         the store then sends no credentials, as emulators expect. With neither, the SDK's
         usual chain is used (GOOGLE_APPLICATION_CREDENTIALS, gcloud's application default
@@ -67,9 +92,11 @@ class GcsObjectStore(ObjectStore):
         credentials = None
         try:
             if credentials_file:
-                import google.auth
-                credentials, file_project = google.auth.load_credentials_from_file(
-                    credentials_file, scopes=_SCOPES)
+                with open(credentials_file, encoding="utf-8") as f:
+                    credentials, file_project = _credentials_from_json(f.read())
+                project = project or file_project
+            elif credentials_json:
+                credentials, file_project = _credentials_from_json(credentials_json)
                 project = project or file_project
             elif self.endpoint:
                 from google.auth.credentials import AnonymousCredentials
@@ -83,8 +110,9 @@ class GcsObjectStore(ObjectStore):
             raise ObjectStoreConfigError(f"{self.describe()}: no usable credentials: "
                                          f"{exc}") from None
         except (OSError, ValueError) as exc:
-            raise ObjectStoreConfigError(f"{self.describe()}: credentials_file "
-                                         f"{credentials_file!r}: {exc}") from None
+            source = (f"credentials_file {credentials_file!r}" if credentials_file
+                      else "credentials_json")
+            raise ObjectStoreConfigError(f"{self.describe()}: {source}: {exc}") from None
         self._bucket = self._client.bucket(bucket)
 
     def describe(self) -> str:

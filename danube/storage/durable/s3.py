@@ -24,18 +24,48 @@ _EXISTS_CODES = {"PreconditionFailed", "412", "ConditionalRequestConflict", "409
 
 
 
+def _assume_role_session(base, role_arn):
+    """A boto3 session whose credentials come from STS AssumeRole of ``role_arn`` with the
+    base session's credentials, renewed by botocore before they expire (the same mechanism
+    as a profile with role_arn in ~/.aws/config). STS is reached at its usual endpoint, or
+    AWS_ENDPOINT_URL_STS."""
+    import boto3
+    import botocore.credentials
+    import botocore.session
+
+    source = base.get_credentials()
+    if source is None:
+        raise ObjectStoreConfigError(f"s3 role_arn {role_arn!r}: no credentials to assume "
+                                     f"the role with (access_key/secret_key, profile, or the "
+                                     f"SDK's environment)")
+    fetcher = botocore.credentials.AssumeRoleCredentialFetcher(
+        client_creator=base._session.create_client, source_credentials=source,
+        role_arn=role_arn, extra_args={"RoleSessionName": "danube-broker"})
+    credentials = botocore.credentials.DeferredRefreshableCredentials(
+        method="assume-role", refresh_using=fetcher.fetch_credentials)
+    session = botocore.session.Session()
+    session._credentials = credentials
+    return boto3.session.Session(botocore_session=session, region_name=base.region_name)
+
+
 class S3ObjectStore(ObjectStore):
     backend = "s3"
 
     def __init__(self, bucket: str, prefix: str = "", *, endpoint: str | None = None,
                  region: str | None = None, access_key: str | None = None,
-                 secret_key: str | None = None, path_style: bool | None = None,
+                 secret_key: str | None = None, session_token: str | None = None,
+                 profile: str | None = None, role_arn: str | None = None,
+                 anonymous: bool = False, path_style: bool | None = None,
                  connect_timeout: float = 5.0, read_timeout: float = 60.0, retries: int = 3):
         """``endpoint`` None is AWS itself. Without ``access_key``/``secret_key`` boto3's
         usual chain is used (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, AWS_PROFILE and
         ~/.aws, instance roles); without ``region``, AWS_REGION / AWS_DEFAULT_REGION, else
         us-east-1. ``path_style`` (bucket in the path, not the host name) defaults to True
-        with a custom endpoint: S3-compatible servers rarely have wildcard DNS."""
+        with a custom endpoint: S3-compatible servers rarely have wildcard DNS; False is
+        virtual-hosted style. ``session_token`` goes with temporary keys; ``profile`` names
+        a profile of ~/.aws; ``role_arn`` is assumed through STS with whichever of those
+        credentials (refreshed before they expire); ``anonymous`` sends unsigned requests
+        (public buckets)."""
         if not bucket:
             raise ObjectStoreConfigError("s3: no bucket given")
         if (access_key is None) != (secret_key is None):
@@ -45,7 +75,8 @@ class S3ObjectStore(ObjectStore):
         self.bucket = bucket
         self.prefix = normalize_prefix(prefix)
         self.endpoint = endpoint.rstrip("/") if endpoint else None
-        self.path_style = bool(endpoint) if path_style is None else path_style
+        self.path_style = path_style
+        self.anonymous = anonymous
         self._access_key = access_key
         self._secret_key = secret_key
         self._timeouts = (connect_timeout, read_timeout)
@@ -61,18 +92,27 @@ class S3ObjectStore(ObjectStore):
         try:
             self._session = boto3.session.Session(aws_access_key_id=access_key,
                                                   aws_secret_access_key=secret_key,
-                                                  region_name=region)
+                                                  aws_session_token=session_token,
+                                                  profile_name=profile, region_name=region)
+            if role_arn:
+                self._session = _assume_role_session(self._session, role_arn)
         except botocore.exceptions.BotoCoreError as exc:
             raise ObjectStoreConfigError(f"{self.describe()}: {exc}") from None
         self.region = self._session.region_name or "us-east-1"
         self._client = self._make_client(connect_timeout, read_timeout, retries + 1)
 
     def _make_client(self, connect_timeout, read_timeout, attempts):
+        from botocore import UNSIGNED
         from botocore.config import Config
+        if self.path_style is None:
+            style = "path" if self.endpoint else "auto"
+        else:
+            style = "path" if self.path_style else "virtual"
         config = Config(
             connect_timeout=connect_timeout, read_timeout=read_timeout,
             retries={"total_max_attempts": attempts, "mode": "standard"},
-            s3={"addressing_style": "path" if self.path_style else "auto"},
+            s3={"addressing_style": style},
+            **({"signature_version": UNSIGNED} if self.anonymous else {}),
             # The flexible-checksum defaults of recent botocore send headers that many
             # S3-compatible servers reject; Content-MD5/ETag integrity is kept either way.
             request_checksum_calculation="when_required" if self.endpoint else
