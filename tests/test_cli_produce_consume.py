@@ -121,6 +121,19 @@ def test_json_output_both_ways_and_binary_file(broker, tmp_path):
     assert msgs[2]["size"] == 8
 
 
+def test_routing_key_per_message_reaches_a_key_shared_consumer(broker):
+    topic = "/default/cli_keys"
+    produce(broker, topic, "-m", "init")
+    consumer = Consumer(broker, topic, "-m", "ks", "--sub-type", "key-shared", "--count", "4",
+                        "--timeout", "30", "--output", "json")
+    produce(broker, topic, "-m", "keyed", "-c", "3", "-i", "100", "-k", "user-{i}")
+    produce(broker, topic, "-m", "fixed", "--routing-key", "zzz", "-c", "1")
+    code, out, err = consumer.finish()
+    assert code == 0, err
+    keys = [json.loads(line).get("routing_key") for line in out.splitlines()]
+    assert keys == ["user-1", "user-2", "user-3", "zzz"]
+
+
 def test_count_summary_without_tty_and_pipeline(broker):
     topic = "/default/cli_count"
     result = produce(broker, topic, "-m", "x", "-c", "300", "--pipeline", "50")
@@ -198,6 +211,8 @@ def test_argument_rules(broker):
         (["-m", "x", "--schema-subject", "s", "--schema-version", "1",
           "--schema-min-version", "1"], "not allowed with"),
         (["-m", "x", "-a", "novalue"], "key:value"),
+        (["-m", "x", "-k", ""], "--routing-key must not be empty"),
+        (["-m", "x", "-k", "u-{i}", "--pipeline", "8"], "does not go with --pipeline"),
     ]
     for args, message in bad:
         result = run("produce", *addr, *args)

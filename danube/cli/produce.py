@@ -26,6 +26,10 @@ examples:
   danube produce -s http://127.0.0.1:6650 -m "Hello Danube" -c 10 -i 100
   danube produce -s http://127.0.0.1:6650 -t /default/events -a "k1:v1,k2:v2" -m hi
   danube produce -s http://127.0.0.1:6650 -m x -c 100000 --pipeline 256 --output json
+  danube produce -s http://127.0.0.1:6650 -t /default/orders -m hi -c 6 -i 100 -k "user-{i}"
+
+-c N sends N messages one every --interval ms (500 by default, as upstream), so -c 10 takes
+about 5 s; lower it with -i 100, or use --pipeline for bulk.
 """
 
 
@@ -65,6 +69,10 @@ def add_parser(sub):
     p.add_argument("-i", "--interval", type=int, default=500,
                    help="milliseconds between messages (default 500, minimum 100)")
     p.add_argument("--reliable", action="store_true", help="Reliable dispatch strategy")
+    p.add_argument("-k", "--routing-key", metavar="KEY",
+                   help="ours: the messages' routing key (Key-Shared subscriptions, and the "
+                        "partition of a partitioned topic); '{i}' in it is replaced by the "
+                        "message's number (1..N), e.g. 'user-{i}'")
     subject = p.add_mutually_exclusive_group()
     subject.add_argument("--schema-subject", help="schema subject (latest version)")
     subject.add_argument("--schema-file",
@@ -94,6 +102,11 @@ def _check(args):
         return "--schema-version and --schema-min-version require --schema-subject"
     if args.schema_file and not args.schema_type:
         return "--schema-file requires --schema-type"
+    if args.routing_key is not None:
+        if not args.routing_key:
+            return "--routing-key must not be empty"
+        if "{i}" in args.routing_key and args.pipeline:
+            return "--routing-key with {i} (a key per message) does not go with --pipeline"
     return None
 
 
@@ -146,7 +159,8 @@ async def _produce(args, payload, schema_definition):
         report.start()
         if args.pipeline:
             await producer.send_many(
-                [payload] * args.count, args.attributes, window=args.pipeline,
+                [payload] * args.count, args.attributes, args.routing_key,
+                window=args.pipeline,
                 return_exceptions=True,
                 on_result=lambda i, r: report.result(i + 1, r, quiet=True))
         else:
@@ -171,8 +185,11 @@ async def _paced(producer, payload, args, report):
 
     start = time.monotonic()
     for i in range(1, args.count + 1):
+        key = args.routing_key
+        if key is not None:
+            key = key.replace("{i}", str(i))
         try:
-            outcome = await producer.send(payload, args.attributes)
+            outcome = await producer.send(payload, args.attributes, key)
         except DanubeError as exc:
             outcome = exc
         report.result(i, outcome)
