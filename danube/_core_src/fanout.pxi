@@ -155,14 +155,16 @@ cdef class RoundRobinFanout(Fanout):
 cdef class KeySharedFanout(Fanout):
     """KeyShared: a consistent-hash ring (100 virtual nodes per consumer, `ring_hash`) picks
     the consumer of each routing key; a consumer with key filters only takes keys matching
-    one of its glob patterns. A key no consumer accepts is dropped. Decisions are cached per
-    key until the consumer set changes."""
+    one of its glob patterns. A key no consumer accepts is dropped (and counted in
+    `unroutable` when there were consumers to reject it). Decisions are cached per key until
+    the consumer set changes."""
 
     cdef list _ring_hashes
     cdef list _ring_owner
     cdef list _matchers
     cdef dict _cache
     cdef public int vnodes
+    cdef public unsigned long long unroutable
 
     def __cinit__(self, *args, **kwargs):
         self._ring_hashes = []
@@ -170,6 +172,7 @@ cdef class KeySharedFanout(Fanout):
         self._matchers = []
         self._cache = {}
         self.vnodes = 100
+        self.unroutable = 0
 
     def set_consumers(self, list outboxes, list names, list matchers):
         """`matchers[i]` is None (accept every key) or a callable key -> bool."""
@@ -211,6 +214,8 @@ cdef class KeySharedFanout(Fanout):
         if owner is None:
             owner = self.owner_of(key)
         if owner < 0:
+            if self.outboxes:
+                self.unroutable += 1
             self.dropped += 1
             return False
         box = <Outbox>self.outboxes[owner]

@@ -23,7 +23,8 @@ log = logging.getLogger("danube.broker.consumer")
 class Consumer:
     __slots__ = ("consumer_id", "name", "subscription", "outbox", "stream", "active",
                  "_loop", "_flush_scheduled", "_drainer", "_detached", "key_filters",
-                 "inactive_since", "_stream_timer", "__weakref__")
+                 "inactive_since", "_stream_timer", "owner", "_stream_client", "_released",
+                 "__weakref__")
 
     def __init__(self, consumer_id, name, subscription, key_filters=(), outbox_limit=4 << 20,
                  loop=None):
@@ -42,6 +43,11 @@ class Consumer:
         self._drainer = None
         self._detached = None
         self._stream_timer = None
+        # The client (connection) that took this consumer over by subscribing again under
+        # its name, and the client of the current stream; see take_over and must_wait.
+        self.owner = None
+        self._stream_client = None
+        self._released = asyncio.Event()
 
     # -- the ReceiveMessages stream ------------------------------------------------------
 
@@ -56,6 +62,7 @@ class Consumer:
 
     def _no_stream(self):
         self._stream_timer = None
+        self._release()
         if self.stream is None and self.active:
             log.info("consumer %r of subscription %r opened no ReceiveMessages stream; it is "
                      "inactive until it subscribes again", self.name, self.subscription.name)
@@ -68,7 +75,53 @@ class Consumer:
             self._stream_timer.cancel()
             self._stream_timer = None
 
-    def attach(self, stream):
+    def take_over(self, client, grace):
+        """Subscribed again under this name (upstream's takeover at Subscribe): the current
+        stream ends now, so nothing dispatched from here on goes to it; it waits in the
+        outbox for the next stream. ``client`` (the subscribing connection) owns the
+        consumer from now on: see must_wait."""
+        self.owner = client
+        if self.stream is not None:
+            self._end_stream(ConsumerTakenOver(
+                f"consumer {self.name!r} was taken over by a new Subscribe under its name"))
+            self._cancel_drainer()
+            self.stream = self._stream_client = None
+            self._forget_sent()
+        self.active = True
+        self.inactive_since = None
+        self.expect_stream(grace)
+
+    def must_wait(self, client):
+        """Whether a ReceiveMessages stream from ``client`` has to wait for its turn: it does
+        while the client that took the consumer over is about to open its stream (within
+        the stream grace) or has it open. The official clients open ReceiveMessages again
+        with the same consumer id whenever their stream ends, without subscribing again, so
+        without this the client that was taken over would take the stream straight back,
+        and the two would steal it from each other for as long as both run."""
+        owner = self.owner
+        return owner is not None and client is not owner and (
+            self._stream_timer is not None or
+            (self.stream is not None and self._stream_client is owner))
+
+    async def turn(self):
+        """Returns once the stream or the owner's claim on it changed (see must_wait)."""
+        await self._released.wait()
+
+    def _release(self):
+        released, self._released = self._released, asyncio.Event()
+        released.set()
+
+    def _forget_sent(self):
+        """The old stream is gone with whatever it had not delivered yet. A reliable
+        consumer's in-flight messages are redelivered (the dispatcher's consumer_left), so
+        its outbox is dropped to avoid duplicates; a non-reliable outbox is kept for the
+        next stream, as upstream keeps the consumer's channel."""
+        dispatcher = self.subscription.dispatcher
+        if dispatcher is not None:
+            self.outbox.take()
+            dispatcher.consumer_left(self)
+
+    def attach(self, stream, client=None):
         """Make `stream` this consumer's delivery stream; an earlier one is ended (takeover)."""
         self._cancel_stream_timer()
         old = self.stream
@@ -77,9 +130,9 @@ class Consumer:
             self._end_stream(ConsumerTakenOver(
                 f"consumer {self.name!r} was taken over by a newer ReceiveMessages stream"))
             self._cancel_drainer()
-            # What was queued for the old stream never reached anyone.
-            self.outbox.take()
+            self._forget_sent()
         self.stream = stream
+        self._stream_client = client
         was_active, self.active = self.active, True
         self.inactive_since = None
         self._detached = self._loop.create_future()
@@ -87,11 +140,6 @@ class Consumer:
         if not was_active:
             # Back after its stream grace ran out: receives again.
             self.subscription.consumer_changed(self)
-        dispatcher = self.subscription.dispatcher
-        if taken_over and dispatcher is not None:
-            # Messages in flight on the old stream may never have arrived: redeliver them
-            # on the new one rather than after the ack timeout.
-            dispatcher.consumer_left(self)
         if self.outbox.count:
             self._schedule_flush()
         return self._detached
@@ -100,10 +148,11 @@ class Consumer:
         """The client went away (or the handler ended): the consumer is inactive until it
         subscribes again."""
         if self.stream is stream:
-            self.stream = None
+            self.stream = self._stream_client = None
             self.active = False
             self.inactive_since = time.monotonic()
             self._cancel_drainer()
+            self._release()
             self.subscription.consumer_changed(self)
 
     def close(self, reason=None):
@@ -113,7 +162,9 @@ class Consumer:
         self.outbox.enabled = False
         self._cancel_stream_timer()
         stream, self.stream = self.stream, None
+        self._stream_client = None
         self._cancel_drainer()
+        self._release()
         if stream is not None:
             self._end_stream(reason)
 

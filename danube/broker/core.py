@@ -450,7 +450,10 @@ class BrokerCore:
 
     # -- subscriptions and consumers -----------------------------------------------------
 
-    async def subscribe(self, topic_name, consumer_name, sub_name, sub_type, key_filters=()):
+    async def subscribe(self, topic_name, consumer_name, sub_name, sub_type, key_filters=(),
+                        client=None):
+        """``client`` identifies the subscribing connection (any object compared by
+        identity); a takeover by name gives the consumer to it (Consumer.must_wait)."""
         names.validate_topic(topic_name)
         if not consumer_name:
             raise SubscribeDenied("consumer_name must not be empty")
@@ -463,10 +466,9 @@ class BrokerCore:
         if sub is not None:
             existing = sub.by_name.get(consumer_name)
             if existing is not None:
-                # Reconnect by name: same id; the next ReceiveMessages takes over the stream.
-                existing.active = True
-                existing.inactive_since = None
-                existing.expect_stream(self.cfg.consumer_stream_grace_ms / 1000)
+                # Reconnect by name (upstream's takeover): same id; the stream it has ends
+                # now and the subscribing client's next ReceiveMessages gets what follows.
+                existing.take_over(client, self.cfg.consumer_stream_grace_ms / 1000)
                 sub.consumer_changed(existing)
                 return existing.consumer_id
             if sub.sub_type != sub_type:

@@ -6,6 +6,7 @@ import logging
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from danube.broker.subscription import KEY_SHARED
 from danube.rpc.status import StatusCode
 
 log = logging.getLogger("danube.metrics")
@@ -57,6 +58,10 @@ def _topic_metrics(core):
     dropped = CounterMetricFamily("danube_consumer_dropped",
                                   "Non-reliable messages dropped because the consumer was "
                                   "too far behind (ours, not upstream)", labels=c_labels)
+    unroutable = CounterMetricFamily(
+        "danube_subscription_unroutable_skipped",
+        "KeyShared messages whose key no connected consumer's key filters accept: skipped "
+        "(on a reliable topic the cursor moves past them as if acked)", labels=s_labels)
     reliable = {
         "lag": GaugeMetricFamily("danube_subscription_lag_messages",
                                  "Messages published but not yet acked", labels=s_labels),
@@ -90,6 +95,9 @@ def _topic_metrics(core):
             active += n
             sub_consumers.add_metric([name, sub.name], n)
             d = sub.dispatcher
+            if sub.sub_type == KEY_SHARED:
+                unroutable.add_metric([name, sub.name], d.stats["unroutable"] if d is not None
+                                      else sub.fanout.unroutable)
             if d is not None:
                 labels = [name, sub.name]
                 reliable["lag"].add_metric(labels, d.lag)
@@ -106,7 +114,7 @@ def _topic_metrics(core):
                 dropped.add_metric(labels, c.outbox.dropped)
         consumers.add_metric([name], active)
     yield from (msgs_in, bytes_in, producers, consumers, subs, sub_consumers, sent, out_msgs,
-                out_bytes, dropped, *reliable.values())
+                out_bytes, dropped, unroutable, *reliable.values())
 
 
 def _storage_metrics(tiered):

@@ -15,6 +15,11 @@ the nack's delay_ms if larger). After max_redelivery_count failures the poison p
 decides: Block stalls the subscription (on KeyShared only that message's key), Drop treats it
 as acked, DeadLetter republishes it to the dead-letter topic and then treats it as acked.
 Messages are handed to consumers in offset order per subscription (per key on KeyShared).
+
+KeyShared: a message whose key no consumer's key filters accept, while the subscription does
+have connected consumers, is skipped as if acked (upstream moves its cursor past it too), so
+it holds neither the window nor retention. With no consumer connected it waits; so does a
+key that only a disconnected, not yet removed, consumer accepts: it may come back for it.
 """
 
 import asyncio
@@ -30,6 +35,9 @@ log = logging.getLogger("danube.broker.reliable")
 
 HEARTBEAT = 0.5          # upstream's dispatcher heartbeat
 READ_BATCH = 256
+# Skipped KeyShared messages settle without taking the window, so behind one unacked message
+# the set of offsets settled out of order could otherwise grow with the whole backlog.
+MAX_SETTLED_AHEAD = 65536
 
 
 class Delivery:
@@ -71,7 +79,7 @@ class ReliableDispatcher:
         self._history = None               # HistoryCursor, once history is read
         self._closing = False
         self.stats = {"redelivered": 0, "nacked": 0, "ack_timeouts": 0, "exhausted": 0,
-                      "dead_lettered": 0, "dropped": 0}
+                      "dead_lettered": 0, "dropped": 0, "unroutable": 0}
         self._task = loop.create_task(self._run())
 
     # -- the outside world ---------------------------------------------------------------
@@ -237,6 +245,9 @@ class ReliableDispatcher:
                 if entry is None:
                     continue            # acked meanwhile
                 payload, key = entry
+                if self._unroutable(key):
+                    self._skip_unroutable(offset, key)
+                    continue
                 if not self._deliver(consumers, offset, payload, key, now + ack_timeout):
                     heapq.heappush(self.retry, (due, offset))
                     self.retry_payloads[offset] = entry
@@ -250,7 +261,8 @@ class ReliableDispatcher:
 
     def _deliver_new(self, consumers, deadline):
         end = self.topic.dispatchable_end
-        while self.next_read < end and len(self.inflight) < self.window:
+        while self.next_read < end and len(self.inflight) < self.window and \
+                len(self.acked) < MAX_SETTLED_AHEAD:
             want = min(READ_BATCH, self.window - len(self.inflight), end - self.next_read)
             try:
                 batch = self.topic.read(self.next_read, want)
@@ -266,6 +278,10 @@ class ReliableDispatcher:
                 return
             for offset, payload in batch:
                 key = self._key(payload)
+                if self._unroutable(key):
+                    self.next_read = offset + 1
+                    self._skip_unroutable(offset, key)
+                    continue
                 if key in self.blocked_keys or key in self.held:
                     # Behind a blocked message of the same key: keep key order.
                     self.held.setdefault(key, []).append(offset)
@@ -305,6 +321,19 @@ class ReliableDispatcher:
             return None
         msg = pb.StreamMessage.FromString(payload)
         return msg.routing_key if msg.HasField("routing_key") else msg.producer_name
+
+    def _unroutable(self, key):
+        """KeyShared only (key is None otherwise); called with consumers connected. The
+        fan-out ring holds the connected consumers, so a key it places needs no more work."""
+        if key is None or self.sub.fanout.owner_of(key) >= 0:
+            return False
+        return not self.sub.takes_key(key)
+
+    def _skip_unroutable(self, offset, key):
+        self.stats["unroutable"] += 1
+        log.debug("%s/%s: offset %d skipped: no consumer's key filters accept key %r",
+                  self.topic.name, self.sub.name, offset, key)
+        self._settle(offset)
 
     def _consumers(self):
         # Same order as the subscription's fan-out ring (KeyShared owner indexes into it).

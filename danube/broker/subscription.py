@@ -31,6 +31,7 @@ class Subscription:
         self.sub_type = sub_type
         self.consumers = {}          # consumer_id -> Consumer, in join order
         self.by_name = {}
+        self._matchers = {}          # consumer_id -> KeyShared filter predicate or None
         if sub_type == SHARED:
             self.fanout = RoundRobinFanout()
         elif sub_type == KEY_SHARED:
@@ -64,11 +65,13 @@ class Subscription:
                 self.remove(stale)
         self.consumers[consumer.consumer_id] = consumer
         self.by_name[consumer.name] = consumer
+        self._matchers[consumer.consumer_id] = key_matcher(consumer.key_filters)
         self.consumer_changed(consumer)
 
     def remove(self, consumer, reason=None):
         if self.consumers.pop(consumer.consumer_id, None) is None:
             return
+        self._matchers.pop(consumer.consumer_id, None)
         if self.by_name.get(consumer.name) is consumer:
             del self.by_name[consumer.name]
         self.topic.broker.consumer_removed(consumer)
@@ -88,13 +91,18 @@ class Subscription:
             self.topic.broker.loop.create_task(self.dispatcher.flush_cursor())
         if self.sub_type == KEY_SHARED:
             self.fanout.set_consumers([c.outbox for c in active], [c.name for c in active],
-                                      [key_matcher(c.key_filters) for c in active])
+                                      [self._matchers.get(c.consumer_id) for c in active])
         else:
             # Exclusive and Failover deliver to the first active consumer in join order, so
             # when it leaves the next one is promoted.
             self.fanout.set_outboxes([c.outbox for c in active])
         if self.dispatcher is not None:
             self.dispatcher.notify()
+
+    def takes_key(self, key):
+        """KeyShared: whether some consumer of the subscription, connected or not yet
+        removed after its stream ended, accepts `key` by its filters."""
+        return any(m is None or m(key) for m in self._matchers.values())
 
     def close(self, reason=None):
         for consumer in list(self.consumers.values()):

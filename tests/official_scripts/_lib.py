@@ -226,10 +226,12 @@ class PlannedReceiver:
 
     @classmethod
     async def start(cls, client, topic, name, subscription, kind="exclusive", plan=None,
-                    counts=None, t0=None):
-        consumer = (client.new_consumer().with_topic(topic).with_consumer_name(name)
-                    .with_subscription(subscription).with_subscription_type(sub_type(kind))
-                    .build())
+                    counts=None, t0=None, key_filters=()):
+        builder = (client.new_consumer().with_topic(topic).with_consumer_name(name)
+                   .with_subscription(subscription).with_subscription_type(sub_type(kind)))
+        for pattern in key_filters:
+            builder = builder.with_key_filter(pattern)
+        consumer = builder.build()
         await consumer.subscribe()
         queue = await consumer.receive()
         return cls(consumer, queue, plan, counts, t0)

@@ -6,7 +6,7 @@ creates one).
 args: url, topic, steps: a list of
   {"op": "produce", "payloads": [...], "keys"?: [...]}
   {"op": "subscribe", "as": label, "name": consumer name, "subscription", "kind",
-   "plan"?: _lib.PlannedReceiver plan, "new_client"?: true}
+   "plan"?: _lib.PlannedReceiver plan, "new_client"?: true, "key_filters"?: [...]}
   {"op": "wait", "as": label, "payloads": [...], "attempts"?: n, "timeout"?: 10}
                                      until label got each of them (n times; default once);
                                      label "*": all the consumers together
@@ -43,7 +43,7 @@ async def main(args):
             owner = await new_client(url) if step.get("new_client") else client
             receivers[step["as"]] = await PlannedReceiver.start(
                 owner, topic, step["name"], step["subscription"], step.get("kind", "exclusive"),
-                step.get("plan"), counts, t0)
+                step.get("plan"), counts, t0, step.get("key_filters", ()))
         elif op == "wait":
             label = step["as"]
             group = list(receivers.values()) if label == "*" else [receivers[label]]

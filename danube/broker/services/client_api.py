@@ -55,16 +55,23 @@ class ConsumerService:
     async def Subscribe(self, request, context):
         consumer_id = await self.core.subscribe(
             request.topic_name, request.consumer_name, request.subscription,
-            request.subscription_type, list(request.key_filters))
+            request.subscription_type, list(request.key_filters), client=context.conn)
         return pb.ConsumerResponse(request_id=request.request_id, consumer_id=consumer_id,
                                    consumer_name=request.consumer_name)
 
     async def ReceiveMessages(self, request, context):
+        client = context.conn
         try:
             consumer = self.core.consumer(request.consumer_id)
+            if consumer.must_wait(client):
+                log.info("consumer %r was taken over by another connection; this "
+                         "ReceiveMessages waits until that one lets it go", consumer.name)
+            while consumer.must_wait(client):
+                await consumer.turn()
+                consumer = self.core.consumer(request.consumer_id)   # removed meanwhile?
         except e.BrokerError as exc:
             raise to_rpc_error(exc) from None
-        detached = consumer.attach(context)
+        detached = consumer.attach(context, client)
         try:
             reason = await detached
         finally:

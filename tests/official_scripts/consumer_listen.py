@@ -1,0 +1,26 @@
+"""A consumer that acks and prints a line "received <payload>" per delivery (flushed) until
+the process is killed or run_for seconds have passed. Used with official_client.
+spawn_scenario to run several client processes side by side.
+
+args: url, topic, name, subscription, kind, run_for (seconds, 60). Prints "subscribed" once
+its receive loop runs."""
+
+import asyncio
+
+from _lib import Receiver, new_client
+
+
+async def main(args):
+    client = await new_client(args["url"])
+    receiver = await Receiver.start(client, args["topic"], args["name"], args["subscription"],
+                                    args.get("kind", "exclusive"))
+    print("subscribed", flush=True)
+    seen = 0
+    loop = asyncio.get_running_loop()
+    end = loop.time() + args.get("run_for", 60)
+    while loop.time() < end:
+        for m in receiver.messages[seen:]:
+            print(f"received {m['payload']}", flush=True)
+        seen = len(receiver.messages)
+        await asyncio.sleep(0.01)
+    return {"messages": receiver.messages}
