@@ -23,7 +23,7 @@ and so is never 0.
 
 Recovery runs ``scan_frames`` over a segment and truncates it at ``valid_end``: the position
 just past the last complete, CRC-clean, offset-continuous frame. Everything here works on any
-buffer-protocol object (bytes, bytearray, memoryview, mmap, numpy arrays), and the loops run
+buffer-protocol object (bytes, bytearray, memoryview, mmap, array, numpy arrays), and the loops run
 in C with the GIL released for large inputs.
 """
 
@@ -36,7 +36,7 @@ from libc.stdint cimport uint32_t, uint64_t
 from libc.stdlib cimport malloc, realloc, free
 from libc.string cimport memcpy
 
-import numpy as np
+from array import array as _array
 
 cdef extern from "_crc32c.h" nogil:
     uint32_t danube_crc32c_update(uint32_t crc, const unsigned char *p, size_t n)
@@ -305,7 +305,7 @@ cdef void _scan(const unsigned char *buf, Py_ssize_t pos, Py_ssize_t end,
 
 cdef object _to_uint64_array(const uint64_t *src, Py_ssize_t n):
     cdef Py_buffer view
-    arr = np.empty(n, dtype=np.uint64)
+    arr = _array("Q", (0,)) * n
     if n:
         PyObject_GetBuffer(arr, &view, PyBUF_WRITABLE)
         memcpy(view.buf, src, <size_t>n * sizeof(uint64_t))
@@ -422,7 +422,7 @@ def read_frame(buffer, Py_ssize_t pos):
 # recording each frame's position, reading a run of frames back out, and the hot-tail cache.
 
 cdef uint64_t *_index_ptr(obj, Py_buffer *view, Py_ssize_t at, Py_ssize_t n) except NULL:
-    """Borrow ``obj[at:at + n]`` of a writable, contiguous uint64 array (numpy) as a pointer.
+    """Borrow ``obj[at:at + n]`` of a writable, contiguous uint64 array (``array('Q')`` or numpy) as a pointer.
     The caller releases ``view``."""
     PyObject_GetBuffer(obj, view, PyBUF_WRITABLE | PyBUF_FORMAT | PyBUF_ND)
     fmt = (<bytes>view.format).lstrip(b"<=@") if view.format != NULL else b"B"
@@ -439,7 +439,7 @@ def encode_frames_indexed(out, Py_ssize_t pos, unsigned long long first_offset, 
                           index, Py_ssize_t index_at, long long index_base=-1):
     """``encode_frames_into`` that also records where each frame starts.
 
-    ``index`` is a writable 1-D uint64 array (numpy); the header position of frame ``i`` is
+    ``index`` is a writable 1-D uint64 array (``array('Q')`` or numpy); the header position of frame ``i`` is
     stored at ``index[index_at + i]``: its position in ``out``, or with ``index_base >= 0``
     its position counted from ``index_base`` at ``pos`` (for frames encoded in a buffer
     that is then written to a file at ``index_base``). Raises ValueError, writing nothing,

@@ -39,7 +39,7 @@ def positions_of(payloads, start=0):
 
 def check_scan(result, offsets, positions, valid_end, status):
     offs, poss, end, st_ = result
-    assert offs.dtype == np.uint64 and poss.dtype == np.uint64
+    assert offs.typecode == "Q" and poss.typecode == "Q"
     assert offs.tolist() == list(offsets)
     assert poss.tolist() == list(positions)
     assert (end, st_) == (valid_end, status)

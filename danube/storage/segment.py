@@ -3,7 +3,7 @@
 A segment is named after its first offset (``wal.{first_offset:020d}.log``), so a sorted
 directory listing is the log in order and the file holding an offset is found by bisection on
 the names. Frames inside a segment carry consecutive offsets (``scan_frames`` rejects a gap),
-so the in-memory index is just the header position of every frame in a numpy uint64 array,
+so the in-memory index is just the header position of every frame in a uint64 array,
 and offset ``o`` lives at ``index[o - first_offset]``.
 
 The active segment is preallocated (``posix_fallocate``, so a full disk is an OSError when
@@ -44,7 +44,7 @@ import re
 import shutil
 import threading
 
-import numpy as np
+from array import array
 
 from danube._wal import (SCAN_CLEAN, SCAN_CORRUPT, SCAN_GAP, SCAN_TORN, encode_frames_indexed,
                          encode_frames_packed, last_nonzero, read_frames_into, scan_frames)
@@ -57,6 +57,14 @@ _SCRATCH_KEEP = 8 << 20         # a frame buffer up to this size is kept for the
 _scratch = threading.local()    # appends run on an event loop's thread
 STATUS_NAMES = {SCAN_CLEAN: "clean", SCAN_TORN: "torn", SCAN_CORRUPT: "corrupt",
                 SCAN_GAP: "offset gap"}
+_ZERO = (0,)
+
+
+def _u64(n: int) -> array:
+    """A zeroed uint64 array of ``n`` entries: the stdlib's array, which the Cython codec
+    reads and writes through the buffer protocol as it would any uint64 buffer (numpy would
+    add ~70 MB to every install for one flat array)."""
+    return array("Q", _ZERO) * n
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -253,7 +261,7 @@ class Segment:
         self.size = 0                       # mapped (= file) size
         self.write_pos = 0                  # end of the last frame
         self.unwritten = 0                  # bytes before write_pos still in PendingWrites
-        self.index = np.empty(0, dtype=np.uint64)
+        self.index = _u64(0)
         self.count = 0
         self.max_size = max_size
         self.created_at = created_at
@@ -280,7 +288,7 @@ class Segment:
             os.unlink(seg.path)
             raise
         seg.fd, seg.size = fd, size
-        seg.index = np.empty(max(_INDEX_MIN, frames_hint), dtype=np.uint64)
+        seg.index = _u64(max(_INDEX_MIN, frames_hint))
         return seg
 
     @classmethod
@@ -316,7 +324,7 @@ class Segment:
             raise
         seg.fd, seg.size, seg.write_pos = fd, size, valid_end
         n = 0 if positions is None else len(positions)
-        seg.index = np.empty(max(_INDEX_MIN, n * 2), dtype=np.uint64)
+        seg.index = _u64(max(_INDEX_MIN, n * 2))
         if n:
             seg.index[:n] = positions
         seg.count = n
@@ -421,7 +429,7 @@ class Segment:
         if end > self.size:
             self._grow(end)
         if self.count + n > len(self.index):
-            index = np.empty(max(2 * len(self.index), self.count + n), dtype=np.uint64)
+            index = _u64(max(2 * len(self.index), self.count + n))
             index[:self.count] = self.index[:self.count]
             self.index = index
 
@@ -440,7 +448,7 @@ class Segment:
         if self.size != self.write_pos:
             self.mm.resize(self.write_pos)      # ftruncate + mremap
             self.size = self.write_pos
-        self.index = self.index[:self.count].copy()
+        self.index = self.index[:self.count]      # a copy, trimmed to the frames
         self.sealed_at = now
 
     # ------------------------------------------------------------------ reading
