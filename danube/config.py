@@ -24,6 +24,13 @@ def parse_hostport(value: str, what: str) -> tuple[str, int]:
     return host, int(port)
 
 
+#: What a published message may carry around its payload (msg_id, producer name, attributes,
+#: routing key...) on top of policies.max_message_size: the publish RPCs refuse a request
+#: longer than the two together from its gRPC length prefix, before reading it (the exact
+#: payload check runs on everything shorter), and the transport's cap must leave room for it.
+ENVELOPE_ALLOWANCE = 64 * 1024
+
+
 @dataclasses.dataclass
 class Policies:
     max_producers_per_topic: int = 0
@@ -100,7 +107,7 @@ class BrokerConfig:
             raise ConfigError(f"auth.mode: expected none or tls, got {self.auth_mode!r}")
         if self.auth_mode == "tls" and not (self.tls_cert_file and self.tls_key_file):
             raise ConfigError("auth.mode tls needs auth.tls.cert_file and auth.tls.key_file")
-        if self.policies.max_message_size > self.grpc_max_message_size - 64 * 1024:
+        if self.policies.max_message_size > self.grpc_max_message_size - ENVELOPE_ALLOWANCE:
             raise ConfigError(
                 f"policies.max_message_size ({self.policies.max_message_size}) must be below "
                 f"the gRPC transport limit grpc.max_message_size ({self.grpc_max_message_size})")
