@@ -254,11 +254,13 @@ class ClientStream(StreamBase):
         n = len(data)
         if n >= PIECES_MIN and not self.send_encoding and n <= self.conn.send_limit:
             if not self.send_message_pieces(data, end):
-                # Shut windows: the message waits as it is behind its own prefix instead of
-                # being copied whole into a framed buffer first (a large message may well
-                # be refused after its first frames: its prefix is all a server needs).
-                self.send_data(b"\x00" + n.to_bytes(4, "big"))
-                self.send_data(data, end)
+                # Shut windows: the message waits as it is, behind a first frame's worth
+                # copied with its prefix, instead of being copied whole into a framed buffer
+                # (a large message may well be refused from its first frame, whose head
+                # then tells the server whose message it is).
+                first = self.conn.peer_max_frame - 5
+                self.send_data(b"\x00" + n.to_bytes(4, "big") + data[:first])
+                self.send_data(memoryview(data)[first:], end)
             if self.pending is not None or self.conn.write_paused:
                 await self.drain()
             return
