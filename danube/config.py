@@ -12,11 +12,9 @@ from danube import config_keys
 
 log = logging.getLogger("danube.config")
 
-# The transport cap sits this far above policies.max_message_size when the file does not set
-# grpc.max_message_size, so a message the policy refuses is refused by the policy check
-# (INVALID_ARGUMENT) and not by the transport (RESOURCE_EXHAUSTED, which the official clients
-# retry forever). It covers the envelope around the payload (ids, attributes, keys).
-ENVELOPE_ALLOWANCE = 64 * 1024
+# The transport cap when grpc.max_message_size is not set, unless policies.max_message_size
+# plus ENVELOPE_ALLOWANCE is larger (a message the policy refuses must meet the policy check,
+# INVALID_ARGUMENT, not the transport's RESOURCE_EXHAUSTED, which official clients retry).
 DEFAULT_GRPC_MAX_MESSAGE_SIZE = 16 * 1024 * 1024
 
 
@@ -31,6 +29,13 @@ def parse_hostport(value: str, what: str) -> tuple[str, int]:
     if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise ConfigError(f"{what}: expected HOST:PORT, got {value!r}")
     return host, int(port)
+
+
+#: What a published message may carry around its payload (msg_id, producer name, attributes,
+#: routing key...) on top of policies.max_message_size: the publish RPCs refuse a request
+#: longer than the two together from its gRPC length prefix, before reading it (the exact
+#: payload check runs on everything shorter), and the transport's cap must leave room for it.
+ENVELOPE_ALLOWANCE = 64 * 1024
 
 
 @dataclasses.dataclass
@@ -89,7 +94,8 @@ class BrokerConfig:
     durable: object = None                      # storage.durable (DurableConfig), tiers only
     # Transport cap on one gRPC message (our key, not upstream's); policies.max_message_size
     # must stay below it so oversize publishes get INVALID_ARGUMENT, not RESOURCE_EXHAUSTED.
-    grpc_max_message_size: int | None = None    # None: derived from the policy
+    grpc_max_message_size: int = DEFAULT_GRPC_MAX_MESSAGE_SIZE
+    grpc_max_message_size_set: bool = False     # given in the file; else derived (validate)
     grpc_max_concurrent_streams: int = 16384
     raw: dict = dataclasses.field(default_factory=dict)
     unbuilt_keys: list = dataclasses.field(default_factory=list)   # see config_keys
@@ -125,7 +131,7 @@ class BrokerConfig:
                 "--insecure-allow-unauthenticated to serve TLS without authentication")
         if self.policies.max_message_size < 1:
             raise ConfigError("policies.max_message_size must be at least 1 byte")
-        if self.grpc_max_message_size is None:
+        if not self.grpc_max_message_size_set:
             self.grpc_max_message_size = max(
                 DEFAULT_GRPC_MAX_MESSAGE_SIZE,
                 self.policies.max_message_size + ENVELOPE_ALLOWANCE)
@@ -231,7 +237,9 @@ def load_config(path: str | None) -> BrokerConfig:
         value = _int(tree, f"policies.{field.name}", getattr(cfg.policies, field.name))
         setattr(cfg.policies, field.name, value)
     _load_storage(cfg, tree)
-    cfg.grpc_max_message_size = _int(tree, "grpc.max_message_size", None)
+    cap = _int(tree, "grpc.max_message_size", None)
+    if cap is not None:
+        cfg.grpc_max_message_size, cfg.grpc_max_message_size_set = cap, True
     cfg.grpc_max_concurrent_streams = _int(tree, "grpc.max_concurrent_streams",
                                            cfg.grpc_max_concurrent_streams)
     return cfg

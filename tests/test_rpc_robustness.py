@@ -12,6 +12,7 @@ import hpack
 import hyperframe.frame
 import pytest
 
+from danube.rpc import RpcError, StatusCode
 from danube.rpc.connection import TransportConfig
 
 from rpc_fixtures import (GRPC_OPTIONS, P, PREFACE, FrameStream, RawH2Client, blob,
@@ -234,6 +235,43 @@ def test_oversize_length_prefix(client):
     assert client.streams[sid].grpc_status == 8  # RESOURCE_EXHAUSTED
     assert client.terminated is None
     assert_echo_works(client)
+
+
+def test_method_request_limit_refuses_from_the_prefix(server_factory):
+    """Server.limit_requests: a method's own limit is checked on the length prefix and
+    refused the method's way, with the message's first bytes for the refusal to use; above
+    a limit larger than the transport's cap, the cap (RESOURCE_EXHAUSTED) still holds."""
+    srv = server_factory(config=TransportConfig(max_message_size=1 << 20))
+    seen = []
+
+    def refuse(size, head):
+        seen.append((size, head))
+        return RpcError(StatusCode.INVALID_ARGUMENT, f"{size} is over 1000")
+    srv.server.limit_requests(P + "Unary", 1000, refuse)
+    srv.server.limit_requests(P + "Inspect", 4 << 20, refuse)
+    c = RawH2Client(srv.port)
+    try:
+        c.wait(lambda: c.settings_received)
+        sid = c.start_call(P + "Unary", end=False)
+        c.conn.send_data(sid, b"\x00" + (5000).to_bytes(4, "big") + b"head", end_stream=False)
+        c.flush()
+        assert c.wait(lambda: c.streams[sid].done)
+        assert c.streams[sid].grpc_status == 3
+        assert c.streams[sid].header(b"grpc-message") == b"5000 is over 1000"
+        assert c.wait(lambda: c.streams[sid].reset is not None)
+        assert c.streams[sid].reset == E_NO_ERROR
+        assert seen == [(5000, b"head")]
+        assert_echo_works(c, b"x" * 1000)
+        sid = c.start_call(P + "Inspect", end=False)
+        c.conn.send_data(sid, b"\x00" + ((1 << 20) + 1).to_bytes(4, "big"), end_stream=False)
+        c.flush()
+        assert c.wait(lambda: c.streams[sid].done)
+        assert c.streams[sid].grpc_status == 8  # RESOURCE_EXHAUSTED
+        assert len(seen) == 1
+        assert c.terminated is None
+        assert_echo_works(c)
+    finally:
+        c.close()
 
 
 def test_invalid_compressed_flag(client):

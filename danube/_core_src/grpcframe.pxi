@@ -7,13 +7,16 @@ from cpython.bytes cimport PyBytes_Check
 
 
 class GrpcMessageTooLarge(Exception):
-    """A length prefix announced a message over the receiver's limit."""
+    """A length prefix announced a message over the receiver's limit. `head` is the start of
+    the message that arrived with its prefix (up to 256 bytes, maybe none): enough for a
+    refusal to say whose message it was (a StreamMessage's msg_id comes first)."""
 
-    def __init__(self, size, limit):
+    def __init__(self, size, limit, head=b""):
         super().__init__(
             "received message larger than max (%d vs. %d)" % (size, limit))
         self.size = size
         self.limit = limit
+        self.head = head
 
 
 cdef inline void _put_prefix(uint8_t *o, bint compressed, uint32_t n) noexcept nogil:
@@ -172,6 +175,7 @@ class CompressedMessage(bytes):
 
 cdef enum:
     _ASSEMBLE_MIN = 65536       # a message this large is assembled in place as it arrives
+    _HEAD_BYTES = 256           # of an oversize message, kept for its refusal
 
 
 cdef class GrpcDeframer:
@@ -256,7 +260,10 @@ cdef class GrpcDeframer:
         while n - pos >= 5:
             length = _u32(p + pos + 1)
             if length > self.max_message:
-                raise GrpcMessageTooLarge(length, self.max_message)
+                raise GrpcMessageTooLarge(length, self.max_message,
+                                          PyBytes_FromStringAndSize(
+                                              <const char *>(p + pos + 5),
+                                              min(n - pos - 5, _HEAD_BYTES)))
             if p[pos] > 1:
                 raise ValueError("invalid gRPC compressed flag %d" % p[pos])
             if n - pos - 5 < length:

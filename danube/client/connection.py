@@ -7,6 +7,12 @@ from danube.proto import DanubeApi_pb2 as pb
 from danube.proto import DanubeExt_pb2 as ext
 from danube.proto import SchemaRegistry_pb2 as sr
 from danube.rpc.client import Channel
+from danube.rpc.connection import MAX_GRPC_MESSAGE, TransportConfig
+
+# No size cap of our own on requests: the broker's limit is the one that counts, and it
+# refuses an oversize publish from the length prefix, with its reason (a local cap would
+# say RESOURCE_EXHAUSTED with no word of the broker's policy).
+CHANNEL_CONFIG = TransportConfig(max_send_message_size=MAX_GRPC_MESSAGE)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,7 +93,7 @@ class ConnectionPool:
         stub = self._stubs.get(key)
         if stub is None:
             channel = Channel(key, ssl=self.ssl, metadata=self.metadata,
-                              connect_timeout=self.connect_timeout)
+                              connect_timeout=self.connect_timeout, config=CHANNEL_CONFIG)
             stub = self._stubs[key] = BrokerStub(channel)
         return stub
 

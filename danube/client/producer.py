@@ -15,6 +15,18 @@ from danube.rpc import RpcError, StatusCode
 
 DEFAULT_WINDOW = 256
 DEFAULT_BATCH = 1000
+#: A payload at least this large is spliced into its serialized StreamMessage by hand.
+LARGE_PAYLOAD = 65536
+
+
+def _payload_tag(n):
+    """StreamMessage.payload's key (field 3, length-delimited) and the varint length `n`."""
+    out = bytearray(b"\x1a")
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
 
 
 def fnv1a64(key: str) -> int:
@@ -118,7 +130,17 @@ class TopicProducer:
             self._next_send_id = ids[0]
 
     def _encode(self, request_id, payload, attributes, key):
-        return self._message(request_id, payload, attributes, key).SerializeToString()
+        if len(payload) < LARGE_PAYLOAD:
+            return self._message(request_id, payload, attributes, key).SerializeToString()
+        # Protobuf would copy a large payload twice (into the message, then into its
+        # serialization); fields serialized in number order concatenate to the same bytes,
+        # so the payload (field 3) is copied once, between the fields before and after it.
+        msg = self._message(request_id, b"", attributes, key)
+        head = pb.StreamMessage(request_id=msg.request_id, msg_id=msg.msg_id)
+        msg.ClearField("request_id")
+        msg.ClearField("msg_id")
+        return b"".join((head.SerializeToString(), _payload_tag(len(payload)), payload,
+                         msg.SerializeToString()))
 
     async def send_batch(self, payloads, attributes=None, key=None):
         """Send payloads in order in one danube_ext.BatchProducer call; returns their request

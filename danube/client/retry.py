@@ -19,7 +19,10 @@ class RetryPolicy:
 
     @staticmethod
     def retryable(exc):
-        return isinstance(exc, RpcError) and exc.code in RETRYABLE
+        # RESOURCE_EXHAUSTED raised on this side is a message over a size limit: every
+        # retry would meet the same limit.
+        return (isinstance(exc, RpcError) and exc.code in RETRYABLE
+                and not (exc.local and exc.code == StatusCode.RESOURCE_EXHAUSTED))
 
     def backoff(self, attempt):
         """Seconds to wait before retry number `attempt` (0-based): linear, capped, with

@@ -16,7 +16,8 @@ import ssl as _ssl
 from danube import _core
 from danube._core import GrpcDeframer, GrpcMessageTooLarge, grpc_frame, grpc_frame_many
 from danube.rpc import compression
-from danube.rpc.connection import PIECES_MIN, H2Connection, StreamBase, TransportConfig
+from danube.rpc.connection import (MAX_GRPC_MESSAGE, PIECES_MIN, H2Connection, StreamBase,
+                                   TransportConfig)
 from danube.rpc.headers import (encode_headers, format_timeout, metadata_from_headers,
                                 metadata_to_headers, percent_decode)
 from danube.rpc.status import RpcError, StatusCode, http_status_to_grpc
@@ -55,7 +56,7 @@ class ClientStream(StreamBase):
 
     __slots__ = ("deframer", "messages", "initial", "status", "details", "trailers",
                  "_waiter", "_timer", "encoding", "_queued_bytes", "_held_credit",
-                 "send_encoding")
+                 "send_encoding", "local")
 
     def __init__(self, sid, conn, send_encoding=None):
         super().__init__(sid, conn)
@@ -71,6 +72,7 @@ class ClientStream(StreamBase):
         self.send_encoding = send_encoding
         self._queued_bytes = 0
         self._held_credit = 0
+        self.local = False          # the status was decided here, not by the server
 
     # -- frames from the server ----------------------------------------------------------
 
@@ -104,6 +106,13 @@ class ClientStream(StreamBase):
             self._set_status(StatusCode.INTERNAL, "truncated gRPC message at end of stream")
         else:
             self._set_status(head.grpc_status, head.grpc_message)
+        if self.pending is not None:
+            # The server answered before taking the whole request (one over its size
+            # limit, say): the call is over, so the rest of the request must not wait for
+            # windows that may never open. Our server follows its trailers with RST_STREAM;
+            # this covers a server that does not.
+            self.pending = None
+            self.conn._reset_stream(self, _core.E_CANCEL)
 
     def on_data(self, payload, end_stream):
         try:
@@ -160,6 +169,8 @@ class ClientStream(StreamBase):
 
     def _fail(self, code, details):
         """End the call locally: RST_STREAM(CANCEL) and the given status."""
+        if self.status is None:
+            self.local = True
         self._set_status(code, details)
         if not self.reset:
             self.conn._reset_stream(self, _core.E_CANCEL)
@@ -221,13 +232,14 @@ class ClientStream(StreamBase):
     def raise_for_status(self):
         if self.status is not None and self.status != StatusCode.OK:
             raise RpcError(self.status, self.details,
-                           metadata_from_headers(self.trailers.fields) if self.trailers else ())
+                           metadata_from_headers(self.trailers.fields) if self.trailers else (),
+                           local=self.local)
 
     def _frame(self, data):
-        if len(data) > self.conn.config.max_message_size:
+        if len(data) > self.conn.send_limit:
             raise RpcError(StatusCode.RESOURCE_EXHAUSTED,
                            f"request message larger than max ({len(data)} vs. "
-                           f"{self.conn.config.max_message_size})")
+                           f"{self.conn.send_limit})", local=True)
         if self.send_encoding:
             return grpc_frame(compression.compress(self.send_encoding, data), True)
         return grpc_frame(data)
@@ -239,10 +251,17 @@ class ClientStream(StreamBase):
             raise RpcError(StatusCode.INTERNAL, "call already finished")
         if end:
             self.closed_local = True
-        if (len(data) >= PIECES_MIN and not self.send_encoding
-                and len(data) <= self.conn.config.max_message_size
-                and self.send_message_pieces(data, end)):
-            if self.conn.write_paused:
+        n = len(data)
+        if n >= PIECES_MIN and not self.send_encoding and n <= self.conn.send_limit:
+            if not self.send_message_pieces(data, end):
+                # Shut windows: the message waits as it is, behind a first frame's worth
+                # copied with its prefix, instead of being copied whole into a framed buffer
+                # (a large message may well be refused from its first frame, whose head
+                # then tells the server whose message it is).
+                first = self.conn.peer_max_frame - 5
+                self.send_data(b"\x00" + n.to_bytes(4, "big") + data[:first])
+                self.send_data(memoryview(data)[first:], end)
+            if self.pending is not None or self.conn.write_paused:
                 await self.drain()
             return
         if not self.send_data(self._frame(data), end) or self.conn.write_paused:
@@ -286,6 +305,8 @@ class ClientConnection(H2Connection):
         self.on_lost = on_lost
         self.ready = loop.create_future()
         self._slot_waiters = collections.deque()
+        self.send_limit = min(config.max_send_message_size or config.max_message_size,
+                              MAX_GRPC_MESSAGE)
 
     def connection_made(self, transport):
         super().connection_made(transport)

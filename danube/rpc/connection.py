@@ -30,6 +30,8 @@ S_MAX_HEADER_LIST_SIZE = 0x6
 
 MAX_WINDOW = 2**31 - 1
 DEFAULT_WINDOW = 65535
+#: The largest message a gRPC length prefix (4 bytes) can announce.
+MAX_GRPC_MESSAGE = 2**32 - 1
 #: A message at least this large is written without being copied into DATA frames (headers
 #: and memoryviews of it go to the socket in one writev).
 PIECES_MIN = 32768
@@ -48,6 +50,11 @@ class TransportConfig:
     # The transport's cap on one gRPC message, in either direction. Larger gets
     # RESOURCE_EXHAUSTED. Broker policies (max_message_size) sit below it.
     max_message_size: int = 16 * 1024 * 1024
+    # A client's cap on the requests it sends, when not max_message_size. A client whose
+    # server refuses oversize requests early (ours does) sets it to MAX_GRPC_MESSAGE, as
+    # grpcio's default is: the caller then gets the server's status and reason, where a
+    # local cap could only guess at the server's limit.
+    max_send_message_size: int | None = None
     # Pending output per connection above which writers wait (socket backpressure).
     write_buffer_high: int = 4 * 1024 * 1024
     write_buffer_low: int = 1024 * 1024
@@ -551,4 +558,4 @@ class H2Connection(asyncio.Protocol):
         self.write(header_frames(stream.sid, block, self.peer_max_frame, end_stream))
 
 
-__all__ = ["H2Connection", "StreamBase", "TransportConfig"]
+__all__ = ["MAX_GRPC_MESSAGE", "H2Connection", "StreamBase", "TransportConfig"]

@@ -45,7 +45,7 @@ class RpcMethod:
     into bytes (None means the handler takes and returns bytes)."""
 
     __slots__ = ("path", "kind", "handler", "deserialize", "serialize", "name",
-                 "client_streaming")
+                 "client_streaming", "max_request", "own_limit", "refuse")
 
     def __init__(self, path, kind, handler, deserialize=None, serialize=None):
         self.path = path
@@ -55,6 +55,11 @@ class RpcMethod:
         self.handler = handler
         self.deserialize = deserialize
         self.serialize = serialize
+        # Set by Server.limit_requests: the length prefix a request may announce (None: the
+        # transport's cap), the service's own limit and how it refuses a message over it.
+        self.max_request = None
+        self.own_limit = None
+        self.refuse = None
 
 
 _RESPONSE_HEADERS = encode_headers([(b":status", b"200"), (b"content-type", b"application/grpc")])
@@ -116,7 +121,7 @@ class ServerStream(StreamBase):
         super().__init__(sid, conn)
         self.head = head
         self.method = method
-        self.deframer = GrpcDeframer(conn.config.max_message_size)
+        self.deframer = GrpcDeframer(method.max_request or conn.config.max_message_size)
         self.requests = collections.deque()
         self.task = None
         self.headers_sent = False
@@ -143,7 +148,15 @@ class ServerStream(StreamBase):
         try:
             messages = self.deframer.feed(payload)
         except GrpcMessageTooLarge as exc:
-            self.fail_early(StatusCode.RESOURCE_EXHAUSTED, str(exc))
+            # Answered from the length prefix alone: the body is never buffered, the
+            # trailers go out now and the RST_STREAM after them stops the client; what it
+            # already sent is dropped on arrival, its connection window credited.
+            method = self.method
+            if method.refuse is not None and exc.size > method.own_limit:
+                refusal = method.refuse(exc.size, exc.head)
+                self.fail_early(refusal.code, refusal.details)
+            else:
+                self.fail_early(StatusCode.RESOURCE_EXHAUSTED, str(exc))
             return
         except ValueError as exc:
             self.fail_early(StatusCode.INTERNAL, str(exc))
@@ -620,6 +633,18 @@ class Server:
     def add_method(self, path, kind: Kind, handler, deserialize=None, serialize=None):
         key = path.encode() if isinstance(path, str) else path
         self.methods[key] = RpcMethod(key, kind, handler, deserialize, serialize)
+
+    def limit_requests(self, path, max_size, refuse):
+        """Give the method at `path` (registered already) a request-size limit of its own:
+        a request message whose length prefix announces more than `max_size` bytes is
+        refused as soon as the prefix is read, with the RpcError `refuse(size, head)`
+        returns (`head`: the first bytes of the message that came with the prefix, perhaps
+        none), instead of being received whole first. The transport's cap (`max_message_size`,
+        RESOURCE_EXHAUSTED) still applies above a larger `max_size`."""
+        method = self.methods[path.encode() if isinstance(path, str) else path]
+        method.own_limit = max_size
+        method.max_request = min(max_size, self.config.max_message_size)
+        method.refuse = refuse
 
     def add_service(self, service_descriptor, servicer):
         """Register every method of a protobuf ServiceDescriptor; methods the servicer lacks

@@ -27,10 +27,13 @@ class RpcError(Exception):
     """A call ended with a non-OK status. Raised by handlers (or `context.abort`) to fail a
     call with a chosen status, and raised by the client when a call fails."""
 
-    def __init__(self, code, details="", trailing_metadata=()):
+    def __init__(self, code, details="", trailing_metadata=(), *, local=False):
         self.code = StatusCode(code)
         self.details = details
         self.trailing_metadata = tuple(trailing_metadata)
+        # True when this side ended the call (a size limit, a deadline, a cancel) rather
+        # than the peer's status: a retry policy may judge the two differently.
+        self.local = local
         super().__init__(f"{self.code.name}: {details}")
 
 

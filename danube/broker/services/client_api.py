@@ -4,6 +4,7 @@ import logging
 
 from danube.broker import errors as e
 from danube.broker.services.errors import maps_errors, to_rpc_error
+from danube.broker.services.limits import SEND_MESSAGE, limit_send_message
 from danube.proto import DanubeApi_pb2 as pb
 from danube.rpc import RpcError, StatusCode
 from danube.rpc.server import Kind
@@ -125,7 +126,7 @@ def register(server, core):
     services = pb.DESCRIPTOR.services_by_name
     producer = ProducerService(core)
     server.add_service(services["ProducerService"], producer)
-    server.add_method("/danube.ProducerService/SendMessage", Kind.UNARY_UNARY,
-                      producer.SendMessage)
+    server.add_method(SEND_MESSAGE, Kind.UNARY_UNARY, producer.SendMessage)
+    limit_send_message(server, core)
     server.add_service(services["ConsumerService"], ConsumerService(core))
     server.add_service(services["Discovery"], DiscoveryService(core))

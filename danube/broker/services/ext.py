@@ -6,6 +6,7 @@ stamps and stores all its messages in one pass, without a Python object per mess
 from danube._core import parse_message_batch
 from danube.broker import errors as e
 from danube.broker.services.errors import to_rpc_error
+from danube.broker.services.limits import SEND_MESSAGES, limit_send_messages
 from danube.proto import DanubeApi_pb2 as pb
 from danube.proto import DanubeExt_pb2 as ext
 from danube.rpc import RpcError
@@ -75,6 +76,6 @@ class BatchProducerService:
 
 def register(server, core):
     service = BatchProducerService(core)
-    server.add_method("/danube_ext.BatchProducer/SendMessages", Kind.UNARY_UNARY,
-                      service.SendMessages, parse_message_batch,
-                      lambda m: m.SerializeToString())
+    server.add_method(SEND_MESSAGES, Kind.UNARY_UNARY, service.SendMessages,
+                      parse_message_batch, lambda m: m.SerializeToString())
+    limit_send_messages(server, core)
