@@ -9,8 +9,8 @@ from danube._core import (DeliveryStamp, GrpcDeframer, Outbox, canonical_stream_
                           parse_message_batch)
 from danube.proto import DanubeApi_pb2 as pb
 from danube.proto import DanubeExt_pb2 as ext
-from tests import wire_walker
-from tests.wire_walker import NotCanonical
+import wire_walker
+from wire_walker import NotCanonical
 
 TOPIC, BROKER = "/default/t", "http://127.0.0.1:6650"
 HEAD = pb.StreamMessage(msg_id=pb.MsgID(topic_name=TOPIC, broker_addr=BROKER)
