@@ -135,12 +135,12 @@ def test_reliable_batch_offsets_as_range_and_broker_stamped_msg_id(broker):
     # A message that brought its own msg_id keeps its broker_addr (merged, as before).
     assert (got[3].payload, got[3].msg_id.broker_addr, got[3].msg_id.topic_name) == \
         (b"own-id", "http://elsewhere:1", topic)
-    # The WAL keeps neither the topic's name nor the broker's address in its frames
-    # (Topic.delivery_stamp gives them back), not even the other topic a msg_id named.
+    # The WAL keeps the topic's name and the broker's address once, not in every frame
+    # (Topic.read_head): only the message whose own msg_id named another topic stores it.
     wal = b"".join(p.read_bytes() for p in
                    (Path(broker.data_dir) / "wal" / "default" / "batch-range").glob("wal.*.log"))
     assert wal.count(b"q0") == 2 and wal.count(b"own-id") == 1
-    assert wal.count(topic.encode()) == 0 and wal.count(want_addr.encode()) == 0
+    assert wal.count(topic.encode()) == 1 and wal.count(want_addr.encode()) == 0
 
 
 def test_malformed_batch_is_refused_whole(broker):

@@ -66,14 +66,21 @@ def test_parse_and_stamp_match_protobuf(msgs, request_id, producer_id, as_range,
     assert [pb.StreamMessage.FromString(r) for r in view.messages()] == msgs
     assert view.max_payload == max((len(m.payload) for m in msgs), default=0)
     assert view.payload_bytes == sum(len(m.payload) for m in msgs)
-    data, ends = view.stamp(first, 7, b"registered")
-    stamp = DeliveryStamp(topic, "http://broker:1")
+    data, ends = view.stamp(first, pb.MsgID(producer_id=7).SerializeToString(),
+                            pb.MsgID(topic_name=topic).SerializeToString(),
+                            pb.StreamMessage(producer_name="registered").SerializeToString())
+    # What a reliable topic delivers: its read_head, then the stored frame.
+    head = pb.StreamMessage(msg_id=pb.MsgID(topic_name=topic, broker_addr="http://broker:1")
+                            ).SerializeToString()
     assert ends.typecode == "Q" and len(ends) == len(msgs)
     for i, (raw, m) in enumerate(zip(_split(data, ends), msgs)):
         stored = pb.StreamMessage.FromString(raw)
-        assert stored.msg_id.topic_name == ""             # the topic's stamp gives it
+        assert stored.msg_id.topic_name == (topic if m.HasField("msg_id") else "")
         assert stored.msg_id.broker_addr == m.msg_id.broker_addr     # never stamped
-        got = pb.StreamMessage.FromString(canonical_stream_message(raw, stamp))
+        got = pb.StreamMessage.FromString(head + raw)
+        # Delivery gives the same values as that merge, in one msg_id (test_canonical.py).
+        assert pb.StreamMessage.FromString(canonical_stream_message(
+            raw, DeliveryStamp(topic, "http://broker:1"))) == got
         want = pb.StreamMessage()
         want.CopyFrom(m)
         want.producer_name = "registered"
@@ -113,7 +120,7 @@ def test_parse_refuses_malformed_batches(body):
 
 
 def test_stamp_of_an_empty_batch():
-    data, ends = parse_message_batch(b"\x08\x01").stamp(5, 1, b"p")
+    data, ends = parse_message_batch(b"\x08\x01").stamp(5, b"", b"", b"")
     assert (data, list(ends)) == (b"", [])
     with pytest.raises(ValueError):
-        parse_message_batch(b"\x1a\x00\x1a\x00").stamp(2**64 - 1, 1, b"p")
+        parse_message_batch(b"\x1a\x00\x1a\x00").stamp(2**64 - 1, b"")

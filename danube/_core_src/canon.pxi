@@ -104,7 +104,7 @@ cdef bint _skip_group(const uint8_t *p, Py_ssize_t end, Py_ssize_t *pos, uint64_
             return False
 
 
-cdef bint _read_field(const uint8_t *p, Py_ssize_t end, Py_ssize_t *pos, uint64_t *field,
+cdef inline bint _read_field(const uint8_t *p, Py_ssize_t end, Py_ssize_t *pos, uint64_t *field,
                       int *wt, uint64_t *value, Py_ssize_t *vstart) noexcept nogil:
     """One field: its number, wire type and value (varint), or where its bytes start and
     how many (LEN, in ``value``). Fixed-width fields and groups are skipped. False if
@@ -183,7 +183,7 @@ cdef struct _Stamp:
     bint makes_id        # a message without msg_id gets one
 
 
-cdef bint _decode_id(const uint8_t *p, Py_ssize_t pos, Py_ssize_t end,
+cdef inline bint _decode_id(const uint8_t *p, Py_ssize_t pos, Py_ssize_t end,
                      _Decoded *d) noexcept nogil:
     cdef uint64_t field, value
     cdef uint64_t last = 0
@@ -411,7 +411,7 @@ cdef inline _Stamp *_stamp_of(DeliveryStamp stamp, _Stamp *none) noexcept:
     return &stamp._s
 
 
-def canonical_stream_message(bytes data, DeliveryStamp stamp=None):
+def canonical_stream_message(bytes data not None, DeliveryStamp stamp=None):
     """``data`` (a serialized StreamMessage) in canonical form, stamped with ``stamp`` if
     given. Without a stamp, bytes already canonical come back as the same object. Raises
     ValueError if ``data`` is not well-formed protobuf."""

@@ -87,7 +87,7 @@ cdef class Outbox:
             n = _canon_size(&d, &stamp._s, &mid)
         if not self.enabled or (size and size + n + 5 > self.limit):
             return False
-        # Written in place: the stamped form goes straight into the outbox, no copy between.
+        # Grown in place and written into: the rewritten message needs no bytes of its own.
         PyByteArray_Resize(self._buf, size + 5 + n)
         o = <uint8_t *>PyByteArray_AS_STRING(self._buf) + size
         _put_prefix(o, False, <uint32_t>n)

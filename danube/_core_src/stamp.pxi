@@ -1,8 +1,15 @@
+# StreamMessage bytes amended without protobuf objects, for the batched publish path where
+# per-message Python work is the bottleneck. Stamping relies on protobuf's wire rules: for a
+# singular scalar field the last occurrence wins, and occurrences of an embedded message
+# field are merged. So appending `msg_id { topic_offset: N }` to serialized bytes stamps the
+# offset into the message's msg_id, keeping the fields the producer set. Such frames are
+# only for the WAL: delivery rewrites them in canonical form (canon.pxi), which merges the
+# same way, so no client's decoder has to.
+
 # The batched publish path (danube_ext.BatchProducer) without a Python object per message:
 # the client encodes a whole MessageBatchRaw in one call, the broker indexes the received
 # body in one call (MessageBatchView) and stamps every message into one packed buffer that
-# the WAL frames as it is. Stamping rewrites each message in canonical form (canon.pxi), so
-# stored frames need no merging to read and delivery can splice them cheaply.
+# the WAL frames as it is.
 
 from cpython cimport array as _carray
 from cpython.bytes cimport PyBytes_CheckExact
@@ -58,18 +65,21 @@ cdef bint _walk_fields(const uint8_t *p, Py_ssize_t pos, Py_ssize_t end) noexcep
 
 
 cdef bint _walk_stream_message(const uint8_t *p, Py_ssize_t pos, Py_ssize_t end,
-                               Py_ssize_t *payload_len) noexcept nogil:
+                               Py_ssize_t *payload_len, bint *has_msg_id) noexcept nogil:
     """Check a serialized StreamMessage's top level (and its msg_id) is well formed; find
-    its payload's length (the last occurrence wins, as protobuf merges)."""
+    its payload's length (the last occurrence wins, as protobuf merges) and whether it has a
+    msg_id."""
     cdef uint64_t field, value
     cdef int wt
     cdef Py_ssize_t start
     payload_len[0] = 0
+    has_msg_id[0] = False
     while pos < end:
         if not _next_field(p, end, &pos, &field, &wt, &value, &start):
             return False
         if wt == _WT_LEN:
             if field == 2:
+                has_msg_id[0] = True
                 if not _walk_fields(p, start, start + <Py_ssize_t>value):
                     return False
             elif field == 3:
@@ -92,19 +102,22 @@ cdef class MessageBatchView:
     cdef readonly Py_ssize_t payload_bytes   # all payloads together
     cdef Py_ssize_t *_start
     cdef Py_ssize_t *_len
+    cdef uint8_t *_has_msg_id
     cdef Py_ssize_t _cap
 
     def __dealloc__(self):
         PyMem_Free(self._start)
         PyMem_Free(self._len)
+        PyMem_Free(self._has_msg_id)
 
     def __len__(self):
         return self.count
 
-    cdef int _add(self, Py_ssize_t start, Py_ssize_t length) except -1:
+    cdef int _add(self, Py_ssize_t start, Py_ssize_t length, bint has_msg_id) except -1:
         cdef Py_ssize_t cap
         cdef void *a
         cdef void *b
+        cdef void *c
         if self.count == self._cap:
             cap = self._cap * 2 if self._cap else 64
             a = PyMem_Realloc(self._start, cap * sizeof(Py_ssize_t))
@@ -115,9 +128,14 @@ cdef class MessageBatchView:
             if b == NULL:
                 raise MemoryError()
             self._len = <Py_ssize_t *>b
+            c = PyMem_Realloc(self._has_msg_id, cap)
+            if c == NULL:
+                raise MemoryError()
+            self._has_msg_id = <uint8_t *>c
             self._cap = cap
         self._start[self.count] = start
         self._len[self.count] = length
+        self._has_msg_id[self.count] = has_msg_id
         self.count += 1
         return 0
 
@@ -130,47 +148,56 @@ cdef class MessageBatchView:
             out.append(PyBytes_FromStringAndSize(base + self._start[i], self._len[i]))
         return out
 
-    def stamp(self, unsigned long long first_offset, unsigned long long producer_id,
-              bytes producer_name):
-        """Every message in canonical form with msg_id.producer_id, msg_id.topic_offset
-        (``first_offset + i``) and producer_name set, and msg_id.topic_name left out: the
-        topic's DeliveryStamp gives it back on delivery, so a topic's name is not stored in
-        every frame (nor a wrong one a client put there). A msg_id.broker_addr the client
-        sent is kept. Returns ``(data, ends)``: the stamped messages back to back in one
-        bytes object, and an ``array('Q')`` of where each one ends in it."""
-        cdef Py_ssize_t i, n = self.count, w = 0, total = 0
+    def stamp(self, unsigned long long first_offset, bytes msg_id_fields,
+              bytes own_id_fields=b"", bytes extra=b""):
+        """Every message with ``extra`` (serialized top-level fields, e.g. producer_name)
+        and ``msg_id { <msg_id_fields> [<own_id_fields>] topic_offset: first_offset+i }``
+        appended, which protobuf merges into the message; ``own_id_fields`` only go to
+        messages that came with a msg_id of their own (to override what it says, e.g. a
+        topic_name the stored frame would otherwise keep). Returns ``(data, ends)``: the
+        stamped messages back to back in one bytes object, and an ``array('Q')`` of where
+        each one ends in it."""
+        cdef Py_ssize_t i, n = self.count, rn, inner, w = 0, total = 0
+        cdef Py_ssize_t fn = len(msg_id_fields), bn = len(own_id_fields), en = len(extra)
+        cdef uint64_t offset
+        cdef bint own
         cdef const uint8_t *src = <const uint8_t *>PyBytes_AS_STRING(self.body)
-        cdef const uint8_t *m
         cdef uint8_t *o
         cdef _carray.array ends
         cdef unsigned long long *e
-        cdef _Decoded d
-        cdef _Stamp s
-        cdef _Id mid
         if n and first_offset + <unsigned long long>(n - 1) < first_offset:
             raise ValueError("offsets would overflow 64 bits")
-        _no_stamp(&s)
-        s.set_pid = s.set_off = s.set_pn = s.makes_id = True
-        s.pid = producer_id
-        s.tn_mode = ID_CLEAR
-        s.pn = _str_of(producer_name)
-        # Sized first, written second: decoding a message's top level again is cheaper
-        # than keeping a decoded index of every message of a large batch.
         for i in range(n):
-            if not _decode(src + self._start[i], self._len[i], &d):
-                raise ValueError(f"malformed StreamMessage {i} of the batch")
-            s.off = first_offset + i
-            total += _canon_size(&d, &s, &mid)
+            inner = fn + 1 + _varint_size(first_offset + i)
+            if self._has_msg_id[i]:
+                inner += bn
+            total += self._len[i] + en + 1 + _varint_size(inner) + inner
         ends = _carray.clone(_U64_ARRAY, n, False)
         e = ends.data.as_ulonglongs
         out = PyBytes_FromStringAndSize(NULL, total)
         o = <uint8_t *>PyBytes_AS_STRING(out)
         for i in range(n):
-            m = src + self._start[i]
-            _decode(m, self._len[i], &d)
-            s.off = first_offset + i
-            _canon_size(&d, &s, &mid)
-            w += _canon_write(m, self._len[i], &d, &s, &mid, o + w)
+            offset = first_offset + i
+            own = self._has_msg_id[i]
+            rn = self._len[i]
+            memcpy(o + w, src + self._start[i], rn)
+            w += rn
+            if en:
+                memcpy(o + w, PyBytes_AS_STRING(extra), en)
+                w += en
+            inner = fn + 1 + _varint_size(offset) + (bn if own else 0)
+            o[w] = 0x12                        # field 2 (msg_id), length-delimited
+            w += 1
+            w += _put_varint(o + w, inner)
+            if fn:
+                memcpy(o + w, PyBytes_AS_STRING(msg_id_fields), fn)
+                w += fn
+            if own and bn:
+                memcpy(o + w, PyBytes_AS_STRING(own_id_fields), bn)
+                w += bn
+            o[w] = 0x28                        # MsgID field 5 (topic_offset), varint
+            w += 1
+            w += _put_varint(o + w, offset)
             e[i] = w
         return out, ends
 
@@ -185,6 +212,7 @@ def parse_message_batch(data):
     cdef Py_ssize_t end = PyBytes_GET_SIZE(body), pos = 0, start, plen
     cdef uint64_t field, value
     cdef int wt
+    cdef bint has_msg_id
     v.body = body
     while pos < end:
         if not _next_field(p, end, &pos, &field, &wt, &value, &start):
@@ -197,10 +225,11 @@ def parse_message_batch(data):
             elif field == 4:
                 v.offsets_as_range = value != 0
         elif wt == _WT_LEN and field == 3:
-            if not _walk_stream_message(p, start, start + <Py_ssize_t>value, &plen):
+            if not _walk_stream_message(p, start, start + <Py_ssize_t>value, &plen,
+                                        &has_msg_id):
                 raise ValueError(f"malformed StreamMessage {v.count} of the batch (at byte "
                                  f"{start})")
-            v._add(start, <Py_ssize_t>value)
+            v._add(start, <Py_ssize_t>value, has_msg_id)
             v.payload_bytes += plen
             if plen > v.max_payload:
                 v.max_payload = plen

@@ -82,16 +82,16 @@ class Topic:
             raise MessageTooLarge(f"message of {payload_len} bytes exceeds max_message_size "
                                   f"({limit} bytes) on {self.name}")
 
-    async def publish_reliable_raw(self, batch, producer):
+    async def publish_reliable_raw(self, batch, msg_id_fields, own_id_fields, extra):
         """Batched reliable publish of a ``danube._core.MessageBatchView``: msg_id (with
-        topic_offset) and producer_name are stamped into every message in C, all messages
-        into one packed buffer that the WAL frames as it is, so there is no Python object
-        per message (see ``MessageBatchView.stamp``). Returns the offsets."""
+        topic_offset) and producer_name are stamped by appending fields protobuf merges,
+        all messages into one packed buffer that the WAL frames as it is, so there is no
+        Python object per message (see ``MessageBatchView.stamp``; delivery merges them
+        into canonical form). Returns the offsets."""
         if self.closed:
             raise PublishFailed(f"topic {self.name} is closed")
         self._check_size(batch.max_payload)
-        data, ends = batch.stamp(self.log.next_offset, producer.producer_id,
-                                 producer.name.encode())
+        data, ends = batch.stamp(self.log.next_offset, msg_id_fields, own_id_fields, extra)
         return await self._store(data, batch.payload_bytes, ends)
 
     async def publish_reliable(self, messages):

@@ -15,6 +15,22 @@ from danube.rpc.server import Kind
 class BatchProducerService:
     def __init__(self, core):
         self.core = core
+        # What the stamp appends to every message, per producer: msg_id.producer_id, the
+        # topic_name (only over a msg_id the message came with: otherwise the topic's
+        # delivery stamp supplies it), producer_name.
+        self._stamps = {}
+
+    def _stamp(self, producer):
+        key = (producer.producer_id, producer.topic.name, producer.name)
+        stamp = self._stamps.get(key)
+        if stamp is None:
+            if len(self._stamps) >= 4096:
+                self._stamps.clear()
+            stamp = self._stamps[key] = (
+                pb.MsgID(producer_id=producer.producer_id).SerializeToString(),
+                pb.MsgID(topic_name=producer.topic.name).SerializeToString(),
+                pb.StreamMessage(producer_name=producer.name).SerializeToString())
+        return stamp
 
     async def SendMessages(self, batch, context):
         try:
@@ -24,7 +40,7 @@ class BatchProducerService:
         topic = producer.topic
         if topic.log is not None:
             try:
-                offsets = await topic.publish_reliable_raw(batch, producer)
+                offsets = await topic.publish_reliable_raw(batch, *self._stamp(producer))
             except e.BrokerError as exc:
                 raise to_rpc_error(exc) from None
             producer.sent += len(offsets)
