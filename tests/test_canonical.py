@@ -192,13 +192,18 @@ def test_batch_stamped_frames_are_delivered_canonical(msgs, first, producer_id):
                             pb.MsgID(topic_name=TOPIC).SerializeToString(),
                             pb.StreamMessage(producer_name="registered").SerializeToString())
     prev = 0
-    for raw, end in zip(msgs, ends):
+    for i, (raw, end) in enumerate(zip(msgs, ends)):
         stored = data[prev:end]
         prev = end
         out = delivered(stored, STAMP)
         wire_walker.check(out)
         assert_same(out, merged(stored, HEAD))
         want = merged(raw)
-        assert (pb.StreamMessage.FromString(out).payload, want.attributes) == \
-            (want.payload, pb.StreamMessage.FromString(out).attributes)
+        want.producer_name = "registered"
+        want.msg_id.producer_id = producer_id
+        want.msg_id.topic_name = TOPIC
+        want.msg_id.topic_offset = first + i
+        # The client's own broker_addr (even an empty one it sent) wins over the topic's.
+        want.msg_id.broker_addr = merged(raw, HEAD).msg_id.broker_addr
+        assert pb.StreamMessage.FromString(out) == want
     assert prev == len(data)
