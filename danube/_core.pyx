@@ -8,5 +8,6 @@ helpers can call each other without Python overhead.
 include "_core_src/crc32c.pxi"
 include "_core_src/h2codec.pxi"
 include "_core_src/grpcframe.pxi"
+include "_core_src/canon.pxi"
 include "_core_src/fanout.pxi"
 include "_core_src/stamp.pxi"

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from danube._core import GrpcDeframer
+from danube._core import DeliveryStamp, GrpcDeframer
 from danube.broker import failure_policy as fp
 from danube.broker.consumer import Consumer
 from danube.broker.reliable import ReliableDispatcher
@@ -25,8 +25,7 @@ class MemoryTopic:
         self.messages = []
         self.broker = self
         self.subs = []
-        self.read_head = pb.StreamMessage(msg_id=pb.MsgID(topic_name=self.name)
-                                          ).SerializeToString()
+        self.delivery_stamp = DeliveryStamp(self.name, "http://broker:1")
 
     @property
     def dispatchable_end(self):

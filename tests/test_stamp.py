@@ -3,7 +3,8 @@
 import pytest
 from hypothesis import given, strategies as st
 
-from danube._core import encode_message_batch, parse_message_batch
+from danube._core import (DeliveryStamp, canonical_stream_message, encode_message_batch,
+                          parse_message_batch)
 from danube.proto import DanubeApi_pb2 as pb
 from danube.proto import DanubeExt_pb2 as ext
 
@@ -77,6 +78,9 @@ def test_parse_and_stamp_match_protobuf(msgs, request_id, producer_id, as_range,
         assert stored.msg_id.topic_name == (topic if m.HasField("msg_id") else "")
         assert stored.msg_id.broker_addr == m.msg_id.broker_addr     # never stamped
         got = pb.StreamMessage.FromString(head + raw)
+        # Delivery gives the same values as that merge, in one msg_id (test_canonical.py).
+        assert pb.StreamMessage.FromString(canonical_stream_message(
+            raw, DeliveryStamp(topic, "http://broker:1"))) == got
         want = pb.StreamMessage()
         want.CopyFrom(m)
         want.producer_name = "registered"

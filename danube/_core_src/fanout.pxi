@@ -4,6 +4,7 @@
 # an outbox when it goes from empty to non-empty (once per event-loop turn per consumer).
 
 from bisect import bisect_left
+from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE, PyByteArray_Resize
 
 
 cdef inline uint32_t _fnv1a32(const uint8_t *p, Py_ssize_t n) noexcept nogil:
@@ -68,20 +69,32 @@ cdef class Outbox:
     def buffered(self):
         return len(self._buf)
 
-    cpdef bint offer(self, bytes message, bytes head=None):
-        """Frame ``head`` + ``message`` as one gRPC message (``head``: fields that a
-        reliable topic stores once instead of in every WAL frame, see Topic.read_head)."""
-        cdef Py_ssize_t hn = PyBytes_GET_SIZE(head) if head is not None else 0
-        cdef Py_ssize_t n = PyBytes_GET_SIZE(message) + hn
-        cdef Py_ssize_t size = len(self._buf)
-        cdef uint8_t prefix[5]
+    cpdef bint offer(self, bytes message, DeliveryStamp stamp=None) except -1:
+        """Frame ``message`` as one gRPC message: as it is (non-reliable topics canonicalise
+        once at publish, for every subscription), or with ``stamp`` rewritten into canonical
+        form (a reliable topic's stored frames, which leave out what the stamp gives)."""
+        cdef Py_ssize_t size = PyByteArray_GET_SIZE(self._buf)
+        cdef Py_ssize_t n
+        cdef uint8_t *o
+        cdef const uint8_t *p = <const uint8_t *>PyBytes_AS_STRING(message)
+        cdef _Decoded d
+        cdef _Id mid
+        if stamp is None:
+            n = PyBytes_GET_SIZE(message)
+        else:
+            if not _decode(p, PyBytes_GET_SIZE(message), &d):
+                raise ValueError("malformed StreamMessage")
+            n = _canon_size(&d, &stamp._s, &mid)
         if not self.enabled or (size and size + n + 5 > self.limit):
             return False
-        _put_prefix(prefix, False, <uint32_t>n)
-        self._buf += (<char *>prefix)[:5]
-        if hn:
-            self._buf += head
-        self._buf += message
+        # Grown in place and written into: the rewritten message needs no bytes of its own.
+        PyByteArray_Resize(self._buf, size + 5 + n)
+        o = <uint8_t *>PyByteArray_AS_STRING(self._buf) + size
+        _put_prefix(o, False, <uint32_t>n)
+        if stamp is None:
+            memcpy(o + 5, p, n)
+        else:
+            _canon_write(p, PyBytes_GET_SIZE(message), &d, &stamp._s, &mid, o + 5)
         self.count += 1
         self.delivered += 1
         self.delivered_bytes += n

@@ -1,29 +1,10 @@
-# StreamMessage bytes built and amended without protobuf objects, for the batched publish
-# path where per-message Python work is the bottleneck. Stamping relies on protobuf's wire
-# rules: for a singular scalar field the last occurrence wins, and occurrences of an embedded
-# message field are merged. So appending `msg_id { topic_offset: N }` to serialized bytes
-# stamps the offset into the message's msg_id, keeping the fields the producer set.
-
-from libc.stdint cimport uint64_t
-
-
-cdef inline Py_ssize_t _varint_size(uint64_t v) noexcept nogil:
-    cdef Py_ssize_t n = 1
-    while v >= 0x80:
-        v >>= 7
-        n += 1
-    return n
-
-
-cdef inline Py_ssize_t _put_varint(uint8_t *o, uint64_t v) noexcept nogil:
-    cdef Py_ssize_t n = 0
-    while v >= 0x80:
-        o[n] = <uint8_t>((v & 0x7F) | 0x80)
-        v >>= 7
-        n += 1
-    o[n] = <uint8_t>v
-    return n + 1
-
+# StreamMessage bytes amended without protobuf objects, for the batched publish path where
+# per-message Python work is the bottleneck. Stamping relies on protobuf's wire rules: for a
+# singular scalar field the last occurrence wins, and occurrences of an embedded message
+# field are merged. So appending `msg_id { topic_offset: N }` to serialized bytes stamps the
+# offset into the message's msg_id, keeping the fields the producer set. Such frames are
+# only for the WAL: delivery rewrites them in canonical form (canon.pxi), which merges the
+# same way, so no client's decoder has to.
 
 # The batched publish path (danube_ext.BatchProducer) without a Python object per message:
 # the client encodes a whole MessageBatchRaw in one call, the broker indexes the received
@@ -37,32 +18,6 @@ from cpython.mem cimport PyMem_Malloc, PyMem_Realloc, PyMem_Free
 import array as _array
 
 cdef _carray.array _U64_ARRAY = _array.array("Q")
-
-cdef enum:
-    _WT_VARINT = 0
-    _WT_I64 = 1
-    _WT_LEN = 2
-    _WT_I32 = 5
-
-
-cdef inline bint _get_varint(const uint8_t *p, Py_ssize_t end, Py_ssize_t *pos,
-                             uint64_t *out) noexcept nogil:
-    # As upb: at most 10 bytes, the bits beyond 64 ignored.
-    cdef uint64_t v = 0
-    cdef Py_ssize_t i = pos[0]
-    cdef int shift = 0
-    cdef uint8_t b
-    while i < end and shift < 70:
-        b = p[i]
-        i += 1
-        v |= <uint64_t>(b & 0x7F) << shift
-        if b < 0x80:
-            pos[0] = i
-            out[0] = v
-            return True
-        shift += 7
-    return False
-
 
 cdef inline bint _next_field(const uint8_t *p, Py_ssize_t end, Py_ssize_t *pos,
                              uint64_t *field, int *wt, uint64_t *value,

@@ -11,6 +11,7 @@ import secrets
 import shutil
 import time
 
+from danube._core import canonical_stream_message
 from danube.broker import names
 from danube.broker.consumer import Consumer
 from danube.broker.failure_policy import FailurePolicy
@@ -558,7 +559,8 @@ class BrokerCore:
     async def dead_letter(self, topic, sub, policy, delivery, attempts, reason):
         """Republish a poisoned message to the dead-letter topic (created reliable if it
         does not exist), with upstream's x-original-* attributes."""
-        msg = pb.StreamMessage.FromString(topic.read_head + delivery.payload)
+        msg = pb.StreamMessage.FromString(
+            canonical_stream_message(delivery.payload, topic.delivery_stamp))
         original = msg.msg_id
         attributes = {
             "x-original-topic": topic.name,

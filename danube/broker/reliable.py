@@ -341,7 +341,7 @@ class ReliableDispatcher:
 
     def _deliver(self, consumers, offset, payload, key, deadline):
         consumer = self._pick(consumers, key)
-        if consumer is None or not consumer.outbox.offer(payload, self.topic.read_head):
+        if consumer is None or not consumer.outbox.offer(payload, self.topic.delivery_stamp):
             return False
         self.inflight[offset] = Delivery(offset, consumer, deadline, payload, key)
         return True

@@ -2,10 +2,9 @@
 
 import dataclasses
 
-from danube._core import fanout
+from danube._core import DeliveryStamp, canonical_stream_message, fanout
 from danube.broker.errors import MessageTooLarge, PublishFailed, StorageFailed
 from danube.config import Policies
-from danube.proto import DanubeApi_pb2 as pb
 from danube.storage.errors import WALError
 from danube.storage.wal import ALWAYS
 
@@ -39,7 +38,7 @@ class Topic:
         self.log = None               # the WAL, for reliable topics
         self.tier = None              # its TopicTier when storage is tiered
         self.durability = None
-        self._read_head = None
+        self._delivery_stamp = None
 
     @property
     def dispatchable_end(self):
@@ -54,26 +53,27 @@ class Topic:
         return self.log.read(offset, max_messages)
 
     @property
-    def read_head(self):
-        """What every stored message of a reliable topic is delivered behind:
-        ``msg_id { topic_name, broker_addr }``, the same for all of its messages, so the WAL
-        (and the durable tier) does not store it in every frame. A stored msg_id comes after
-        it and protobuf merges the two, so whatever a frame does say (its producer_id and
-        topic_offset, or an older frame's own topic_name) wins."""
-        if self._read_head is None:
-            self._read_head = pb.StreamMessage(msg_id=pb.MsgID(
-                topic_name=self.name, broker_addr=self.broker.cfg.advertised_broker_url)
-            ).SerializeToString()
-        return self._read_head
+    def delivery_stamp(self):
+        """What every stored message of a reliable topic is delivered with: msg_id's
+        topic_name and broker_addr, the same for all of its messages, so the WAL (and the
+        durable tier) does not store them in every frame. Delivery rewrites each frame with
+        them into one msg_id (a value the frame does hold, e.g. a client's broker_addr,
+        wins), so no client has to merge two msg_ids."""
+        if self._delivery_stamp is None:
+            self._delivery_stamp = DeliveryStamp(self.name,
+                                                 self.broker.cfg.advertised_broker_url)
+        return self._delivery_stamp
 
     def stored_form(self, msg):
         """``msg`` (a StreamMessage whose offset is stamped) serialized as the WAL keeps it:
-        without the msg_id fields ``read_head`` gives back on delivery."""
+        without the msg_id fields ``delivery_stamp`` gives back on delivery, nor unknown
+        fields (delivery drops them, as upstream's prost does)."""
         mid = msg.msg_id
         if mid.topic_name == self.name:
             mid.ClearField("topic_name")
         if mid.broker_addr == self.broker.cfg.advertised_broker_url:
             mid.ClearField("broker_addr")
+        msg.DiscardUnknownFields()
         return msg.SerializeToString()
 
     def _check_size(self, payload_len):
@@ -86,7 +86,8 @@ class Topic:
         """Batched reliable publish of a ``danube._core.MessageBatchView``: msg_id (with
         topic_offset) and producer_name are stamped by appending fields protobuf merges,
         all messages into one packed buffer that the WAL frames as it is, so there is no
-        Python object per message (see ``MessageBatchView.stamp``). Returns the offsets."""
+        Python object per message (see ``MessageBatchView.stamp``; delivery merges them
+        into canonical form). Returns the offsets."""
         if self.closed:
             raise PublishFailed(f"topic {self.name} is closed")
         self._check_size(batch.max_payload)
@@ -135,12 +136,13 @@ class Topic:
             self._fanouts = [s.fanout for s in self.subscriptions.values()]
 
     def publish(self, raw, payload_len, key):
-        """Non-reliable publish: the producer's StreamMessage bytes go to every subscription
-        as they are (upstream delivers them unchanged, topic_offset 0)."""
+        """Non-reliable publish: the producer's StreamMessage goes to every subscription
+        with its values unchanged (as upstream, topic_offset 0), in canonical form (the
+        official clients' bytes already are, and pass through as they came)."""
         if self.closed:
             raise PublishFailed(f"topic {self.name} is closed")
         self._check_size(payload_len)
         self.messages_in += 1
         self.bytes_in += payload_len
         if self._fanouts:
-            fanout(self._fanouts, raw, key)
+            fanout(self._fanouts, canonical_stream_message(raw), key)

@@ -18,7 +18,7 @@ class BatchProducerService:
         self.core = core
         # What the stamp appends to every message, per producer: msg_id.producer_id, the
         # topic_name (only over a msg_id the message came with: otherwise the topic's
-        # read_head supplies it on delivery), producer_name.
+        # delivery stamp supplies it), producer_name.
         self._stamps = {}
 
     def _stamp(self, producer):

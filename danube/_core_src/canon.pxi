@@ -1,0 +1,431 @@
+# StreamMessage bytes in canonical form, built in C without protobuf objects: each singular
+# field at most once, fields in number order, msg_id merged into one. Python's protobuf
+# merges a repeated embedded message as the spec says, but other decoders (protobufjs keeps
+# only the last msg_id) do not, so what the broker sends must not depend on merging.
+#
+# The form is what prost (upstream's encoder) writes for the decoded message: the merged
+# values (a later scalar occurrence wins, msg_id occurrences merge field by field), zero
+# values of plain scalars left out, proto3 `optional` fields kept when present, unknown
+# fields and known numbers with the wrong wire type dropped (prost keeps neither).
+
+from libc.stdint cimport uint64_t
+
+cdef enum:
+    _WT_VARINT = 0
+    _WT_I64 = 1
+    _WT_LEN = 2
+    _WT_SGROUP = 3
+    _WT_EGROUP = 4
+    _WT_I32 = 5
+
+# What a stamp does to msg_id.topic_name / msg_id.broker_addr.
+cdef enum:
+    ID_KEEP = 0        # what the message says
+    ID_DEFAULT = 1     # the stamp's value where no msg_id of the message sets the field
+    ID_SET = 2         # the stamp's value
+    ID_CLEAR = 3       # empty (left out)
+
+# Wire type of StreamMessage fields 1..10; -1: not a field of ours.
+cdef int[11] _SM_WT = [-1, _WT_VARINT, _WT_LEN, _WT_LEN, _WT_VARINT, _WT_LEN, _WT_LEN,
+                       _WT_LEN, _WT_VARINT, _WT_VARINT, _WT_LEN]
+cdef enum:
+    _SM_FIRST_OPTIONAL = 8     # 8..10 are proto3 optional: present means sent, even if 0
+
+
+cdef inline Py_ssize_t _varint_size(uint64_t v) noexcept nogil:
+    cdef Py_ssize_t n = 1
+    while v >= 0x80:
+        v >>= 7
+        n += 1
+    return n
+
+
+cdef inline Py_ssize_t _put_varint(uint8_t *o, uint64_t v) noexcept nogil:
+    cdef Py_ssize_t n = 0
+    while v >= 0x80:
+        o[n] = <uint8_t>((v & 0x7F) | 0x80)
+        v >>= 7
+        n += 1
+    o[n] = <uint8_t>v
+    return n + 1
+
+
+cdef inline bint _get_varint(const uint8_t *p, Py_ssize_t end, Py_ssize_t *pos,
+                             uint64_t *out) noexcept nogil:
+    # As upb: at most 10 bytes, the bits beyond 64 ignored.
+    cdef uint64_t v = 0
+    cdef Py_ssize_t i = pos[0]
+    cdef int shift = 0
+    cdef uint8_t b
+    while i < end and shift < 70:
+        b = p[i]
+        i += 1
+        v |= <uint64_t>(b & 0x7F) << shift
+        if b < 0x80:
+            pos[0] = i
+            out[0] = v
+            return True
+        shift += 7
+    return False
+
+
+cdef bint _skip_group(const uint8_t *p, Py_ssize_t end, Py_ssize_t *pos, uint64_t field,
+                      int depth) noexcept nogil:
+    # Groups are deprecated and never ours, but protobuf accepts them as unknown fields, so
+    # a frame that protobuf parsed may hold one: skip it rather than call the frame broken.
+    cdef uint64_t tag, v
+    cdef int wt
+    if depth > 64:
+        return False
+    while True:
+        if not _get_varint(p, end, pos, &tag):
+            return False
+        wt = <int>(tag & 7)
+        if tag >> 3 == 0:
+            return False
+        if wt == _WT_EGROUP:
+            return (tag >> 3) == field
+        if wt == _WT_SGROUP:
+            if not _skip_group(p, end, pos, tag >> 3, depth + 1):
+                return False
+        elif wt == _WT_VARINT:
+            if not _get_varint(p, end, pos, &v):
+                return False
+        elif wt == _WT_LEN:
+            if not _get_varint(p, end, pos, &v) or v > <uint64_t>(end - pos[0]):
+                return False
+            pos[0] += <Py_ssize_t>v
+        elif wt == _WT_I64 or wt == _WT_I32:
+            v = 8 if wt == _WT_I64 else 4
+            if v > <uint64_t>(end - pos[0]):
+                return False
+            pos[0] += <Py_ssize_t>v
+        else:
+            return False
+
+
+cdef inline bint _read_field(const uint8_t *p, Py_ssize_t end, Py_ssize_t *pos, uint64_t *field,
+                      int *wt, uint64_t *value, Py_ssize_t *vstart) noexcept nogil:
+    """One field: its number, wire type and value (varint), or where its bytes start and
+    how many (LEN, in ``value``). Fixed-width fields and groups are skipped. False if
+    malformed."""
+    cdef uint64_t tag, n
+    if not _get_varint(p, end, pos, &tag):
+        return False
+    field[0] = tag >> 3
+    wt[0] = <int>(tag & 7)
+    if field[0] == 0 or field[0] > 0x1FFFFFFF:
+        return False
+    if wt[0] == _WT_VARINT:
+        return _get_varint(p, end, pos, value)
+    if wt[0] == _WT_LEN:
+        if not _get_varint(p, end, pos, &n) or n > <uint64_t>(end - pos[0]):
+            return False
+        vstart[0] = pos[0]
+        value[0] = n
+        pos[0] += <Py_ssize_t>n
+        return True
+    if wt[0] == _WT_SGROUP:
+        return _skip_group(p, end, pos, field[0], 1)
+    if wt[0] == _WT_I64:
+        n = 8
+    elif wt[0] == _WT_I32:
+        n = 4
+    else:
+        return False
+    if n > <uint64_t>(end - pos[0]):
+        return False
+    pos[0] += <Py_ssize_t>n
+    return True
+
+
+cdef struct _Str:
+    const uint8_t *p
+    Py_ssize_t n
+    bint present
+
+
+cdef struct _Decoded:
+    # Top-level fields other than msg_id and attributes: the last occurrence (tag
+    # included), start -1 when absent.
+    Py_ssize_t start[11]
+    Py_ssize_t end[11]
+    bint zero[11]
+    # attributes (map entries, repeated field 7): where the first starts and the last ends,
+    # whether other fields come between them, and their bytes in all.
+    Py_ssize_t attrs_first
+    Py_ssize_t attrs_end
+    Py_ssize_t attrs_bytes
+    bint attrs_split
+    # msg_id, every occurrence merged.
+    bint has_id
+    bint has_pid
+    bint has_off
+    uint64_t pid
+    uint64_t off
+    _Str tn
+    _Str ba
+    # The bytes are already in canonical form.
+    bint canonical
+
+
+cdef struct _Stamp:
+    int tn_mode
+    int ba_mode
+    _Str tn
+    _Str ba
+    bint set_pid
+    bint set_off
+    uint64_t pid
+    uint64_t off
+    bint set_pn          # producer_name
+    _Str pn
+    bint makes_id        # a message without msg_id gets one
+
+
+cdef inline bint _decode_id(const uint8_t *p, Py_ssize_t pos, Py_ssize_t end,
+                     _Decoded *d) noexcept nogil:
+    cdef uint64_t field, value
+    cdef uint64_t last = 0
+    cdef int wt
+    cdef Py_ssize_t vstart
+    while pos < end:
+        if not _read_field(p, end, &pos, &field, &wt, &value, &vstart):
+            return False
+        if field == 1 and wt == _WT_VARINT:
+            d.pid = value
+            d.has_pid = True
+        elif field == 5 and wt == _WT_VARINT:
+            d.off = value
+            d.has_off = True
+        elif (field == 2 or field == 3) and wt == _WT_LEN:
+            if field == 2:
+                d.tn.p, d.tn.n, d.tn.present = p + vstart, <Py_ssize_t>value, True
+            else:
+                d.ba.p, d.ba.n, d.ba.present = p + vstart, <Py_ssize_t>value, True
+        else:
+            d.canonical = False
+            continue
+        if field <= last or value == 0:
+            d.canonical = False
+        last = field
+    return True
+
+
+cdef bint _decode(const uint8_t *p, Py_ssize_t n, _Decoded *d) noexcept nogil:
+    """Index a serialized StreamMessage into ``d``. False if it is not well-formed."""
+    cdef Py_ssize_t pos = 0, fstart, vstart = 0
+    cdef uint64_t field, value, last = 0
+    cdef int wt, i
+    for i in range(11):
+        d.start[i] = -1
+    d.attrs_first = -1
+    d.attrs_end = d.attrs_bytes = 0
+    d.attrs_split = d.has_id = d.has_pid = d.has_off = False
+    d.pid = d.off = 0
+    d.tn.present = d.ba.present = False
+    d.tn.n = d.ba.n = 0
+    d.canonical = True
+    while pos < n:
+        fstart = pos
+        if not _read_field(p, n, &pos, &field, &wt, &value, &vstart):
+            return False
+        if field > 10 or _SM_WT[field] != wt:
+            d.canonical = False
+            continue
+        if field < last or (field == last and field != 7):
+            d.canonical = False
+        last = field
+        if field == 2:
+            if d.has_id:
+                d.canonical = False
+            d.has_id = True
+            if not _decode_id(p, vstart, vstart + <Py_ssize_t>value, d):
+                return False
+        elif field == 7:
+            if d.attrs_first < 0:
+                d.attrs_first = fstart
+            elif d.attrs_end != fstart:
+                d.attrs_split = True
+            d.attrs_end = pos
+            d.attrs_bytes += pos - fstart
+        else:
+            d.start[field] = fstart
+            d.end[field] = pos
+            d.zero[field] = value == 0
+            if value == 0 and field < _SM_FIRST_OPTIONAL:
+                d.canonical = False
+    return True
+
+
+cdef inline void _pick(_Str *out, _Str *own, int mode, _Str *stamp) noexcept nogil:
+    if mode == ID_SET or (mode == ID_DEFAULT and not own.present):
+        out[0] = stamp[0]
+    elif mode == ID_CLEAR:
+        out.n = 0
+    else:
+        out[0] = own[0]
+
+
+cdef struct _Id:
+    bint present
+    uint64_t pid
+    uint64_t off
+    _Str tn
+    _Str ba
+    Py_ssize_t inner      # encoded size of its fields
+
+
+cdef inline Py_ssize_t _str_size(Py_ssize_t n) noexcept nogil:
+    return 1 + _varint_size(<uint64_t>n) + n if n else 0
+
+
+cdef void _resolve(_Decoded *d, _Stamp *s, _Id *out) noexcept nogil:
+    out.present = d.has_id or s.makes_id
+    out.pid = s.pid if s.set_pid else d.pid
+    out.off = s.off if s.set_off else d.off
+    _pick(&out.tn, &d.tn, s.tn_mode, &s.tn)
+    _pick(&out.ba, &d.ba, s.ba_mode, &s.ba)
+    out.inner = _str_size(out.tn.n) + _str_size(out.ba.n)
+    if out.pid:
+        out.inner += 1 + _varint_size(out.pid)
+    if out.off:
+        out.inner += 1 + _varint_size(out.off)
+
+
+cdef inline bint _kept(_Decoded *d, int f) noexcept nogil:
+    return d.start[f] >= 0 and (f >= _SM_FIRST_OPTIONAL or not d.zero[f])
+
+
+cdef Py_ssize_t _canon_size(_Decoded *d, _Stamp *s, _Id *mid) noexcept nogil:
+    cdef Py_ssize_t size = d.attrs_bytes
+    cdef int f
+    _resolve(d, s, mid)
+    if mid.present:
+        size += 1 + _varint_size(<uint64_t>mid.inner) + mid.inner
+    for f in range(1, 11):
+        if f == 2 or f == 7:
+            continue
+        if f == 5 and s.set_pn:
+            size += _str_size(s.pn.n)
+        elif _kept(d, f):
+            size += d.end[f] - d.start[f]
+    return size
+
+
+cdef inline Py_ssize_t _put_str(uint8_t *o, uint8_t tag, _Str *v) noexcept nogil:
+    if not v.n:
+        return 0
+    o[0] = tag
+    cdef Py_ssize_t w = 1 + _put_varint(o + 1, <uint64_t>v.n)
+    memcpy(o + w, v.p, v.n)
+    return w + v.n
+
+
+cdef Py_ssize_t _canon_write(const uint8_t *p, Py_ssize_t n, _Decoded *d, _Stamp *s,
+                             _Id *mid, uint8_t *o) noexcept nogil:
+    """Write the canonical form (``_canon_size`` bytes, which resolved ``mid``)."""
+    cdef Py_ssize_t w = 0, pos, fstart, vstart = 0
+    cdef uint64_t field, value
+    cdef int f, wt
+    for f in range(1, 11):
+        if f == 2:
+            if not mid.present:
+                continue
+            o[w] = 0x12
+            w += 1
+            w += _put_varint(o + w, <uint64_t>mid.inner)
+            if mid.pid:
+                o[w] = 0x08
+                w += 1
+                w += _put_varint(o + w, mid.pid)
+            w += _put_str(o + w, 0x12, &mid.tn)
+            w += _put_str(o + w, 0x1A, &mid.ba)
+            if mid.off:
+                o[w] = 0x28
+                w += 1
+                w += _put_varint(o + w, mid.off)
+        elif f == 7:
+            if d.attrs_first < 0:
+                continue
+            if not d.attrs_split:
+                memcpy(o + w, p + d.attrs_first, d.attrs_end - d.attrs_first)
+                w += d.attrs_end - d.attrs_first
+                continue
+            pos = d.attrs_first
+            while pos < n:      # well-formed: _decode read it all
+                fstart = pos
+                _read_field(p, n, &pos, &field, &wt, &value, &vstart)
+                if field == 7 and wt == _WT_LEN:
+                    memcpy(o + w, p + fstart, pos - fstart)
+                    w += pos - fstart
+        elif f == 5 and s.set_pn:
+            w += _put_str(o + w, 0x2A, &s.pn)
+        elif _kept(d, f):
+            memcpy(o + w, p + d.start[f], d.end[f] - d.start[f])
+            w += d.end[f] - d.start[f]
+    return w
+
+
+cdef inline void _no_stamp(_Stamp *s) noexcept nogil:
+    s.tn_mode = s.ba_mode = ID_KEEP
+    s.tn.n = s.ba.n = s.pn.n = 0
+    s.tn.present = s.ba.present = s.pn.present = False
+    s.set_pid = s.set_off = s.set_pn = s.makes_id = False
+    s.pid = s.off = 0
+
+
+cdef inline _Str _str_of(bytes b) noexcept:
+    cdef _Str v
+    v.p = <const uint8_t *>PyBytes_AS_STRING(b)
+    v.n = PyBytes_GET_SIZE(b)
+    v.present = True
+    return v
+
+
+cdef class DeliveryStamp:
+    """What a reliable topic's stored messages are delivered with: the topic's name and the
+    broker's address in msg_id, where the message does not say otherwise. The WAL and the
+    durable tier leave them out of every frame (they are the same for all of a topic's
+    messages)."""
+
+    cdef readonly bytes topic_name
+    cdef readonly bytes broker_addr
+    cdef _Stamp _s
+
+    def __init__(self, topic_name, broker_addr):
+        self.topic_name = topic_name.encode() if isinstance(topic_name, str) else bytes(topic_name)
+        self.broker_addr = broker_addr.encode() if isinstance(broker_addr, str) \
+            else bytes(broker_addr)
+        _no_stamp(&self._s)
+        self._s.tn_mode = self._s.ba_mode = ID_DEFAULT
+        self._s.tn = _str_of(self.topic_name)
+        self._s.ba = _str_of(self.broker_addr)
+        self._s.makes_id = True
+
+
+cdef inline _Stamp *_stamp_of(DeliveryStamp stamp, _Stamp *none) noexcept:
+    if stamp is None:
+        _no_stamp(none)
+        return none
+    return &stamp._s
+
+
+def canonical_stream_message(bytes data not None, DeliveryStamp stamp=None):
+    """``data`` (a serialized StreamMessage) in canonical form, stamped with ``stamp`` if
+    given. Without a stamp, bytes already canonical come back as the same object. Raises
+    ValueError if ``data`` is not well-formed protobuf."""
+    cdef _Decoded d
+    cdef _Stamp none
+    cdef _Id mid
+    cdef _Stamp *s = _stamp_of(stamp, &none)
+    cdef const uint8_t *p = <const uint8_t *>PyBytes_AS_STRING(data)
+    cdef Py_ssize_t n = PyBytes_GET_SIZE(data), size
+    if not _decode(p, n, &d):
+        raise ValueError("malformed StreamMessage")
+    if d.canonical and stamp is None:
+        return data
+    size = _canon_size(&d, s, &mid)
+    out = PyBytes_FromStringAndSize(NULL, size)
+    _canon_write(p, n, &d, s, &mid, <uint8_t *>PyBytes_AS_STRING(out))
+    return out
