@@ -1,6 +1,11 @@
 """Calls on a broker through a plain grpcio channel, with our generated messages: the
 independent client the tests use where the official one hides what is being checked."""
 
+import queue
+import threading
+
+import grpc
+
 from danube.proto import DanubeApi_pb2 as pb
 
 
@@ -46,3 +51,41 @@ def receive(ch, consumer_id):
                            request_serializer=lambda m: m.SerializeToString(),
                            response_deserializer=pb.StreamMessage.FromString)(
         pb.ReceiveRequest(consumer_id=consumer_id), timeout=30)
+
+
+class Collector:
+    """Reads a ReceiveMessages stream on a thread: messages, and how the stream ended."""
+
+    def __init__(self, stream):
+        self.stream = stream
+        self.queue = queue.Queue()
+        self.payloads = []
+        self.ended = threading.Event()
+        self.code = self.details = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        try:
+            for msg in self.stream:
+                self.payloads.append(msg.payload)
+                self.queue.put(msg)
+            self.code = grpc.StatusCode.OK
+        except grpc.RpcError as exc:
+            self.code, self.details = exc.code(), exc.details()
+        finally:
+            self.ended.set()
+
+    def get(self, timeout=5.0):
+        return self.queue.get(timeout=timeout)
+
+    def nothing(self, seconds=0.5):
+        try:
+            msg = self.queue.get(timeout=seconds)
+        except queue.Empty:
+            return True
+        raise AssertionError(f"unexpected delivery {msg.payload!r}")
+
+    def close(self):
+        self.stream.cancel()
+        self.thread.join(5)

@@ -10,27 +10,11 @@ from danube._core import (DeliveryStamp, GrpcDeframer, Outbox, canonical_stream_
 from danube.proto import DanubeApi_pb2 as pb
 from danube.proto import DanubeExt_pb2 as ext
 import wire_walker
-from wire_walker import NotCanonical
+from wire_walker import NotCanonical, encode_field as field
 
 TOPIC, BROKER = "/default/t", "http://127.0.0.1:6650"
 HEAD = pb.StreamMessage(msg_id=pb.MsgID(topic_name=TOPIC, broker_addr=BROKER)
                         ).SerializeToString()
-
-
-def varint(v):
-    out = bytearray()
-    while v >= 0x80:
-        out.append((v & 0x7F) | 0x80)
-        v >>= 7
-    out.append(v)
-    return bytes(out)
-
-
-def field(number, value):
-    """One field: an int as a varint, bytes as LEN."""
-    if isinstance(value, int):
-        return varint(number << 3) + varint(value)
-    return varint(number << 3 | 2) + varint(len(value)) + value
 
 
 def merged(data, head=b""):

@@ -6,14 +6,13 @@ old one. The client that was taken over opens ReceiveMessages again (the officia
 do when their stream ends); that stream waits while the new owner has the consumer."""
 
 import queue
-import threading
 import time
 
 import grpc
 import pytest
 
 from danube.proto import DanubeApi_pb2 as pb
-from grpc_calls import ack, create_producer, receive, send, subscribe
+from grpc_calls import Collector, ack, create_producer, receive, send, subscribe
 from official_client import (broker_url, official_python, spawn_scenario, start_broker,
                              unique_topic)
 
@@ -36,38 +35,6 @@ def connection(broker):
                                  options=[("grpc.use_local_subchannel_pool", 1)])
 
 
-class Collector:
-    """Reads a ReceiveMessages stream on a thread: messages, and how the stream ended."""
-
-    def __init__(self, stream):
-        self.stream = stream
-        self.queue = queue.Queue()
-        self.payloads = []
-        self.ended = threading.Event()
-        self.code = self.details = None
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self):
-        try:
-            for msg in self.stream:
-                self.payloads.append(msg.payload)
-                self.queue.put(msg)
-            self.code = grpc.StatusCode.OK
-        except grpc.RpcError as exc:
-            self.code, self.details = exc.code(), exc.details()
-        finally:
-            self.ended.set()
-
-    def get(self, timeout=5.0):
-        return self.queue.get(timeout=timeout)
-
-    def nothing(self, seconds=0.5):
-        try:
-            msg = self.queue.get(timeout=seconds)
-        except queue.Empty:
-            return
-        raise AssertionError(f"unexpected delivery {msg.payload!r}")
 
     def close(self):
         self.stream.cancel()

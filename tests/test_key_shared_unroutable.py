@@ -4,9 +4,7 @@ cursor past such a message). On a reliable topic the skip is an implicit ack: it
 stall the subscription nor come back after a restart. It is counted in
 danube_subscription_unroutable_skipped_total."""
 
-import queue
 import re
-import threading
 import urllib.request
 
 import grpc
@@ -14,7 +12,7 @@ import pytest
 
 from danube.proto import DanubeApi_pb2 as pb
 from broker_process import BrokerProcess
-from grpc_calls import ack, create_producer, receive, send, subscribe
+from grpc_calls import Collector, ack, create_producer, receive, send, subscribe
 from official_client import broker_url, official_python, run_scenario, unique_topic
 
 KEY_SHARED = pb.ConsumerRequest.KeyShared
@@ -28,36 +26,6 @@ def broker(tmp_path_factory):
     b.stop()
 
 
-class Collector:
-    """Reads a ReceiveMessages stream on a thread, so a test can wait for a message with a
-    timeout or check that none came."""
-
-    def __init__(self, stream):
-        self.stream = stream
-        self.queue = queue.Queue()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self):
-        try:
-            for msg in self.stream:
-                self.queue.put(msg)
-        except grpc.RpcError:
-            pass
-
-    def get(self, timeout=5.0):
-        return self.queue.get(timeout=timeout)
-
-    def nothing(self, seconds=0.5):
-        try:
-            msg = self.queue.get(timeout=seconds)
-        except queue.Empty:
-            return True
-        raise AssertionError(f"unexpected delivery {msg.payload!r}")
-
-    def close(self):
-        self.stream.cancel()
-        self.thread.join(5)
 
 
 def metric(broker, name, **labels):

@@ -16,6 +16,7 @@ from danube.proto import DanubeExt_pb2 as ext
 from tiered_harness import InProcBroker, tiered_tree
 import objstore_servers
 import wire_walker
+from wire_walker import encode_field as field
 
 EXCLUSIVE = pb.ConsumerRequest.Exclusive
 
@@ -84,19 +85,6 @@ async def take(stream, n, timeout=20):
             wire_walker.check(raw)
             out.append((raw, pb.StreamMessage.FromString(raw)))
     return out
-
-
-def field(number, value):
-    def varint(v):
-        out = bytearray()
-        while v >= 0x80:
-            out.append((v & 0x7F) | 0x80)
-            v >>= 7
-        out.append(v)
-        return bytes(out)
-    if isinstance(value, int):
-        return varint(number << 3) + varint(value)
-    return varint(number << 3 | 2) + varint(len(value)) + value
 
 
 def sent(producer_id, topic, i, broker_addr=""):

@@ -87,3 +87,19 @@ def check(data, schema=STREAM_MESSAGE, where="StreamMessage"):
 def check_delivered(messages):
     """``check`` every message; return their decoded fields."""
     return [check(m) for m in messages]
+
+
+def encode_varint(v):
+    out = bytearray()
+    while v >= 0x80:
+        out.append((v & 0x7F) | 0x80)
+        v >>= 7
+    out.append(v)
+    return bytes(out)
+
+
+def encode_field(number, value):
+    """One field, for building test input by hand: an int as a varint, bytes as LEN."""
+    if isinstance(value, int):
+        return encode_varint(number << 3) + encode_varint(value)
+    return encode_varint(number << 3 | 2) + encode_varint(len(value)) + value
