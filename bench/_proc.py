@@ -1,24 +1,45 @@
 """Child processes and CPU accounting shared by the benchmark runners (Linux /proc)."""
 
+import atexit
 import ctypes
+import importlib.machinery
 import json
 import os
 import queue
+import shutil
 import signal
 import subprocess
+import sys
+import tempfile
 import threading
 import time
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
+_bench_only = None
 
 
 def repo_env():
-    """The environment for a child that imports this repository's packages (bench.*, and
-    danube when it is built in place)."""
+    """The environment for a child that imports bench.* (and danube): PYTHONPATH gets the
+    repository root only when danube is not installed (built in place); otherwise the root's
+    source tree, which has no compiled modules, would shadow the installed package in
+    children that never import bench (a broker started with ``-m danube``), so it gets a
+    directory that holds nothing but a link to bench/."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, env.get("PYTHONPATH")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (_import_root(), env.get("PYTHONPATH")) if p)
     return env
+
+
+def _import_root():
+    global _bench_only
+    elsewhere = [p for p in sys.path if os.path.realpath(p or os.curdir) != REPO]
+    if importlib.machinery.PathFinder.find_spec("danube", elsewhere) is None:
+        return REPO
+    if _bench_only is None:
+        _bench_only = tempfile.mkdtemp(prefix="danube-bench-path-")
+        os.symlink(os.path.join(REPO, "bench"), os.path.join(_bench_only, "bench"))
+        atexit.register(shutil.rmtree, _bench_only, True)
+    return _bench_only
 
 children = []
 

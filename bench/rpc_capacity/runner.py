@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench._proc import children, popen, proc_cpu, reap, reap_all, system_busy
+from bench._proc import children, popen, proc_cpu, reap, reap_all, repo_env, system_busy
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "bench" / "results" / "rpc_capacity.json"
@@ -38,9 +38,7 @@ IDLE_TARGET = 0.10             # within 10%
 # -- child processes ---------------------------------------------------------------------
 
 def spawn(cmd, **kw):
-    env = os.environ.copy()
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
-    return popen(cmd, cwd=REPO, env=env, **kw)
+    return popen(cmd, cwd=REPO, env=repo_env(), **kw)
 
 
 def wait_child(p):
