@@ -17,7 +17,8 @@ from danube.broker.consumer import Consumer
 from danube.broker.failure_policy import FailurePolicy
 from danube.broker.reliable import ReliableDispatcher
 from danube.broker.errors import (BrokerShuttingDown, ConsumerLimit, ConsumerNotFound,
-                                  DispatchMismatch, InvalidTopicName, NamespaceNotEmpty,
+                                  DispatchMismatch, InvalidArgument, InvalidTopicName,
+                                  NamespaceNotEmpty,
                                   NamespaceNotFound, ProducerLimit,
                                   ProducerNotFound, SubscribeDenied, SubscriptionLimit,
                                   SubscriptionNotFound, TopicAlreadyExists, TopicNotFound)
@@ -180,7 +181,8 @@ class BrokerCore:
             log.info("serving %d topics from metadata", len(self.topics))
 
     async def _open_log(self, topic):
-        ns, name = names.validate_topic(topic.name)
+        # Not validate_topic: a topic recorded before a name rule tightened is still served.
+        ns, name = keys.split_topic(topic.name)
         cfg = self.cfg
         topic.durability = cfg.durability_for(topic.name)
         hours = cfg.wal_segment_max_hours
@@ -251,8 +253,7 @@ class BrokerCore:
         return out
 
     async def create_namespace(self, ns):
-        if not ns or "/" in ns:
-            raise InvalidTopicName(f"invalid namespace name {ns!r}")
+        names.validate_namespace(ns)
         if await self.namespace_exists(ns):
             raise TopicAlreadyExists(f"namespace {ns} already exists")
         await self.store.put(keys.namespace_policy(ns), dataclasses.asdict(self.cfg.policies))
@@ -273,7 +274,7 @@ class BrokerCore:
                 if k.startswith(prefix) and "/" in k[len(prefix):]]
 
     async def policies_for(self, topic):
-        ns, _ = names.validate_topic(topic)
+        ns, _ = keys.split_topic(topic)
         value = await self.store.get(keys.topic_policy(topic))
         if value is None:
             value = await self.store.get(keys.namespace_policy(ns))
@@ -302,17 +303,26 @@ class BrokerCore:
             return await self._create_topic(name, delivery)
 
     async def create_partitioned_topic(self, base, partitions, delivery=NON_RELIABLE):
-        names.validate_topic(base)
-        if partitions < 1:
-            raise InvalidTopicName("a partitioned topic needs at least one partition")
+        names.validate_topic(base, "base_name")
+        names.validate_partitions(base, partitions)
         async with self._lock:
             if base in self.topics:
                 raise TopicAlreadyExists(f"topic {base} already exists as a non-partitioned topic")
             existing = await self.partitions(base)
             if existing:
                 raise TopicAlreadyExists(f"partitioned topic {base} already exists")
-            return [await self._create_topic(names.partition_name(base, i), delivery)
-                    for i in range(partitions)]
+            created = []
+            try:
+                for i in range(partitions):
+                    created.append(await self._create_topic(names.partition_name(base, i),
+                                                            delivery))
+            except BaseException:
+                # All or nothing: a half-created partitioned topic would answer
+                # TopicPartitions with fewer partitions than asked for.
+                for topic in created:
+                    await self._discard_topic(topic)
+                raise
+            return created
 
     async def _check_partition_conflict(self, name):
         ns, topic = names.validate_topic(name)
@@ -328,16 +338,42 @@ class BrokerCore:
         ns, _ = names.validate_topic(name)
         if not await self.namespace_exists(ns):
             raise NamespaceNotFound(f"Unable to find the namespace {ns}")
+        delivery_name = DELIVERY_NAMES[delivery]     # a KeyError here, before any write
         topic = Topic(self, name, delivery)
         topic.policies = await self.policies_for(name)
-        if delivery == RELIABLE:
-            await self._open_log(topic)
-        await self.store.put(keys.namespace_topic(name), None)
-        await self.store.put(keys.topic_delivery(name), DELIVERY_NAMES[delivery])
-        await self.store.put(keys.cluster_broker_topic(self.broker_id, name), None)
+        try:
+            if delivery == RELIABLE:
+                await self._open_log(topic)
+            await self.store.put(keys.namespace_topic(name), None)
+            await self.store.put(keys.topic_delivery(name), delivery_name)
+            await self.store.put(keys.cluster_broker_topic(self.broker_id, name), None)
+        except BaseException:
+            # A topic recorded in metadata but not served would be listed by the admin API
+            # and unknown to lookup; take back whatever got written.
+            await self._discard_topic(topic)
+            raise
         self.topics[name] = topic
-        log.info("topic %s created (%s)", name, DELIVERY_NAMES[delivery])
+        log.info("topic %s created (%s)", name, delivery_name)
         return topic
+
+    async def _discard_topic(self, topic):
+        """Undo _create_topic for a topic no client has used yet (its creation, or the
+        request that created it, failed part-way)."""
+        name = topic.name
+        if self.topics.get(name) is topic:
+            del self.topics[name]
+        try:
+            await self._unload(topic, TopicNotFound(f"topic {name} was not created"))
+            if topic.log is not None:
+                await self.loop.run_in_executor(
+                    self.wal_executor, shutil.rmtree, topic.log.directory, True)
+            await self.store.delete(keys.namespace_topic(name))
+            await self.store.delete_prefix(keys.topic_root(name))
+            await self.store.delete(keys.cluster_broker_topic(self.broker_id, name))
+        except Exception:  # noqa: BLE001 - the original failure is the one to report
+            log.exception("cleaning up after the failed creation of %s", name)
+        else:
+            log.info("topic %s removed again: the request that created it failed", name)
 
     async def delete_topic(self, name):
         """Delete a topic (or every partition of a partitioned one): its producers and
@@ -406,9 +442,15 @@ class BrokerCore:
     async def create_producer(self, topic_name, producer_name, delivery, access_mode=0,
                               schema_subject=None):
         names.validate_topic(topic_name)
-        if not producer_name:
-            raise InvalidTopicName("producer_name must not be empty")
+        names.validate_client_name(producer_name, "producer_name")
+        if delivery not in DELIVERY_NAMES:
+            raise InvalidArgument(f"dispatch_strategy: unknown value {delivery}")
+        if schema_subject:
+            # Before the topic is auto-created: a refused producer creates nothing.
+            raise DispatchMismatch(f"schema subject {names.quote(schema_subject)} is not "
+                                   f"registered")
         topic = self.topics.get(topic_name)
+        created = None
         if topic is None:
             if not self.cfg.auto_create_topics:
                 raise TopicNotFound(f"Unable to find the requested topic: {topic_name}")
@@ -416,13 +458,21 @@ class BrokerCore:
                 topic = self.topics.get(topic_name)
                 if topic is None:
                     await self._check_partition_conflict(topic_name)
-                    topic = await self._create_topic(topic_name, delivery)
+                    topic = created = await self._create_topic(topic_name, delivery)
+        try:
+            return await self._add_producer(topic, producer_name, delivery, access_mode)
+        except BaseException:
+            if created is not None and not created.producers:
+                async with self._lock:
+                    await self._discard_topic(created)
+            raise
+
+    async def _add_producer(self, topic, producer_name, delivery, access_mode):
+        topic_name = topic.name
         if topic.delivery != delivery:
             raise DispatchMismatch("Producer requested dispatch strategy does not match "
                                    f"topic strategy ({DELIVERY_NAMES[delivery]} requested, "
                                    f"topic {topic_name} is {topic.delivery_name})")
-        if schema_subject:
-            raise DispatchMismatch(f"schema subject {schema_subject!r} is not registered")
         existing = topic.producers_by_name.get(producer_name)
         if existing is not None:
             existing.active = True
@@ -438,9 +488,17 @@ class BrokerCore:
         topic.producers_by_name[producer_name] = producer
         self.producers[producer_id] = producer
         self.registry.add_producer(producer_id, producer)
-        await self.store.put(keys.topic_producer(topic_name, producer_id), {
-            "producer_id": producer_id, "producer_name": producer_name,
-            "topic_name": topic_name, "access_mode": access_mode, "status": True})
+        try:
+            await self.store.put(keys.topic_producer(topic_name, producer_id), {
+                "producer_id": producer_id, "producer_name": producer_name,
+                "topic_name": topic_name, "access_mode": access_mode, "status": True})
+        except BaseException:
+            # The client is told the producer does not exist, so it must not exist.
+            del topic.producers[producer_id]
+            del topic.producers_by_name[producer_name]
+            del self.producers[producer_id]
+            self.registry.remove_producer(producer_id)
+            raise
         return producer_id
 
     def producer(self, producer_id):
@@ -456,12 +514,10 @@ class BrokerCore:
         """``client`` identifies the subscribing connection (any object compared by
         identity); a takeover by name gives the consumer to it (Consumer.must_wait)."""
         names.validate_topic(topic_name)
-        if not consumer_name:
-            raise SubscribeDenied("consumer_name must not be empty")
-        if not sub_name:
-            raise SubscribeDenied("subscription name must not be empty")
+        names.validate_client_name(consumer_name, "consumer_name")
+        names.validate_client_name(sub_name, "subscription")
         if sub_type not in TYPE_NAMES:
-            raise SubscribeDenied(f"unknown subscription type {sub_type}")
+            raise InvalidArgument(f"subscription_type: unknown value {sub_type}")
         topic = self.get_topic(topic_name)
         sub = topic.subscriptions.get(sub_name)
         if sub is not None:
@@ -489,30 +545,52 @@ class BrokerCore:
         if new_sub:
             sub = Subscription(topic, sub_name, sub_type)
         sub.check_new_consumer(consumer_name, policies.max_consumers_per_subscription)
-        if new_sub:
-            if topic.delivery == RELIABLE:
-                # A new reliable subscription starts at the live tail (upstream: Latest).
-                policy = self.default_failure_policy.for_subscription(topic_name, sub_name)
-                await self.store.put(keys.subscription_failure_policy(topic_name, sub_name),
-                                     policy.to_json())
-                cursor = topic.log.next_offset - 1
-                await self.store.put(keys.subscription_cursor(topic_name, sub_name), cursor)
-                window = await self._load_window(topic_name, sub_name)
-                self._attach_subscription(topic, sub, cursor, policy, window)
-            else:
-                topic.subscriptions[sub_name] = sub
-                topic.subscriptions_changed()
-        consumer_id = _random_id(self.consumers)
-        consumer = Consumer(consumer_id, consumer_name, sub, key_filters, loop=self.loop)
-        sub.add(consumer)
-        consumer.expect_stream(self.cfg.consumer_stream_grace_ms / 1000)
-        self.consumers[consumer_id] = consumer
-        self.registry.add_consumer(consumer_id, consumer)
-        await self.store.put(keys.topic_subscription(topic_name, sub_name), {
-            "subscription_name": sub_name, "subscription_type": sub.type_name,
-            "consumer_id": consumer_id, "consumer_name": consumer_name,
-            "key_filters": list(key_filters)})
+        consumer = None
+        try:
+            if new_sub:
+                if topic.delivery == RELIABLE:
+                    # A new reliable subscription starts at the live tail (upstream: Latest).
+                    policy = self.default_failure_policy.for_subscription(topic_name, sub_name)
+                    await self.store.put(keys.subscription_failure_policy(topic_name, sub_name),
+                                         policy.to_json())
+                    cursor = topic.log.next_offset - 1
+                    await self.store.put(keys.subscription_cursor(topic_name, sub_name), cursor)
+                    window = await self._load_window(topic_name, sub_name)
+                    self._attach_subscription(topic, sub, cursor, policy, window)
+                else:
+                    topic.subscriptions[sub_name] = sub
+                    topic.subscriptions_changed()
+            consumer_id = _random_id(self.consumers)
+            consumer = Consumer(consumer_id, consumer_name, sub, key_filters, loop=self.loop)
+            sub.add(consumer)
+            consumer.expect_stream(self.cfg.consumer_stream_grace_ms / 1000)
+            self.consumers[consumer_id] = consumer
+            self.registry.add_consumer(consumer_id, consumer)
+            await self.store.put(keys.topic_subscription(topic_name, sub_name), {
+                "subscription_name": sub_name, "subscription_type": sub.type_name,
+                "consumer_id": consumer_id, "consumer_name": consumer_name,
+                "key_filters": list(key_filters)})
+        except BaseException:
+            # The client is told the Subscribe failed: a consumer (or subscription) left
+            # registered would refuse its next attempt ("already has a consumer").
+            await self._undo_subscribe(topic, sub, consumer, new_sub)
+            raise
         return consumer_id
+
+    async def _undo_subscribe(self, topic, sub, consumer, new_sub):
+        try:
+            if consumer is not None:
+                sub.remove(consumer)
+            if new_sub:
+                if topic.subscriptions.get(sub.name) is sub:
+                    del topic.subscriptions[sub.name]
+                    sub.close()
+                    topic.subscriptions_changed()
+                if sub.dispatcher is not None:
+                    await sub.dispatcher.close()     # writes its cursor: delete after this
+                await self.store.delete_prefix(keys.topic_subscription(topic.name, sub.name))
+        except Exception:  # noqa: BLE001 - the original failure is the one to report
+            log.exception("cleaning up after a failed Subscribe to %s/%s", topic.name, sub.name)
 
     def consumer(self, consumer_id):
         consumer = self.consumers.get(consumer_id)

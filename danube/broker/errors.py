@@ -80,3 +80,8 @@ class StorageFailed(BrokerError):
 
 class InvalidPolicy(BrokerError):
     pass
+
+
+class InvalidArgument(BrokerError):
+    """A request field the broker cannot take (a name, an enum value, a count); the message
+    names the field. Raised before the request changes anything."""

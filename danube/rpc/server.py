@@ -28,6 +28,22 @@ from danube.rpc.status import RpcError, StatusCode
 
 log = logging.getLogger("danube.rpc.server")
 
+# (method, exception type) pairs already logged with a traceback. A handler bug that a client
+# can trigger at will would otherwise write a full traceback per call; the methods are the
+# registered ones and the types finite, so the set stays small.
+_failures_logged = set()
+
+
+def _log_handler_failure(method_name, exc):
+    key = (method_name, type(exc))
+    summary = f"{type(exc).__name__}: {exc}"[:500]
+    if key in _failures_logged:
+        log.debug("handler for %s failed again: %s", method_name, summary, exc_info=exc)
+        return
+    _failures_logged.add(key)
+    log.error("handler for %s failed: %s (answered INTERNAL; later failures of this kind are "
+              "logged at debug)", method_name, summary, exc_info=exc)
+
 
 class Kind(enum.Enum):
     UNARY_UNARY = (False, False)
@@ -272,7 +288,7 @@ class ServerStream(StreamBase):
         except Exception as exc:  # noqa: BLE001 - a handler bug fails only its call
             if self.reset or self.finished:
                 return
-            log.exception("handler for %s failed", method.name)
+            _log_handler_failure(method.name, exc)
             self.finish(StatusCode.INTERNAL,
                         f"Exception calling application: {type(exc).__name__}: {exc}")
         finally:

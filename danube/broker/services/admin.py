@@ -3,10 +3,11 @@ namespaces and topic lifecycle. The remaining admin methods answer UNIMPLEMENTED
 admin issue adds them."""
 
 from danube.broker import errors as e
+from danube.broker.services import checks
 from danube.broker.services.errors import maps_errors
 from danube.broker.topic import NON_RELIABLE, RELIABLE
 from danube.proto import DanubeAdmin_pb2 as pb
-from danube.rpc import RpcError, StatusCode
+from danube.rpc import StatusCode
 
 # Upstream wraps admin topic failures as NOT_FOUND ("Unable to create the topic ... due to"),
 # except an existing topic, which is ALREADY_EXISTS.
@@ -16,9 +17,7 @@ _ADMIN_CODES = {e.InvalidTopicName: StatusCode.INVALID_ARGUMENT,
 
 
 def _delivery(value):
-    if value not in (pb.NonReliable, pb.Reliable):
-        raise RpcError(StatusCode.INVALID_ARGUMENT, f"invalid dispatch_strategy {value}")
-    return NON_RELIABLE if value == pb.NonReliable else RELIABLE
+    return NON_RELIABLE if checks.admin_dispatch(value) == pb.NonReliable else RELIABLE
 
 
 class TopicAdmin:
@@ -27,22 +26,26 @@ class TopicAdmin:
 
     @maps_errors(_ADMIN_CODES)
     async def CreateTopic(self, request, context):
+        checks.new_topic_request(request)
         await self.core.create_topic(request.name, _delivery(request.dispatch_strategy))
         return pb.TopicResponse(success=True)
 
     @maps_errors(_ADMIN_CODES)
     async def CreatePartitionedTopic(self, request, context):
+        checks.partitioned_topic_request(request)
         await self.core.create_partitioned_topic(request.base_name, request.partitions,
                                                  _delivery(request.dispatch_strategy))
         return pb.TopicResponse(success=True)
 
     @maps_errors(_ADMIN_CODES)
     async def DeleteTopic(self, request, context):
+        checks.topic_request(request)
         await self.core.delete_topic(request.name)
         return pb.TopicResponse(success=True)
 
     @maps_errors(_ADMIN_CODES)
     async def ListNamespaceTopics(self, request, context):
+        checks.namespace_request(request)
         topics = await self.core.namespace_topics(request.name)
         return pb.TopicInfoListResponse(topics=[
             pb.TopicInfo(name=t, broker_id=str(self.core.broker_id),
@@ -57,15 +60,18 @@ class NamespaceAdmin:
 
     @maps_errors(_ADMIN_CODES)
     async def GetNamespaceTopics(self, request, context):
+        checks.namespace_request(request)
         return pb.TopicListResponse(topics=await self.core.namespace_topics(request.name))
 
     @maps_errors({**_ADMIN_CODES, e.TopicAlreadyExists: StatusCode.ALREADY_EXISTS})
     async def CreateNamespace(self, request, context):
+        checks.namespace_request(request)
         await self.core.create_namespace(request.name)
         return pb.NamespaceResponse(success=True)
 
     @maps_errors(_ADMIN_CODES)
     async def DeleteNamespace(self, request, context):
+        checks.namespace_request(request)
         await self.core.delete_namespace(request.name)
         return pb.NamespaceResponse(success=True)
 

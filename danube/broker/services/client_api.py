@@ -3,6 +3,7 @@
 import logging
 
 from danube.broker import errors as e
+from danube.broker.services import checks
 from danube.broker.services.errors import maps_errors, to_rpc_error
 from danube.broker.services.limits import SEND_MESSAGE, limit_send_message
 from danube.proto import DanubeApi_pb2 as pb
@@ -18,6 +19,7 @@ class ProducerService:
 
     @maps_errors()
     async def CreateProducer(self, request, context):
+        checks.producer_request(request)
         subject = request.schema_ref.subject if request.HasField("schema_ref") else None
         producer_id = await self.core.create_producer(
             request.topic_name, request.producer_name, request.dispatch_strategy,
@@ -54,6 +56,7 @@ class ConsumerService:
 
     @maps_errors()
     async def Subscribe(self, request, context):
+        checks.consumer_request(request)
         consumer_id = await self.core.subscribe(
             request.topic_name, request.consumer_name, request.subscription,
             request.subscription_type, list(request.key_filters), client=context.conn)
@@ -82,6 +85,7 @@ class ConsumerService:
 
     @maps_errors({e.TopicNotFound: StatusCode.INTERNAL})
     async def Ack(self, request, context):
+        checks.ack_request(request, "acknowledging")
         dispatcher = self._dispatcher(request, "acknowledging")
         if dispatcher is not None:
             dispatcher.ack(request.msg_id.topic_offset)
@@ -89,6 +93,7 @@ class ConsumerService:
 
     @maps_errors({e.TopicNotFound: StatusCode.INTERNAL})
     async def Nack(self, request, context):
+        checks.nack_request(request)
         dispatcher = self._dispatcher(request, "negatively acknowledging")
         if dispatcher is not None:
             dispatcher.nack(request.msg_id.topic_offset,
@@ -111,6 +116,7 @@ class DiscoveryService:
 
     @maps_errors()
     async def TopicLookup(self, request, context):
+        checks.lookup_request(request)
         broker_url, connect_url = self.core.lookup(request.topic)
         return pb.TopicLookupResponse(
             request_id=request.request_id, response_type=pb.TopicLookupResponse.Connect,
@@ -118,6 +124,7 @@ class DiscoveryService:
 
     @maps_errors()
     async def TopicPartitions(self, request, context):
+        checks.lookup_request(request)
         partitions = await self.core.partitions(request.topic)
         return pb.TopicPartitionsResponse(request_id=request.request_id, partitions=partitions)
 

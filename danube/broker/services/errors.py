@@ -25,6 +25,7 @@ _CODES = {
     e.BrokerShuttingDown: StatusCode.UNAVAILABLE,
     e.StorageFailed: StatusCode.UNAVAILABLE,
     e.InvalidPolicy: StatusCode.INVALID_ARGUMENT,
+    e.InvalidArgument: StatusCode.INVALID_ARGUMENT,
 }
 
 

@@ -3,6 +3,8 @@ SendMessage (see protocol/DanubeExt.proto). A request is not parsed into protobu
 danube._core.parse_message_batch checks and indexes its bytes in C, and a reliable topic
 stamps and stores all its messages in one pass, without a Python object per message."""
 
+from google.protobuf.message import DecodeError
+
 from danube._core import parse_message_batch
 from danube.broker import errors as e
 from danube.broker.services.errors import to_rpc_error
@@ -53,8 +55,13 @@ class BatchProducerService:
         raws = batch.messages()
         accepted = 0
         try:
-            for raw in raws:
-                msg = pb.StreamMessage.FromString(raw)
+            for index, raw in enumerate(raws):
+                try:
+                    msg = pb.StreamMessage.FromString(raw)
+                except DecodeError as exc:
+                    # The C index checks the framing, not the strings' UTF-8.
+                    raise e.InvalidArgument(f"messages[{index}]: invalid StreamMessage: "
+                                            f"{exc}") from None
                 mid = msg.msg_id
                 if not msg.HasField("msg_id"):
                     mid.broker_addr = self.core.cfg.advertised_broker_url

@@ -1,8 +1,9 @@
 """danube.HealthCheck: is this producer or consumer still served here? CLOSE tells the
 client to look the topic up again (reference b.7)."""
 
+from danube.broker.services import checks
+from danube.broker.services.errors import maps_errors
 from danube.proto import DanubeApi_pb2 as pb
-from danube.rpc import RpcError, StatusCode
 
 _OK = pb.HealthCheckResponse(status=pb.HealthCheckResponse.OK)
 _CLOSE = pb.HealthCheckResponse(status=pb.HealthCheckResponse.CLOSE)
@@ -12,14 +13,13 @@ class HealthCheckService:
     def __init__(self, registry):
         self.registry = registry
 
+    @maps_errors()
     async def HealthCheck(self, request, context):
+        checks.health_request(request)
         if request.client == pb.HealthCheckRequest.Producer:
             active = self.registry.producer_active(request.id)
-        elif request.client == pb.HealthCheckRequest.Consumer:
-            active = self.registry.consumer_active(request.id)
         else:
-            raise RpcError(StatusCode.INVALID_ARGUMENT,
-                           f"invalid health check client type {request.client}")
+            active = self.registry.consumer_active(request.id)
         return _OK if active else _CLOSE
 
 
