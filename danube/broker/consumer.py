@@ -118,8 +118,7 @@ class Consumer:
         next stream, as upstream keeps the consumer's channel."""
         dispatcher = self.subscription.dispatcher
         if dispatcher is not None:
-            self.outbox.take()
-            dispatcher.consumer_left(self)
+            dispatcher.consumer_left(self)      # it empties the outbox too
 
     def attach(self, stream, client=None):
         """Make `stream` this consumer's delivery stream; an earlier one is ended (takeover)."""
@@ -153,6 +152,11 @@ class Consumer:
             self.inactive_since = time.monotonic()
             self._cancel_drainer()
             self._release()
+            dispatcher = self.subscription.dispatcher
+            if dispatcher is not None:
+                # Before consumer_changed, which would hand the messages back uncounted:
+                # what this stream took and did not ack is a failed delivery.
+                dispatcher.consumer_left(self, stream_ended=True)
             self.subscription.consumer_changed(self)
 
     def close(self, reason=None):

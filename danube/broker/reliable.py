@@ -9,9 +9,10 @@ State, owned here and nowhere else:
   retry       messages waiting to be delivered again: a heap of (due time, offset)
 
 At most `window` (max_unacked_messages) messages are in flight. A nack, an ack timeout or a
-consumer leaving sends a message back for redelivery; nacks and timeouts count as failed
-attempts (a consumer leaving does not), with the policy's fixed or exponential backoff (or
-the nack's delay_ms if larger). After max_redelivery_count failures the poison policy
+consumer's stream ending sends a message back for redelivery. Nacks, timeouts and a stream
+the client ended before acking count as failed attempts, with the policy's fixed or
+exponential backoff (or the nack's delay_ms if larger); a consumer removed or taken over
+does not, nor does a message that never left the broker (see consumer_left). After max_redelivery_count failures the poison policy
 decides: Block stalls the subscription (on KeyShared only that message's key), Drop treats it
 as acked, DeadLetter republishes it to the dead-letter topic and then treats it as acked.
 Messages are handed to consumers in offset order per subscription (per key on KeyShared).
@@ -78,8 +79,8 @@ class ReliableDispatcher:
         self._dead_lettering = set()
         self._history = None               # HistoryCursor, once history is read
         self._closing = False
-        self.stats = {"redelivered": 0, "nacked": 0, "ack_timeouts": 0, "exhausted": 0,
-                      "dead_lettered": 0, "dropped": 0, "unroutable": 0}
+        self.stats = {"redelivered": 0, "nacked": 0, "ack_timeouts": 0, "stream_ended": 0,
+                      "exhausted": 0, "dead_lettered": 0, "dropped": 0, "unroutable": 0}
         self._task = loop.create_task(self._run())
 
     # -- the outside world ---------------------------------------------------------------
@@ -127,13 +128,31 @@ class ReliableDispatcher:
         self.stats["nacked"] += 1
         self._failed(delivery, delay_ms, reason)
 
-    def consumer_left(self, consumer):
-        """Its in-flight messages go back for immediate redelivery (not a failed attempt)."""
+    def consumer_left(self, consumer, stream_ended=False):
+        """The consumer stopped receiving with messages in flight: they go back for
+        redelivery, and its outbox is emptied so its next stream does not get them twice.
+
+        Removed, taken over, or gone inactive (stream_ended False): at once, not a failed
+        attempt. Its stream ended by the client before an ack (stream_ended True: reset,
+        cancelled, connection lost): the messages already handed to the stream count as a
+        failed attempt and back off as a nack does. A client that cannot take a message (one
+        above its receive limit, say) resets the stream and opens it again at once, and an
+        immediate redelivery made that a loop of thousands of deliveries a second that never
+        reached the poison policy. Messages still queued in the outbox never left the
+        broker, so they are not counted."""
+        mine = [d for d in self.inflight.values() if d.consumer is consumer]
+        # The outbox holds the consumer's latest deliveries, in delivery order, which is
+        # also their order in `inflight` (a redelivery is inserted again at the end).
+        unsent = len(mine) if not stream_ended else min(consumer.outbox.count, len(mine))
+        consumer.outbox.take()
         now = self.loop.time()
-        for offset, delivery in list(self.inflight.items()):
-            if delivery.consumer is consumer:
-                del self.inflight[offset]
+        for i, delivery in enumerate(mine):
+            del self.inflight[delivery.offset]
+            if i >= len(mine) - unsent:
                 self._schedule(delivery, now)
+            else:
+                self.stats["stream_ended"] += 1
+                self._failed(delivery, None, "the consumer's stream ended before an ack")
         self.notify()
 
     # -- bookkeeping ---------------------------------------------------------------------
