@@ -70,6 +70,10 @@ def _topic_metrics(core):
                                            labels=s_labels),
         "ack_timeouts": CounterMetricFamily("danube_subscription_ack_timeout", "Ack timeouts",
                                             labels=s_labels),
+        "stream_ended": CounterMetricFamily(
+            "danube_subscription_stream_ended_unacked",
+            "Deliveries whose consumer stream the client ended before acking them, counted "
+            "as failed attempts (ours, not upstream)", labels=s_labels),
         "exhausted": CounterMetricFamily("danube_subscription_retry_exhausted",
                                          "Messages past max_redelivery_count", labels=s_labels),
         "dead_lettered": CounterMetricFamily("danube_subscription_dlq",
@@ -101,8 +105,8 @@ def _topic_metrics(core):
             if d is not None:
                 labels = [name, sub.name]
                 reliable["lag"].add_metric(labels, d.lag)
-                for stat in ("nacked", "redelivered", "ack_timeouts", "exhausted",
-                             "dead_lettered"):
+                for stat in ("nacked", "redelivered", "ack_timeouts", "stream_ended",
+                             "exhausted", "dead_lettered"):
                     reliable[stat].add_metric(labels, d.stats[stat])
                 reliable["pending"].add_metric(labels, len(d.retry_payloads))
                 reliable["blocked"].add_metric(
