@@ -462,7 +462,7 @@ class BrokerCore:
         try:
             return await self._add_producer(topic, producer_name, delivery, access_mode)
         except BaseException:
-            if created is not None and not created.producers:
+            if created is not None and not created.producers and not created.subscriptions:
                 async with self._lock:
                     await self._discard_topic(created)
             raise
