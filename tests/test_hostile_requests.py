@@ -338,3 +338,21 @@ def test_every_listed_topic_can_be_looked_up_and_no_handler_failed(edge):
         edge.call("/danube.Discovery/TopicLookup", pb.TopicLookupRequest(topic=topic),
                   pb.TopicLookupResponse)
     assert "handler for" not in edge.broker.log(), edge.broker.log()[-3000:]
+
+
+def test_a_handler_failure_is_logged_with_a_traceback_once_per_method_and_type(caplog):
+    import logging
+
+    from danube.rpc import server
+
+    server._failures_logged.discard(("/t/M", KeyError))
+    caplog.set_level(logging.DEBUG, logger="danube.rpc.server")
+    for i in range(5):
+        try:
+            {}[i]
+        except KeyError as exc:
+            server._log_handler_failure("/t/M", exc)
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and errors[0].exc_info is not None
+    assert "/t/M" in errors[0].getMessage() and "KeyError" in errors[0].getMessage()
+    assert len([r for r in caplog.records if r.levelno == logging.DEBUG]) == 4
