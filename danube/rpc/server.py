@@ -229,10 +229,33 @@ class ServerStream(StreamBase):
         if self.finished:
             return
         self.deadline_hit = True
-        if self.task is not None and not self.task.done():
-            self.task.cancel()
-        else:
-            self.fail_early(StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
+        # Answer here rather than from the handler's CancelledError: a task cancelled before
+        # its first step never runs its body, so a deadline that passes before the handler
+        # starts (grpc-timeout: 1n with the request in the same write) would leave the call
+        # unanswered and its stream slot taken for good.
+        self._abandon_output()
+        self.fail_early(StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
+        self.conn.flush()
+
+    def _abandon_output(self):
+        """Drop response DATA still waiting for a flow-control window (the call is being
+        failed, so the client would get it too late anyway) so that the status goes out now
+        and the stream is freed even if the client never opens its window. A message
+        already half-sent cannot be cut short inside a gRPC stream: then the stream is
+        reset (CANCEL) instead, which also frees it."""
+        pending = self.pending
+        if pending is None or self.finished:
+            return
+        if any(type(item) is not bytes and item[1] for item in pending):
+            conn = self.conn
+            conn.server.rpc_counts[self.method.name, int(StatusCode.CANCELLED)] += 1
+            self.closed_local = True
+            conn._reset_stream(self, _core.E_CANCEL)
+            conn.note_reset(self.sid)
+            return
+        self.pending = None
+        self.pending_bytes = 0
+        self.conn.blocked.pop(self.sid, None)
 
     def _cancel_timer(self):
         if self._timer is not None:
