@@ -122,7 +122,9 @@ class ServerStream(StreamBase):
         self.head = head
         self.method = method
         self.deframer = GrpcDeframer(method.max_request or conn.config.max_message_size)
-        self.requests = collections.deque()
+        # A unary request is one message (on_data refuses a second): a list, a tenth of an
+        # empty deque's size, keeps each open stream cheaper.
+        self.requests = collections.deque() if method.client_streaming else []
         self.task = None
         self.headers_sent = False
         self.deadline = None
@@ -161,7 +163,16 @@ class ServerStream(StreamBase):
         except ValueError as exc:
             self.fail_early(StatusCode.INTERNAL, str(exc))
             return
-        if messages:
+        if messages or not self.method.client_streaming and self.requests:
+            if not self.method.client_streaming and (
+                    len(self.requests) + len(messages) > 1 or self.deframer.pending):
+                # A unary or server-streaming request is one message (as grpc-go and
+                # grpc-java enforce). Refusing the second one at once, rather than at the
+                # end of the request, keeps a client from queueing unbounded tiny messages
+                # (each a Python object several times its wire size); the stream is gone,
+                # so nothing more it sends is kept or credited to its stream window.
+                self.fail_early(StatusCode.INTERNAL, "received more than one request message")
+                return
             self.requests.extend(messages)
         if self.method.client_streaming:
             # Credit what the handler has taken; hold back once a window's worth is queued.
@@ -317,10 +328,10 @@ class ServerStream(StreamBase):
             raise RpcError(StatusCode.INTERNAL, f"failed to parse request message: {exc}")
 
     def _single_request(self):
-        if len(self.requests) != 1:
-            raise RpcError(StatusCode.UNIMPLEMENTED if self.requests else StatusCode.INTERNAL,
-                           f"expected exactly one request message, got {len(self.requests)}")
-        return self._decode(self.requests.popleft())
+        # A second message was refused as it arrived (on_data); none is left to check here.
+        if not self.requests:
+            raise RpcError(StatusCode.INTERNAL, "expected exactly one request message, got 0")
+        return self._decode(self.requests.pop())
 
     async def _request_iterator(self):
         while True:
