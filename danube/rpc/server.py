@@ -160,6 +160,8 @@ class IdleStreams:
                         bucket = self.buckets[stream._idle_tick] = set()
                     bucket.add(stream)
                     stream._idle_bucket = bucket
+        # No flush per stream: conn.write schedules one flush per connection for this
+        # loop turn, so thousands of streams expiring together cost one socket write each.
         for stream in expired:
             stream.on_idle_timeout()
         if self.buckets and self._timer is None:
@@ -320,7 +322,6 @@ class ServerStream(StreamBase):
         self.fail_early(StatusCode.CANCELLED,
                         f"request stalled: no request data for {timeout_ms} ms",
                         _core.E_CANCEL)
-        self.conn.flush()
 
     def start_task(self):
         self.task = self.conn.loop.create_task(self._run())
@@ -336,7 +337,6 @@ class ServerStream(StreamBase):
         # unanswered and its stream slot taken for good.
         self._abandon_output()
         self.fail_early(StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
-        self.conn.flush()
 
     def _abandon_output(self):
         """Drop response DATA still waiting for a flow-control window (the call is being
