@@ -97,6 +97,9 @@ class BrokerConfig:
     grpc_max_message_size: int = DEFAULT_GRPC_MAX_MESSAGE_SIZE
     grpc_max_message_size_set: bool = False     # given in the file; else derived (validate)
     grpc_max_concurrent_streams: int = 16384
+    # A call whose request stalls (no request bytes) this long is failed and its stream
+    # freed; 0 disables. Calls whose request is complete are never timed out.
+    grpc_stream_idle_timeout_ms: int = 30000
     raw: dict = dataclasses.field(default_factory=dict)
     unbuilt_keys: list = dataclasses.field(default_factory=list)   # see config_keys
 
@@ -141,6 +144,9 @@ class BrokerConfig:
                 f"least {ENVELOPE_ALLOWANCE} bytes below the gRPC transport limit "
                 f"grpc.max_message_size ({self.grpc_max_message_size}); leave "
                 f"grpc.max_message_size out to derive it")
+        if self.grpc_stream_idle_timeout_ms < 0:
+            raise ConfigError("grpc.stream_idle_timeout_ms must be 0 (off) or a positive "
+                              "number of milliseconds")
         if not 1 <= self.max_unacked_messages <= 10000:
             raise ConfigError("dispatch.max_unacked_messages must be between 1 and 10000")
         if self.consumer_stream_grace_ms < 1:
@@ -242,6 +248,8 @@ def load_config(path: str | None) -> BrokerConfig:
         cfg.grpc_max_message_size, cfg.grpc_max_message_size_set = cap, True
     cfg.grpc_max_concurrent_streams = _int(tree, "grpc.max_concurrent_streams",
                                            cfg.grpc_max_concurrent_streams)
+    cfg.grpc_stream_idle_timeout_ms = _int(tree, "grpc.stream_idle_timeout_ms",
+                                           cfg.grpc_stream_idle_timeout_ms)
     return cfg
 
 

@@ -91,7 +91,8 @@ SCHEMA = {
         "max_producers_per_topic", "max_subscriptions_per_topic", "max_consumers_per_topic",
         "max_consumers_per_subscription", "max_publish_rate",
         "max_subscription_dispatch_rate", "max_message_size")},
-    "grpc": {"max_message_size": KEY, "max_concurrent_streams": KEY},   # ours
+    "grpc": {"max_message_size": KEY, "max_concurrent_streams": KEY,    # ours
+             "stream_idle_timeout_ms": KEY},
 }
 
 

@@ -69,7 +69,8 @@ class Broker:
     def __init__(self, cfg):
         self.cfg = cfg
         transport = TransportConfig(max_message_size=cfg.grpc_max_message_size,
-                                    max_concurrent_streams=cfg.grpc_max_concurrent_streams)
+                                    max_concurrent_streams=cfg.grpc_max_concurrent_streams,
+                                    stream_idle_timeout_ms=cfg.grpc_stream_idle_timeout_ms)
         self.registry = ClientRegistry()
         self.client_server = Server(transport)
         self.admin_server = Server(transport)

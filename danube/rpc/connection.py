@@ -58,6 +58,11 @@ class TransportConfig:
     # Pending output per connection above which writers wait (socket backpressure).
     write_buffer_high: int = 4 * 1024 * 1024
     write_buffer_low: int = 1024 * 1024
+    # Server: a call whose request is still arriving and that receives no request bytes for
+    # this long is failed (CANCELLED, then RST_STREAM CANCEL) and its stream freed, so that
+    # stalled streams cannot pin memory and stream slots forever. Calls whose request is
+    # complete (a long-lived server stream) are never timed out. 0 disables.
+    stream_idle_timeout_ms: int = 30000
 
 
 class StreamBase:

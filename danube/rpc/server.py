@@ -125,20 +125,86 @@ class RequestHead:
                           f"grpc-encoding {self.encoding!r} is not supported")
 
 
+class IdleStreams:
+    """Times out calls whose request stalls: one timer per server, not one per stream.
+
+    A lazy timer wheel with a tick of timeout/8. A stream joins the bucket of the current
+    tick when it starts waiting for request data; request bytes only store the current tick
+    on the stream (no timer, no move), and the sweep moves a stream that made progress to
+    the bucket of its last progress when its old bucket comes due. A stream whose request
+    completes, or that ends, leaves its bucket at once, so finished calls are never held.
+    A stream is timed out between `timeout` and `timeout` plus one tick after its last
+    request bytes. The timer runs only while some stream waits."""
+
+    __slots__ = ("timeout", "period", "span", "tick", "buckets", "_timer", "_loop")
+
+    def __init__(self, timeout_ms):
+        self.timeout = timeout_ms / 1000
+        self.period = max(self.timeout / 8, 0.005)
+        self.span = max(1, round(self.timeout / self.period))
+        self.tick = 0
+        self.buckets = {}          # tick -> set of streams that last progressed then
+        self._timer = None
+        self._loop = None
+
+    def add(self, stream):
+        stream._idle_tick = tick = self.tick
+        bucket = self.buckets.get(tick)
+        if bucket is None:
+            bucket = self.buckets[tick] = set()
+        bucket.add(stream)
+        stream._idle_bucket = bucket
+        if self._timer is None:
+            self._loop = stream.conn.loop
+            self._timer = self._loop.call_later(self.period, self._sweep)
+
+    def _sweep(self):
+        self._timer = None
+        self.tick += 1
+        # A stream whose last progress was at tick `limit` or before has been idle for at
+        # least `span` full periods.
+        limit = self.tick - self.span - 1
+        expired = []
+        for key in sorted(k for k in self.buckets if k <= limit):
+            for stream in self.buckets.pop(key):
+                stream._idle_bucket = None
+                if stream._idle_tick <= limit:
+                    expired.append(stream)
+                else:
+                    bucket = self.buckets.get(stream._idle_tick)
+                    if bucket is None:
+                        bucket = self.buckets[stream._idle_tick] = set()
+                    bucket.add(stream)
+                    stream._idle_bucket = bucket
+        # No flush per stream: conn.write schedules one flush per connection for this
+        # loop turn, so thousands of streams expiring together cost one socket write each.
+        for stream in expired:
+            stream.on_idle_timeout()
+        if self.buckets and self._timer is None:
+            self._timer = self._loop.call_later(self.period, self._sweep)
+
+    def close(self):
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+
 class ServerStream(StreamBase):
     """One call on the server. It is also the handler's `context`."""
 
     __slots__ = ("head", "method", "deframer", "requests", "task", "headers_sent", "deadline",
                  "_timer", "deadline_hit", "finished", "_inbox_waiter", "_deferred_credit",
                  "_trailing", "_initial", "_code", "_details", "_resp_encoding",
-                 "_inbox_bytes", "_metadata")
+                 "_inbox_bytes", "_metadata", "_idle_tick", "_idle_bucket")
 
     def __init__(self, sid, conn, head, method):
         super().__init__(sid, conn)
         self.head = head
         self.method = method
         self.deframer = GrpcDeframer(method.max_request or conn.config.max_message_size)
-        self.requests = collections.deque()
+        # A unary request is one message (on_data refuses a second): a list, a tenth of an
+        # empty deque's size, keeps each open stream cheaper.
+        self.requests = collections.deque() if method.client_streaming else []
         self.task = None
         self.headers_sent = False
         self.deadline = None
@@ -154,6 +220,8 @@ class ServerStream(StreamBase):
         self._details = None
         self._resp_encoding = conn.server.response_encoding(head)
         self._metadata = None
+        self._idle_tick = 0
+        self._idle_bucket = None      # the IdleStreams bucket holding us while we wait
 
     # -- frames from the client ----------------------------------------------------------
 
@@ -177,7 +245,18 @@ class ServerStream(StreamBase):
         except ValueError as exc:
             self.fail_early(StatusCode.INTERNAL, str(exc))
             return
-        if messages:
+        if payload and self._idle_bucket is not None:
+            self._idle_tick = self.conn.server.idle_streams.tick
+        if messages or not self.method.client_streaming and self.requests:
+            if not self.method.client_streaming and (
+                    len(self.requests) + len(messages) > 1 or self.deframer.pending):
+                # A unary or server-streaming request is one message (as grpc-go and
+                # grpc-java enforce). Refusing the second one at once, rather than at the
+                # end of the request, keeps a client from queueing unbounded tiny messages
+                # (each a Python object several times its wire size); the stream is gone,
+                # so nothing more it sends is kept or credited to its stream window.
+                self.fail_early(StatusCode.INTERNAL, "received more than one request message")
+                return
             self.requests.extend(messages)
         if self.method.client_streaming:
             # Credit what the handler has taken; hold back once a window's worth is queued.
@@ -203,6 +282,7 @@ class ServerStream(StreamBase):
 
     def _end_of_requests(self):
         self.closed_remote = True
+        self._stop_waiting()
         if self.deframer.pending:
             self.fail_early(StatusCode.INTERNAL, "truncated gRPC message at end of stream")
             return
@@ -217,6 +297,7 @@ class ServerStream(StreamBase):
         self.closed_remote = self.closed_local = True
         self.finished = True
         self._cancel_timer()
+        self._stop_waiting()
         if self.task is not None and not self.task.done():
             self.task.cancel()
         self._wake_inbox()
@@ -234,8 +315,29 @@ class ServerStream(StreamBase):
             self._timer = self.conn.loop.call_at(self.deadline, self._on_deadline)
         if end_stream:
             self._end_of_requests()
-        elif self.method.client_streaming:
+            return
+        idle = self.conn.server.idle_streams
+        if idle is not None:
+            idle.add(self)
+        if self.method.client_streaming:
             self.start_task()
+
+    def _stop_waiting(self):
+        bucket = self._idle_bucket
+        if bucket is not None:
+            bucket.discard(self)
+            self._idle_bucket = None
+
+    def on_idle_timeout(self):
+        """No request bytes for grpc.stream_idle_timeout_ms while the request is still open:
+        fail the call and reset the stream so the client stops sending and the slot is free."""
+        if self.finished or self.closed_remote:
+            return
+        timeout_ms = round(self.conn.server.idle_streams.timeout * 1000)
+        self._abandon_output()
+        self.fail_early(StatusCode.CANCELLED,
+                        f"request stalled: no request data for {timeout_ms} ms",
+                        _core.E_CANCEL)
 
     def start_task(self):
         self.task = self.conn.loop.create_task(self._run())
@@ -245,10 +347,32 @@ class ServerStream(StreamBase):
         if self.finished:
             return
         self.deadline_hit = True
-        if self.task is not None and not self.task.done():
-            self.task.cancel()
-        else:
-            self.fail_early(StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
+        # Answer here rather than from the handler's CancelledError: a task cancelled before
+        # its first step never runs its body, so a deadline that passes before the handler
+        # starts (grpc-timeout: 1n with the request in the same write) would leave the call
+        # unanswered and its stream slot taken for good.
+        self._abandon_output()
+        self.fail_early(StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
+
+    def _abandon_output(self):
+        """Drop response DATA still waiting for a flow-control window (the call is being
+        failed, so the client would get it too late anyway) so that the status goes out now
+        and the stream is freed even if the client never opens its window. A message
+        already half-sent cannot be cut short inside a gRPC stream: then the stream is
+        reset (CANCEL) instead, which also frees it."""
+        pending = self.pending
+        if pending is None or self.finished:
+            return
+        if any(type(item) is not bytes and item[1] for item in pending):
+            conn = self.conn
+            conn.server.rpc_counts[self.method.name, int(StatusCode.CANCELLED)] += 1
+            self.closed_local = True
+            conn._reset_stream(self, _core.E_CANCEL)
+            conn.note_reset(self.sid)
+            return
+        self.pending = None
+        self.pending_bytes = 0
+        self.conn.blocked.pop(self.sid, None)
 
     def _cancel_timer(self):
         if self._timer is not None:
@@ -310,10 +434,10 @@ class ServerStream(StreamBase):
             raise RpcError(StatusCode.INTERNAL, f"failed to parse request message: {exc}")
 
     def _single_request(self):
-        if len(self.requests) != 1:
-            raise RpcError(StatusCode.UNIMPLEMENTED if self.requests else StatusCode.INTERNAL,
-                           f"expected exactly one request message, got {len(self.requests)}")
-        return self._decode(self.requests.popleft())
+        # A second message was refused as it arrived (on_data); none is left to check here.
+        if not self.requests:
+            raise RpcError(StatusCode.INTERNAL, "expected exactly one request message, got 0")
+        return self._decode(self.requests.pop())
 
     async def _request_iterator(self):
         while True:
@@ -431,8 +555,9 @@ class ServerStream(StreamBase):
             self._send_initial_headers()
         return self.send_data(data) and not self.conn.write_paused
 
-    def finish(self, code, details="", trailing_metadata=None):
-        """End the call with a status, after any queued messages."""
+    def finish(self, code, details="", trailing_metadata=None, rst_code=_core.E_NO_ERROR):
+        """End the call with a status, after any queued messages; `rst_code` is the
+        RST_STREAM code that follows if the client has not finished its request."""
         if self.finished:
             return
         trailing = trailing_metadata if trailing_metadata else self._trailing
@@ -453,26 +578,27 @@ class ServerStream(StreamBase):
         conn = self.conn
         conn.server.rpc_counts[self.method.name, int(code)] += 1
         self.send_raw_after_data(_core.header_frames(self.sid, block, conn.peer_max_frame, True))
-        self._closed_by_us()
+        self._closed_by_us(rst_code)
 
-    def _closed_by_us(self):
+    def _closed_by_us(self, rst_code=_core.E_NO_ERROR):
         self.finished = True
         self.closed_local = True
         self._cancel_timer()
+        self._stop_waiting()
         if not self.closed_remote:
             # The client is still sending: tell it to stop (RFC 9113 8.1).
-            self.send_raw_after_data(rst_stream_frame(self.sid, _core.E_NO_ERROR))
+            self.send_raw_after_data(rst_stream_frame(self.sid, rst_code))
             self.closed_remote = True
             self.conn.note_reset(self.sid)
         if self.pending is None:
             self.conn.stream_done(self)
 
-    def fail_early(self, code, details):
-        """Fail the call from the transport side (bad input, deadline before the handler
-        ran); the handler, if running, is cancelled."""
+    def fail_early(self, code, details, rst_code=_core.E_NO_ERROR):
+        """Fail the call from the transport side (bad input, deadline, stalled request);
+        the handler, if running or about to, is cancelled."""
         if self.finished:
             return
-        self.finish(code, details)
+        self.finish(code, details, None, rst_code)
         if self.task is not None and not self.task.done():
             self.task.cancel()
 
@@ -643,6 +769,9 @@ class Server:
         self.started_at = time.time()
         # (method path, status code) -> finished calls; read by the metrics exporter.
         self.rpc_counts = collections.Counter()
+        # Times out streams whose request stalls (TransportConfig.stream_idle_timeout_ms).
+        self.idle_streams = (IdleStreams(self.config.stream_idle_timeout_ms)
+                             if self.config.stream_idle_timeout_ms > 0 else None)
 
     # -- registration --------------------------------------------------------------------
 
@@ -694,6 +823,8 @@ class Server:
         """Stop accepting, send GOAWAY, let in-flight calls finish for up to `grace` seconds,
         then cancel what is left and close every connection."""
         self.draining = True
+        if self.idle_streams is not None:
+            self.idle_streams.close()
         for srv in self._servers:
             srv.close()
         for conn in list(self.connections):
