@@ -100,6 +100,15 @@ class BrokerConfig:
     # A call whose request stalls (no request bytes) this long is failed and its stream
     # freed; 0 disables. Calls whose request is complete are never timed out.
     grpc_stream_idle_timeout_ms: int = 30000
+    # Limits against hostile clients (issue 17), per connection unless said otherwise; see
+    # TransportConfig for what each does. None: derived in validate().
+    grpc_max_connection_buffered_bytes: int | None = None
+    grpc_max_header_list_size: int = 65536
+    grpc_max_settings_per_second: int = 50
+    grpc_max_resets_per_second: int = 1000
+    grpc_handshake_timeout_ms: int = 10_000
+    grpc_idle_timeout_ms: int = 300_000
+    grpc_max_connections: int | None = None     # per listener; None: half the fd limit
     raw: dict = dataclasses.field(default_factory=dict)
     unbuilt_keys: list = dataclasses.field(default_factory=list)   # see config_keys
 
@@ -147,6 +156,21 @@ class BrokerConfig:
         if self.grpc_stream_idle_timeout_ms < 0:
             raise ConfigError("grpc.stream_idle_timeout_ms must be 0 (off) or a positive "
                               "number of milliseconds")
+        for key in GRPC_LIMIT_KEYS:
+            value = getattr(self, f"grpc_{key}")
+            if value is not None and value < 1:
+                raise ConfigError(f"grpc.{key} must be a positive integer, got {value}")
+        if self.grpc_max_header_list_size < 1024:
+            raise ConfigError("grpc.max_header_list_size must be at least 1024 bytes")
+        if self.grpc_max_connection_buffered_bytes is None:
+            # Room for a few largest messages arriving at once on one connection.
+            self.grpc_max_connection_buffered_bytes = max(64 * 1024 * 1024,
+                                                          4 * self.grpc_max_message_size)
+        elif self.grpc_max_connection_buffered_bytes < self.grpc_max_message_size:
+            raise ConfigError(
+                f"grpc.max_connection_buffered_bytes ({self.grpc_max_connection_buffered_bytes}) "
+                f"must be at least grpc.max_message_size ({self.grpc_max_message_size}), or "
+                f"no message that large could arrive")
         if not 1 <= self.max_unacked_messages <= 10000:
             raise ConfigError("dispatch.max_unacked_messages must be between 1 and 10000")
         if self.consumer_stream_grace_ms < 1:
@@ -174,6 +198,13 @@ def _get(tree, dotted, default=None):
             return default
         node = node[part]
     return node
+
+
+#: grpc.* keys for the limits against hostile clients; each is a positive integer and becomes
+#: the TransportConfig field of the same name.
+GRPC_LIMIT_KEYS = ("max_connection_buffered_bytes", "max_header_list_size",
+                   "max_settings_per_second", "max_resets_per_second", "handshake_timeout_ms",
+                   "idle_timeout_ms", "max_connections")
 
 
 def _int(tree, dotted, default):
@@ -250,6 +281,8 @@ def load_config(path: str | None) -> BrokerConfig:
                                            cfg.grpc_max_concurrent_streams)
     cfg.grpc_stream_idle_timeout_ms = _int(tree, "grpc.stream_idle_timeout_ms",
                                            cfg.grpc_stream_idle_timeout_ms)
+    for key in GRPC_LIMIT_KEYS:
+        setattr(cfg, f"grpc_{key}", _int(tree, f"grpc.{key}", getattr(cfg, f"grpc_{key}")))
     return cfg
 
 

@@ -91,7 +91,11 @@ SCHEMA = {
         "max_producers_per_topic", "max_subscriptions_per_topic", "max_consumers_per_topic",
         "max_consumers_per_subscription", "max_publish_rate",
         "max_subscription_dispatch_rate", "max_message_size")},
-    "grpc": {"max_message_size": KEY, "max_concurrent_streams": KEY,    # ours
+    "grpc": {"max_message_size": KEY, "max_concurrent_streams": KEY,   # ours
+             # limits against hostile clients (issue 17)
+             "max_connection_buffered_bytes": KEY, "max_header_list_size": KEY,
+             "max_settings_per_second": KEY, "max_resets_per_second": KEY,
+             "handshake_timeout_ms": KEY, "idle_timeout_ms": KEY, "max_connections": KEY,
              "stream_idle_timeout_ms": KEY},
 }
 

@@ -202,6 +202,13 @@ cdef class GrpcDeframer:
         """Bytes of an incomplete message held back (0 at a clean message boundary)."""
         return len(self._buf) + (5 + self._have if self._msg is not None else 0)
 
+    @property
+    def reserved(self):
+        """Memory held for incomplete input: the buffered bytes, plus the whole announced
+        length of a large message being assembled in place (allocated when its prefix
+        arrived). The transport caps the sum over a connection's streams with it."""
+        return len(self._buf) + (5 + self._msg_len if self._msg is not None else 0)
+
     def feed(self, data):
         cdef list out = []
         cdef const uint8_t[::1] view = data

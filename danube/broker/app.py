@@ -12,6 +12,7 @@ from danube.broker.core import BrokerCore
 from danube.broker.metrics import MetricsExporter
 from danube.broker.registry import ClientRegistry
 from danube.broker.services import admin, client_api, ext, health
+from danube.config import GRPC_LIMIT_KEYS
 from danube.metadata.embedded import EmbeddedStore
 from danube.rpc.connection import TransportConfig
 from danube.rpc.server import Server
@@ -68,9 +69,13 @@ def server_ssl_context(cfg):
 class Broker:
     def __init__(self, cfg):
         self.cfg = cfg
-        transport = TransportConfig(max_message_size=cfg.grpc_max_message_size,
-                                    max_concurrent_streams=cfg.grpc_max_concurrent_streams,
-                                    stream_idle_timeout_ms=cfg.grpc_stream_idle_timeout_ms)
+        transport = TransportConfig(
+            max_message_size=cfg.grpc_max_message_size,
+            max_concurrent_streams=cfg.grpc_max_concurrent_streams,
+            # None (not derived: a config not passed through validate()) keeps the default.
+            stream_idle_timeout_ms=cfg.grpc_stream_idle_timeout_ms,
+            **{key: getattr(cfg, f"grpc_{key}") for key in GRPC_LIMIT_KEYS
+               if getattr(cfg, f"grpc_{key}") is not None})
         self.registry = ClientRegistry()
         self.client_server = Server(transport)
         self.admin_server = Server(transport)

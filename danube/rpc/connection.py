@@ -3,13 +3,22 @@ flow control in both directions, header-block assembly and batched socket writes
 
 Per-frame parsing and serialisation are in the Cython codec (`danube._core`); this module
 decides what frames mean. Every per-stream structure is a dict entry or a slot on the stream
-object, so no operation walks the open streams except a change of SETTINGS_INITIAL_WINDOW_SIZE.
+object, so no operation walks the open streams: a change of SETTINGS_INITIAL_WINDOW_SIZE is
+applied lazily (each stream's window is kept against the initial window it last saw) and
+only streams waiting for their own window are woken by it.
+
+Limits against hostile peers (issue 17) live here and in ServerConnection: a header block
+is capped in bytes and CONTINUATION frames, SETTINGS frames and client resets of unfinished
+streams are rate-limited per connection (token buckets), incomplete request messages are
+capped per connection, and a server stops reading from a peer that does not read what it
+is sent (control-frame ACKs included), so nothing a peer sends grows memory without bound.
 """
 
 import asyncio
 import collections
 import dataclasses
 import logging
+import socket
 
 import hpack
 
@@ -35,6 +44,10 @@ MAX_GRPC_MESSAGE = 2**32 - 1
 #: A message at least this large is written without being copied into DATA frames (headers
 #: and memoryviews of it go to the socket in one writev).
 PIECES_MIN = 32768
+#: CONTINUATION frames one header block may take. A well-behaved peer needs
+#: max_header_list_size / max_frame_size of them (4 at the defaults); empty or tiny ones cost
+#: us a frame each and carry nothing.
+MAX_CONTINUATIONS = 32
 
 
 @dataclasses.dataclass
@@ -63,18 +76,42 @@ class TransportConfig:
     # stalled streams cannot pin memory and stream slots forever. Calls whose request is
     # complete (a long-lived server stream) are never timed out. 0 disables.
     stream_idle_timeout_ms: int = 30000
+    # -- limits against hostile peers (issue 17); servers apply all of them -------------
+    # Incomplete request messages held per connection (the sum over its streams of what
+    # their deframers hold, a large message counted at its announced length once its prefix
+    # arrived). The stream whose data goes over it is reset with ENHANCE_YOUR_CALM. None: no
+    # cap (a client's own connections).
+    max_connection_buffered_bytes: int | None = 64 * 1024 * 1024
+    # Non-ACK SETTINGS frames a peer may send per second (one second's worth as a burst);
+    # over it: GOAWAY ENHANCE_YOUR_CALM.
+    max_settings_per_second: int = 50
+    # Client RST_STREAMs of streams that had not completed, per second (one second's worth
+    # as a burst): the rapid-reset attack (CVE-2023-44487). Over it: GOAWAY ENHANCE_YOUR_CALM.
+    max_resets_per_second: int = 1000
+    # The client preface (after the TLS handshake, which has the same timeout) must arrive
+    # within this, or the connection is closed.
+    handshake_timeout_ms: int = 10_000
+    # A connection with no open stream for this long gets GOAWAY NO_ERROR and is closed.
+    # PINGs are answered but do not extend it (as grpc-go's MaxConnectionIdle), so a peer
+    # sending only keepalive PINGs is bounded too; gRPC clients reconnect on the next call.
+    idle_timeout_ms: int = 300_000
+    # Open connections per server; beyond it new connections are closed at once. None:
+    # half the process's open-file limit (read when the server starts).
+    max_connections: int | None = None
 
 
 class StreamBase:
     """Send-side flow control and receive-side crediting for one HTTP/2 stream."""
 
-    __slots__ = ("sid", "conn", "send_window", "pending", "pending_bytes", "recv_unacked",
-                 "closed_local", "closed_remote", "reset", "_drain_waiter", "__weakref__")
+    __slots__ = ("sid", "conn", "_send_window", "_window_base", "pending", "pending_bytes",
+                 "recv_unacked", "closed_local", "closed_remote", "reset", "_drain_waiter",
+                 "held", "__weakref__")
 
     def __init__(self, sid, conn):
         self.sid = sid
         self.conn = conn
-        self.send_window = conn.peer_initial_window
+        self._send_window = self._window_base = conn.peer_initial_window
+        self.held = 0                # bytes counted in conn.buffered (ServerConnection)
         self.pending = None          # deque of [payload, pos, end_stream] or bytes (raw frames)
         self.pending_bytes = 0
         self.recv_unacked = 0
@@ -82,6 +119,24 @@ class StreamBase:
         self.closed_remote = False
         self.reset = False
         self._drain_waiter = None
+
+    # The stream's send window, applying any change of the peer's initial window since it was
+    # last read: SETTINGS_INITIAL_WINDOW_SIZE adjusts every stream's window (RFC 9113
+    # 6.9.2), and doing that here instead of walking the streams makes a SETTINGS frame cost
+    # the same with 16,000 streams open as with one.
+    @property
+    def send_window(self):
+        base = self.conn.peer_initial_window
+        if base != self._window_base:
+            self._send_window += base - self._window_base
+            self._window_base = base
+        return self._send_window
+
+    @send_window.setter
+    def send_window(self, value):
+        # Callers compute `value` from the getter, so it is against the current base.
+        self._send_window = value
+        self._window_base = self.conn.peer_initial_window
 
     # -- sending -------------------------------------------------------------------------
 
@@ -135,10 +190,13 @@ class StreamBase:
             remaining = len(payload) - pos
             allowed = min(remaining, self.send_window, conn.send_window)
             if allowed <= 0 and remaining > 0:
-                # Wait for whichever window is shut; a stream window reopens through its
-                # own WINDOW_UPDATE, so only the connection window needs the blocked list.
+                # Wait for whichever window is shut: a stream window reopens through its own
+                # WINDOW_UPDATE or a larger SETTINGS_INITIAL_WINDOW_SIZE (which wakes only
+                # the streams in window_blocked), the connection window through `blocked`.
                 if conn.send_window <= 0:
                     conn.blocked[self.sid] = self
+                if self.send_window <= 0:
+                    conn.window_blocked[self.sid] = self
                 return False
             last = allowed == remaining
             conn.write(data_frames(self.sid, payload, pos, allowed, conn.peer_max_frame,
@@ -152,6 +210,7 @@ class StreamBase:
                 item[1] = pos + allowed
         self.pending = None
         conn.blocked.pop(self.sid, None)
+        conn.window_blocked.pop(self.sid, None)
         if self._drain_waiter is not None:
             if conn.write_paused:
                 conn.drain_waiters.add(self)
@@ -218,6 +277,16 @@ class H2Connection(asyncio.Protocol):
         self.decoder = HeaderDecoder(config.max_header_list_size, self.head_parser)
         self.streams = {}
         self.blocked = {}                 # sid -> stream waiting for the connection window
+        self.window_blocked = {}          # sid -> stream waiting for its own window
+        self.buffered = 0                 # incomplete request bytes held (ServerConnection)
+        self.reading_paused = False
+        self.abuse_logged = False
+        self.lost = False
+        now = self.loop.time()
+        self._settings_tokens = float(config.max_settings_per_second)
+        self._settings_time = now
+        self._reset_tokens = float(config.max_resets_per_second)
+        self._reset_time = now
         self.drain_waiters = set()
         self.peer_max_frame = 16384
         self.peer_initial_window = DEFAULT_WINDOW
@@ -247,7 +316,6 @@ class H2Connection(asyncio.Protocol):
         sock = transport.get_extra_info("socket")
         if sock is not None:
             try:
-                import socket
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             except (OSError, AttributeError):
                 pass
@@ -312,9 +380,23 @@ class H2Connection(asyncio.Protocol):
 
     def pause_writing(self):
         self.write_paused = True
+        if not self.is_client and self.transport is not None:
+            # A peer that does not read what we send must not make us queue more: every
+            # frame it sends may cost output (PING and SETTINGS ACKs, responses, RST_STREAMs),
+            # so stop reading from it until the socket drains below the low-water mark. The
+            # output queued per connection stays near write_buffer_high; memory stays
+            # bounded whatever the peer sends. (A client must read while it writes anyway,
+            # to see WINDOW_UPDATEs; grpcio, h2load and our client all do.) Not on the
+            # client side: two endpoints that both stopped reading could deadlock.
+            self.reading_paused = True
+            self.transport.pause_reading()
 
     def resume_writing(self):
         self.write_paused = False
+        if self.reading_paused:
+            self.reading_paused = False
+            if not self.closed and self.transport is not None:
+                self.transport.resume_reading()
         waiters, self.drain_waiters = self.drain_waiters, set()
         for stream in waiters:
             if stream.pending is None:
@@ -322,9 +404,12 @@ class H2Connection(asyncio.Protocol):
 
     def connection_lost(self, exc):
         self.closed = True
+        self.lost = True
         streams = list(self.streams.values())
         self.streams.clear()
         self.blocked.clear()
+        self.window_blocked.clear()
+        self.buffered = 0
         for stream in streams:
             stream.on_connection_lost(exc)
             stream._wake_drain()
@@ -380,12 +465,48 @@ class H2Connection(asyncio.Protocol):
 
     def protocol_error(self, code, message):
         """A connection error: GOAWAY with `code`, then close. Other connections are unaffected."""
+        if code == _core.E_ENHANCE_YOUR_CALM:
+            self.abuse(code, message)
+            return
         log.info("closing HTTP/2 connection from %s: %s", self.peername, message)
         self.write(goaway_frame(self.last_peer_stream, code, message.encode()[:256]))
         self.flush()
         self.closed = True
         if self.transport is not None:
             self.transport.close()
+
+    def abuse(self, code, reason):
+        """A connection error for abuse (a flood, a limit exceeded): logged at warning once
+        per connection with the peer's address, then GOAWAY with `code` and close."""
+        if self.closed:
+            return
+        self.note_abuse(reason)
+        self.write(goaway_frame(self.last_peer_stream, code, reason.encode()[:256]))
+        self.flush()
+        self.closed = True
+        self.hard_close()
+
+    def hard_close(self):
+        """Close now if the peer is not reading (the GOAWAY could never reach it and close()
+        would wait for the write buffer to drain forever), else after the buffer drains or
+        within 5 s at most."""
+        transport = self.transport
+        if transport is None:
+            return
+        if self.write_paused:
+            transport.abort()
+            return
+        transport.close()
+        self.loop.call_later(5.0, self._abort_if_open)
+
+    def _abort_if_open(self):
+        if self.transport is not None and not self.lost:
+            self.transport.abort()
+
+    def note_abuse(self, reason):
+        if not self.abuse_logged:
+            self.abuse_logged = True
+            log.warning("HTTP/2 peer %s: %s", self.peername, reason)
 
     def close(self):
         self.flush()
@@ -419,7 +540,11 @@ class H2Connection(asyncio.Protocol):
         pad = flow_len - len(payload)
         if pad:
             stream.credit(pad)
-        stream.on_data(payload, bool(flags & _core.FLAG_END_STREAM))
+        self.stream_data(stream, payload, bool(flags & _core.FLAG_END_STREAM))
+
+    def stream_data(self, stream, payload, end_stream):
+        """Hand DATA to a stream; ServerConnection counts what its streams buffer."""
+        stream.on_data(payload, end_stream)
 
     def _check_closed_stream(self, sid, what):
         if self._is_idle_stream(sid):
@@ -433,16 +558,30 @@ class H2Connection(asyncio.Protocol):
         if flags & _core.FLAG_END_HEADERS:
             self._on_header_block(sid, flags, payload)
         else:
-            self._header_block = [sid, flags, [payload], len(payload)]
+            # [sid, flags, fragments, bytes, CONTINUATION frames]
+            self._header_block = [sid, flags, [payload], len(payload), 0]
 
     def _on_continuation(self, flags, sid, payload):
         block = self._header_block
         if block is None or block[0] != sid:
             raise H2ConnectionError(_core.E_PROTOCOL_ERROR, "unexpected CONTINUATION frame")
-        block[2].append(payload)
-        block[3] += len(payload)
-        if block[3] > self.config.max_header_list_size * 2:
-            raise H2ConnectionError(_core.E_ENHANCE_YOUR_CALM, "header block too large")
+        # A header block is capped as a whole (its compressed size cannot usefully exceed
+        # the list size we advertise) and in frames, so neither big nor empty CONTINUATIONs
+        # grow memory. A connection error, not a 431-style stream error: the block would
+        # have to be received whole and decoded to keep HPACK state, which is the cost the
+        # cap avoids.
+        block[4] += 1
+        if block[4] > MAX_CONTINUATIONS:
+            raise H2ConnectionError(_core.E_ENHANCE_YOUR_CALM,
+                                    f"header block in more than {MAX_CONTINUATIONS} "
+                                    f"CONTINUATION frames")
+        if payload:
+            block[2].append(payload)
+            block[3] += len(payload)
+        if block[3] > self.config.max_header_list_size:
+            raise H2ConnectionError(_core.E_ENHANCE_YOUR_CALM,
+                                    f"header block over {self.config.max_header_list_size} "
+                                    f"bytes")
         if flags & _core.FLAG_END_HEADERS:
             self._header_block = None
             self._on_header_block(sid, block[1], b"".join(block[2]))
@@ -493,6 +632,14 @@ class H2Connection(asyncio.Protocol):
             stream.pump()
 
     def _on_settings(self, payload):
+        rate = self.config.max_settings_per_second
+        now = self.loop.time()
+        self._settings_tokens = min(rate, self._settings_tokens + (now - self._settings_time) * rate)
+        self._settings_time = now
+        self._settings_tokens -= 1
+        if self._settings_tokens < 0:
+            raise H2ConnectionError(_core.E_ENHANCE_YOUR_CALM,
+                                    f"more than {rate} SETTINGS frames per second")
         window_delta = 0
         for ident, value in parse_settings(payload):
             if ident == S_INITIAL_WINDOW_SIZE:
@@ -512,10 +659,12 @@ class H2Connection(asyncio.Protocol):
         # The ACK goes out before any DATA that uses a larger window: peers (grpc-core, h2)
         # apply their new window only once they see it acknowledged.
         self.write(settings_frame((), ack=True))
-        if window_delta:
-            for stream in list(self.streams.values()):
-                stream.send_window += window_delta
-                if window_delta > 0 and stream.pending is not None:
+        # Open streams take the new initial window lazily (StreamBase.send_window); only
+        # those waiting for their own window may now send.
+        if window_delta > 0 and self.window_blocked:
+            waiting, self.window_blocked = self.window_blocked, {}
+            for stream in waiting.values():
+                if stream.pending is not None:
                     stream.pump()
 
     def _on_ping(self, flags, payload):
@@ -532,7 +681,19 @@ class H2Connection(asyncio.Protocol):
         if stream is None:
             self._check_closed_stream(sid, "RST_STREAM")
             return
-        self.blocked.pop(sid, None)
+        if not self.is_client:
+            # Rapid reset (CVE-2023-44487): each stream opened and reset at once costs the
+            # server a call set-up while never counting against max_concurrent_streams.
+            rate = self.config.max_resets_per_second
+            now = self.loop.time()
+            self._reset_tokens = min(rate, self._reset_tokens + (now - self._reset_time) * rate)
+            self._reset_time = now
+            self._reset_tokens -= 1
+            if self._reset_tokens < 0:
+                self.streams[sid] = stream   # still ours: connection_lost cancels it
+                raise H2ConnectionError(_core.E_ENHANCE_YOUR_CALM,
+                                        f"more than {rate} streams reset per second")
+        self.forget_stream(stream)
         stream.reset = True
         stream.on_reset(code)
         stream._wake_drain()
@@ -545,11 +706,19 @@ class H2Connection(asyncio.Protocol):
 
     # -- stream bookkeeping --------------------------------------------------------------
 
+    def forget_stream(self, stream):
+        """Drop a stream's entries in the per-connection tables (not `streams`)."""
+        self.blocked.pop(stream.sid, None)
+        self.window_blocked.pop(stream.sid, None)
+        if stream.held:
+            self.buffered -= stream.held
+            stream.held = 0
+
     def _reset_stream(self, stream, code):
         """Send RST_STREAM and forget the stream."""
         if self.streams.pop(stream.sid, None) is not None:
             self.write(rst_stream_frame(stream.sid, code))
-        self.blocked.pop(stream.sid, None)
+        self.forget_stream(stream)
         stream.reset = True
         stream.on_reset(None)
         stream._wake_drain()
@@ -557,7 +726,7 @@ class H2Connection(asyncio.Protocol):
     def stream_done(self, stream):
         """Both sides have closed: drop the stream."""
         self.streams.pop(stream.sid, None)
-        self.blocked.pop(stream.sid, None)
+        self.forget_stream(stream)
 
     def send_headers(self, stream, block, end_stream=False):
         self.write(header_frames(stream.sid, block, self.peer_max_frame, end_stream))

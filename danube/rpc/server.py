@@ -13,6 +13,7 @@ import asyncio
 import collections
 import enum
 import logging
+import resource
 import time
 
 from google.protobuf import message_factory
@@ -673,18 +674,104 @@ class ServerConnection(H2Connection):
         self.goaway_last = None
         self._recently_reset = set()
         self._reset_order = collections.deque()
+        self._timer = None               # handshake, then idle timer
+        self._active_at = 0.0            # when the last stream ended (or the connection began)
 
     def connection_made(self, transport):
+        server = self.server
+        if len(server.connections) >= server.max_connections:
+            # Refused before anything is sent: an fd held by a connection that may never
+            # speak is what the limit protects.
+            self.transport = transport
+            self.closed = True
+            server.refuse_connection(transport.get_extra_info("peername"))
+            transport.abort()
+            return
         super().connection_made(transport)
-        self.server.connections.add(self)
-        if self.server.draining:
+        server.connections.add(self)
+        self._active_at = now = self.loop.time()
+        self._timer = self.loop.call_at(
+            now + min(self.config.handshake_timeout_ms, self.config.idle_timeout_ms) / 1000,
+            self._check_timers)
+        if server.draining:
             self.begin_shutdown()
 
     def connection_lost(self, exc):
         super().connection_lost(exc)
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         self.server.connections.discard(self)
         if self.server.idle_waiter is not None:
             self.server.idle_waiter.set()
+
+    # -- limits on the connection's life (issue 17) --------------------------------------
+
+    def _check_timers(self):
+        # One timer per connection (the handshake's, then the idle one), re-armed when it
+        # fires rather than on every stream, so busy connections pay nothing per call for it.
+        self._timer = None
+        if self.closed:
+            return
+        if not self.reader.expect_preface:
+            self._check_idle()
+            return
+        handshake_end = self._active_at + self.config.handshake_timeout_ms / 1000
+        if self.loop.time() < handshake_end:
+            self._timer = self.loop.call_at(handshake_end, self._check_timers)
+        else:
+            # It never spoke HTTP/2: no GOAWAY it would understand, just free the fd.
+            self.note_abuse(f"no HTTP/2 client preface within "
+                            f"{self.config.handshake_timeout_ms} ms (grpc.handshake_timeout_ms); "
+                            f"closing")
+            self.closed = True
+            self.transport.abort()
+
+    def _arm_idle(self, when):
+        self._timer = self.loop.call_at(when, self._check_timers)
+
+    def _check_idle(self):
+        timeout = self.config.idle_timeout_ms / 1000
+        now = self.loop.time()
+        if self.streams:
+            self._arm_idle(now + timeout)
+        elif now - self._active_at < timeout:
+            self._arm_idle(self._active_at + timeout)
+        else:
+            log.info("closing HTTP/2 connection from %s: no stream for %d ms "
+                     "(grpc.idle_timeout_ms)", self.peername, self.config.idle_timeout_ms)
+            self.goaway_last = self.last_peer_stream
+            self.write(_core.goaway_frame(self.goaway_last, _core.E_NO_ERROR, b"idle"))
+            self.flush()
+            self.closed = True
+            self.hard_close()
+
+    def forget_stream(self, stream):
+        super().forget_stream(stream)
+        if not self.streams:
+            self._active_at = self.loop.time()
+
+    def stream_data(self, stream, payload, end_stream):
+        stream.on_data(payload, end_stream)
+        cap = self.config.max_connection_buffered_bytes
+        if cap is None:
+            return
+        # What the stream's deframer holds of incomplete messages (a large one at its
+        # announced length): complete messages are handed to the call at once, and a
+        # client-streaming call's queue of complete messages is bounded by its stream
+        # window (credit is held back while it is full). A stream that has ended was
+        # forgotten already (forget_stream took its count back).
+        held = 0
+        if self.streams.get(stream.sid) is stream and not stream.finished:
+            held = stream.deframer.reserved
+        if held != stream.held:
+            self.buffered += held - stream.held
+            stream.held = held
+            if self.buffered > cap:
+                self.note_abuse(f"incomplete requests over {cap} bytes "
+                                f"(grpc.max_connection_buffered_bytes); resetting streams "
+                                f"that add to them with ENHANCE_YOUR_CALM")
+                self._reset_stream(stream, _core.E_ENHANCE_YOUR_CALM)
 
     def _is_idle_stream(self, sid):
         return sid % 2 == 0 or sid > self.last_peer_stream
@@ -749,6 +836,15 @@ async def _unknown_handler(request, context):  # pragma: no cover - never invoke
 _UNKNOWN_METHOD = RpcMethod(b"", Kind.UNARY_UNARY, _unknown_handler)
 
 
+def default_max_connections():
+    """Half the process's open-file limit: the rest is left for the WAL, the metadata
+    store and the other listener."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        soft = 1 << 20
+    return max(64, soft // 2)
+
+
 def _serialize_message(message):
     return message.SerializeToString()
 
@@ -767,6 +863,9 @@ class Server:
         self.active_calls = 0
         self.idle_waiter = None
         self.started_at = time.time()
+        self.max_connections = self.config.max_connections or default_max_connections()
+        self._refused = 0                # connections refused since the last warning
+        self._refused_warned_at = None
         # (method path, status code) -> finished calls; read by the metrics exporter.
         self.rpc_counts = collections.Counter()
         # Times out streams whose request stalls (TransportConfig.stream_idle_timeout_ms).
@@ -803,6 +902,18 @@ class Server:
                 continue
             self.add_method(path, kind, handler, request_cls.FromString, _serialize_message)
 
+    def refuse_connection(self, peer):
+        """Count a connection refused for grpc.max_connections; one warning a minute at most,
+        so a flood of them cannot flood the log."""
+        self._refused += 1
+        now = time.monotonic()
+        if self._refused_warned_at is None or now - self._refused_warned_at >= 60:
+            log.warning("refusing new connections (the latest from %s): %d open, the limit "
+                        "(grpc.max_connections) is %d; %d refused since the last warning",
+                        peer, len(self.connections), self.max_connections, self._refused)
+            self._refused_warned_at = now
+            self._refused = 0
+
     def response_encoding(self, head):
         if self.default_compression is None:
             return None
@@ -814,8 +925,15 @@ class Server:
     async def start(self, host="127.0.0.1", port=0, ssl=None):
         """Listen on host:port (port 0 picks a free one); returns the bound port."""
         self.loop = self.loop or asyncio.get_running_loop()
+        if self.config.max_connections is None:
+            # Read again: the broker raises its open-file limit after building its servers.
+            self.max_connections = default_max_connections()
+        extra = {}
+        if ssl is not None:
+            extra["ssl_handshake_timeout"] = self.config.handshake_timeout_ms / 1000
         srv = await self.loop.create_server(lambda: ServerConnection(self), host, port,
-                                            ssl=ssl, reuse_address=True, backlog=4096)
+                                            ssl=ssl, reuse_address=True, backlog=4096,
+                                            **extra)
         self._servers.append(srv)
         return srv.sockets[0].getsockname()[1]
 
