@@ -44,6 +44,12 @@ MAX_GRPC_MESSAGE = 2**32 - 1
 #: A message at least this large is written without being copied into DATA frames (headers
 #: and memoryviews of it go to the socket in one writev).
 PIECES_MIN = 32768
+# Frames a server handles per connection per event-loop turn (see _handle_frames): a few
+# calls' worth, so that one peer's burst does not keep the other connections waiting; the
+# rest waits in a backlog, and past BACKLOG_PAUSE frames the peer is not read from until
+# the backlog is worked off (the socket buffer holds the rest, not our memory).
+FRAMES_PER_TURN = 16
+BACKLOG_PAUSE = 256
 #: CONTINUATION frames one header block may take. A well-behaved peer needs
 #: max_header_list_size / max_frame_size of them (4 at the defaults); empty or tiny ones cost
 #: us a frame each and carry nothing.
@@ -280,6 +286,8 @@ class H2Connection(asyncio.Protocol):
         self.window_blocked = {}          # sid -> stream waiting for its own window
         self.buffered = 0                 # incomplete request bytes held (ServerConnection)
         self.reading_paused = False
+        self._backlog = None         # frames read but left for the next turn (server side)
+        self._backlog_paused = False      # reading paused until the backlog is worked off
         self.abuse_logged = False
         self.lost = False
         now = self.loop.time()
@@ -340,7 +348,30 @@ class H2Connection(asyncio.Protocol):
         self._in_receive = True
         try:
             frames = self.reader.feed(data)
-            for ftype, flags, sid, payload, flow_len in frames:
+            if self._backlog:
+                self._backlog.extend(frames)
+                self._bound_backlog()
+                return
+            self._handle_frames(frames)
+        except H2ConnectionError as exc:
+            self.protocol_error(exc.code, str(exc))
+        except Exception:  # noqa: BLE001 - a bug here must cost one connection, not the server
+            log.exception("internal error handling input from %s", self.peername)
+            self.protocol_error(_core.E_INTERNAL_ERROR, "internal error")
+        finally:
+            self._in_receive = False
+            self.flush()
+
+    def _handle_frames(self, frames):
+        """Handle ``frames``; a server handles at most FRAMES_PER_TURN of them per event-loop
+        turn and keeps the rest for the next turn, not reading from this peer meanwhile. One
+        socket read can hold thousands of small frames (each a call to start or answer), and
+        handling them all at once would keep every other connection waiting for as long:
+        per turn, each connection gets its share instead."""
+        budget = len(frames) if self.is_client else FRAMES_PER_TURN
+        try:
+            for ftype, flags, sid, payload, flow_len in (
+                    frames if len(frames) <= budget else frames[:budget]):
                 if self._header_block is not None and ftype != _core.CONTINUATION:
                     raise H2ConnectionError(_core.E_PROTOCOL_ERROR,
                                             "expected CONTINUATION frame")
@@ -367,16 +398,38 @@ class H2Connection(asyncio.Protocol):
             if self.recv_unacked >= self.recv_window // 4:
                 self.write(window_update_frame(0, self.recv_unacked))
                 self.recv_unacked = 0
+        except hpack.HPACKError as exc:
+            raise H2ConnectionError(_core.E_COMPRESSION_ERROR, f"HPACK: {exc}") from None
+        if len(frames) > budget and not self.closed:
+            self._backlog = frames[budget:]
+            self._bound_backlog()
+            self.loop.call_soon(self._handle_backlog)
+
+    def _bound_backlog(self):
+        if (len(self._backlog) > BACKLOG_PAUSE and not self._backlog_paused
+                and self.transport is not None and not self.transport.is_closing()):
+            self._backlog_paused = True
+            self.transport.pause_reading()
+
+    def _handle_backlog(self):
+        frames, self._backlog = self._backlog, None
+        if not frames or self.closed:
+            return
+        self._in_receive = True
+        try:
+            self._handle_frames(frames)
         except H2ConnectionError as exc:
             self.protocol_error(exc.code, str(exc))
-        except hpack.HPACKError as exc:
-            self.protocol_error(_core.E_COMPRESSION_ERROR, f"HPACK: {exc}")
         except Exception:  # noqa: BLE001 - a bug here must cost one connection, not the server
             log.exception("internal error handling input from %s", self.peername)
             self.protocol_error(_core.E_INTERNAL_ERROR, "internal error")
         finally:
             self._in_receive = False
             self.flush()
+        if (self._backlog_paused and not self._backlog and not self.reading_paused
+                and not self.closed and self.transport is not None):
+            self._backlog_paused = False
+            self.transport.resume_reading()
 
     def pause_writing(self):
         self.write_paused = True
@@ -395,7 +448,7 @@ class H2Connection(asyncio.Protocol):
         self.write_paused = False
         if self.reading_paused:
             self.reading_paused = False
-            if not self.closed and self.transport is not None:
+            if not self.closed and self.transport is not None and not self._backlog_paused:
                 self.transport.resume_reading()
         waiters, self.drain_waiters = self.drain_waiters, set()
         for stream in waiters:
