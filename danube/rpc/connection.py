@@ -345,14 +345,22 @@ class H2Connection(asyncio.Protocol):
         self.flush()
 
     def data_received(self, data):
+        self._receiving(self._take_input, data)
+
+    def _take_input(self, data):
+        frames = self.reader.feed(data)
+        if self._backlog:
+            self._backlog.extend(frames)
+            self._bound_backlog()
+        else:
+            self._handle_frames(frames)
+
+    def _receiving(self, handle, arg):
+        """Run ``handle(arg)`` on input: output is written once at the end, and an error
+        costs this connection (GOAWAY), never the server."""
         self._in_receive = True
         try:
-            frames = self.reader.feed(data)
-            if self._backlog:
-                self._backlog.extend(frames)
-                self._bound_backlog()
-                return
-            self._handle_frames(frames)
+            handle(arg)
         except H2ConnectionError as exc:
             self.protocol_error(exc.code, str(exc))
         except Exception:  # noqa: BLE001 - a bug here must cost one connection, not the server
@@ -415,17 +423,7 @@ class H2Connection(asyncio.Protocol):
         frames, self._backlog = self._backlog, None
         if not frames or self.closed:
             return
-        self._in_receive = True
-        try:
-            self._handle_frames(frames)
-        except H2ConnectionError as exc:
-            self.protocol_error(exc.code, str(exc))
-        except Exception:  # noqa: BLE001 - a bug here must cost one connection, not the server
-            log.exception("internal error handling input from %s", self.peername)
-            self.protocol_error(_core.E_INTERNAL_ERROR, "internal error")
-        finally:
-            self._in_receive = False
-            self.flush()
+        self._receiving(self._handle_frames, frames)
         if (self._backlog_paused and not self._backlog and not self.reading_paused
                 and not self.closed and self.transport is not None):
             self._backlog_paused = False
