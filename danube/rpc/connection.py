@@ -56,6 +56,23 @@ BACKLOG_PAUSE = 256
 MAX_CONTINUATIONS = 32
 
 
+class TokenBucket:
+    """At most `rate` events a second, with one second's worth as a burst."""
+
+    __slots__ = ("rate", "tokens", "at")
+
+    def __init__(self, rate, now):
+        self.rate = rate
+        self.tokens = float(rate)
+        self.at = now
+
+    def take(self, now):
+        """Spend one token; False when there is none (the event is over the rate)."""
+        self.tokens = min(self.rate, self.tokens + (now - self.at) * self.rate) - 1
+        self.at = now
+        return self.tokens >= 0
+
+
 @dataclasses.dataclass
 class TransportConfig:
     """Limits and windows of one HTTP/2 endpoint."""
@@ -291,10 +308,8 @@ class H2Connection(asyncio.Protocol):
         self.abuse_logged = False
         self.lost = False
         now = self.loop.time()
-        self._settings_tokens = float(config.max_settings_per_second)
-        self._settings_time = now
-        self._reset_tokens = float(config.max_resets_per_second)
-        self._reset_time = now
+        self._settings_budget = TokenBucket(config.max_settings_per_second, now)
+        self._reset_budget = TokenBucket(config.max_resets_per_second, now)
         self.drain_waiters = set()
         self.peer_max_frame = 16384
         self.peer_initial_window = DEFAULT_WINDOW
@@ -683,14 +698,10 @@ class H2Connection(asyncio.Protocol):
             stream.pump()
 
     def _on_settings(self, payload):
-        rate = self.config.max_settings_per_second
-        now = self.loop.time()
-        self._settings_tokens = min(rate, self._settings_tokens + (now - self._settings_time) * rate)
-        self._settings_time = now
-        self._settings_tokens -= 1
-        if self._settings_tokens < 0:
+        if not self._settings_budget.take(self.loop.time()):
             raise H2ConnectionError(_core.E_ENHANCE_YOUR_CALM,
-                                    f"more than {rate} SETTINGS frames per second")
+                                    f"more than {self._settings_budget.rate} SETTINGS frames "
+                                    f"per second")
         window_delta = 0
         for ident, value in parse_settings(payload):
             if ident == S_INITIAL_WINDOW_SIZE:
@@ -735,15 +746,11 @@ class H2Connection(asyncio.Protocol):
         if not self.is_client:
             # Rapid reset (CVE-2023-44487): each stream opened and reset at once costs the
             # server a call set-up while never counting against max_concurrent_streams.
-            rate = self.config.max_resets_per_second
-            now = self.loop.time()
-            self._reset_tokens = min(rate, self._reset_tokens + (now - self._reset_time) * rate)
-            self._reset_time = now
-            self._reset_tokens -= 1
-            if self._reset_tokens < 0:
+            if not self._reset_budget.take(self.loop.time()):
                 self.streams[sid] = stream   # still ours: connection_lost cancels it
                 raise H2ConnectionError(_core.E_ENHANCE_YOUR_CALM,
-                                        f"more than {rate} streams reset per second")
+                                        f"more than {self._reset_budget.rate} streams reset "
+                                        f"per second")
         self.forget_stream(stream)
         stream.reset = True
         stream.on_reset(code)

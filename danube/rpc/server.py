@@ -149,12 +149,8 @@ class IdleStreams:
         self._loop = None
 
     def add(self, stream):
-        stream._idle_tick = tick = self.tick
-        bucket = self.buckets.get(tick)
-        if bucket is None:
-            bucket = self.buckets[tick] = set()
-        bucket.add(stream)
-        stream._idle_bucket = bucket
+        stream._idle_tick = self.tick
+        self._file(stream)
         if self._timer is None:
             self._loop = stream.conn.loop
             self._timer = self._loop.call_later(self.period, self._sweep)
@@ -172,17 +168,21 @@ class IdleStreams:
                 if stream._idle_tick <= limit:
                     expired.append(stream)
                 else:
-                    bucket = self.buckets.get(stream._idle_tick)
-                    if bucket is None:
-                        bucket = self.buckets[stream._idle_tick] = set()
-                    bucket.add(stream)
-                    stream._idle_bucket = bucket
+                    self._file(stream)
         # No flush per stream: conn.write schedules one flush per connection for this
         # loop turn, so thousands of streams expiring together cost one socket write each.
         for stream in expired:
             stream.on_idle_timeout()
         if self.buckets and self._timer is None:
             self._timer = self._loop.call_later(self.period, self._sweep)
+
+    def _file(self, stream):
+        """Put the stream in the bucket of its last progress."""
+        bucket = self.buckets.get(stream._idle_tick)
+        if bucket is None:       # not setdefault: most calls join an existing bucket
+            bucket = self.buckets[stream._idle_tick] = set()
+        bucket.add(stream)
+        stream._idle_bucket = bucket
 
     def close(self):
         if self._timer is not None:
