@@ -200,11 +200,7 @@ def _get(tree, dotted, default=None):
     return node
 
 
-#: grpc.* keys for the limits against hostile clients; each is a positive integer and becomes
-#: the TransportConfig field of the same name.
-GRPC_LIMIT_KEYS = ("max_connection_buffered_bytes", "max_header_list_size",
-                   "max_settings_per_second", "max_resets_per_second", "handshake_timeout_ms",
-                   "idle_timeout_ms", "max_connections")
+GRPC_LIMIT_KEYS = config_keys.GRPC_LIMIT_KEYS
 
 
 def _int(tree, dotted, default):

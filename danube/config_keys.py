@@ -26,6 +26,12 @@ _RAFT = Unbuilt("Raft metadata replication: without etcd this broker is a single
 _WAL_FILE_NAME = Unbuilt("a single WAL file name; segments are named by offset")
 _FLUSH_BYTES = Unbuilt("flush by buffered bytes; syncs follow storage.wal.durability")
 
+#: grpc.* keys for the limits against hostile clients; each is a positive integer and becomes
+#: the TransportConfig field of the same name (config.py loads them in one loop).
+GRPC_LIMIT_KEYS = ("max_connection_buffered_bytes", "max_header_list_size",
+                   "max_settings_per_second", "max_resets_per_second", "handshake_timeout_ms",
+                   "idle_timeout_ms", "max_connections")
+
 _FILE_SYNC = {"interval_ms": KEY, "max_batch_bytes": _FLUSH_BYTES}
 _ROTATION = {"max_bytes": KEY, "max_hours": KEY}
 _RETENTION = {"time_minutes": KEY, "size_mb": KEY, "check_interval_minutes": KEY,
@@ -91,12 +97,9 @@ SCHEMA = {
         "max_producers_per_topic", "max_subscriptions_per_topic", "max_consumers_per_topic",
         "max_consumers_per_subscription", "max_publish_rate",
         "max_subscription_dispatch_rate", "max_message_size")},
-    "grpc": {"max_message_size": KEY, "max_concurrent_streams": KEY,   # ours
-             # limits against hostile clients (issue 17)
-             "max_connection_buffered_bytes": KEY, "max_header_list_size": KEY,
-             "max_settings_per_second": KEY, "max_resets_per_second": KEY,
-             "handshake_timeout_ms": KEY, "idle_timeout_ms": KEY, "max_connections": KEY,
-             "stream_idle_timeout_ms": KEY},
+    "grpc": {name: KEY for name in (                                   # ours
+        "max_message_size", "max_concurrent_streams", "stream_idle_timeout_ms",
+        *GRPC_LIMIT_KEYS)},
 }
 
 
