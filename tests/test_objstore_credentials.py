@@ -159,8 +159,9 @@ def test_s3_role_arn_assumes_the_role_through_sts(moto_s3, monkeypatch):
 <AssumeRoleResult><Credentials>
 <AccessKeyId>ASIAASSUMED</AccessKeyId><SecretAccessKey>assumed-secret</SecretAccessKey>
 <SessionToken>assumed-token</SessionToken><Expiration>{expires}</Expiration>
-</Credentials><AssumedRoleUser><Arn>{role}/danube-broker</Arn><AssumedRoleId>AROA:danube-broker</AssumedRoleId>
-</AssumedRoleUser></AssumeRoleResult></AssumeRoleResponse>"""
+</Credentials><AssumedRoleUser><Arn>{role}/danube-broker</Arn>
+<AssumedRoleId>AROA:danube-broker</AssumedRoleId></AssumedRoleUser>
+</AssumeRoleResult></AssumeRoleResponse>"""
         return 200, "text/xml", xml.encode()
 
     endpoint = _LocalEndpoint(sts)

@@ -12,9 +12,10 @@ At most `window` (max_unacked_messages) messages are in flight. A nack, an ack t
 consumer's stream ending sends a message back for redelivery. Nacks, timeouts and a stream
 the client ended before acking count as failed attempts, with the policy's fixed or
 exponential backoff (or the nack's delay_ms if larger); a consumer removed or taken over
-does not, nor does a message that never left the broker (see consumer_left). After max_redelivery_count failures the poison policy
-decides: Block stalls the subscription (on KeyShared only that message's key), Drop treats it
-as acked, DeadLetter republishes it to the dead-letter topic and then treats it as acked.
+does not, nor does a message that never left the broker (see consumer_left). After
+max_redelivery_count failures the poison policy decides: Block stalls the subscription (on
+KeyShared only that message's key), Drop treats it as acked, DeadLetter republishes it to
+the dead-letter topic and then treats it as acked.
 Messages are handed to consumers in offset order per subscription (per key on KeyShared).
 
 KeyShared: a message whose key no consumer's key filters accept, while the subscription does

@@ -61,7 +61,8 @@ class GcsObjectStore(ObjectStore):
 
     def __init__(self, bucket: str, prefix: str = "", *, endpoint: str | None = None,
                  project: str | None = None, credentials_file: str | None = None,
-                 credentials_json: str | None = None, connect_timeout: float = 5.0, read_timeout: float = 60.0, retries: int = 3):
+                 credentials_json: str | None = None, connect_timeout: float = 5.0,
+                 read_timeout: float = 60.0, retries: int = 3):
         """``endpoint`` points at an emulator (fake-gcs-server): without ``credentials_file``
         the store then sends no credentials, as emulators expect. With neither, the SDK's
         usual chain is used (GOOGLE_APPLICATION_CREDENTIALS, gcloud's application default
