@@ -112,12 +112,22 @@ def connect(port, settings=b""):
     return sock
 
 
-def indexed_block(port):
+def indexed_block(port, extra=()):
     """A request header block for HealthCheck that, sent after `first`, is all indexed
     fields, so the same bytes open any number of streams."""
     enc = hpack.Encoder()
-    first = enc.encode(request_headers(HEALTH, port))
-    return first, enc.encode(request_headers(HEALTH, port))
+    first = enc.encode(request_headers(HEALTH, port, extra))
+    return first, enc.encode(request_headers(HEALTH, port, extra))
+
+
+def grpc_statuses(frames):
+    """The grpc-status of every response header block in `frames`, in order."""
+    dec = hpack.Decoder()
+    out = []
+    for f in frames:
+        if type(f).__name__ == "HeadersFrame":
+            out += [v for k, v in dec.decode(f.data) if k == "grpc-status"]
+    return out
 
 
 def sync(sock, fs, opaque=b"syncsync", timeout=10.0):
@@ -319,7 +329,41 @@ def test_rapid_reset(broker_factory):
         assert not w.failures, f"HealthCheck failed during the attack: {w.failures}"
         assert w.peak - base < 48, f"RSS grew {w.peak - base:.0f} MiB"
         assert_goaway_close(*closed, E_ENHANCE_YOUR_CALM)
-        assert broker.wait_for_log(r"WARNING.*streams reset per second")
+        assert broker.wait_for_log(r"WARNING.*streams reset or expired on arrival per second")
+    finally:
+        sock.close()
+        health.close()
+
+
+def test_expired_on_arrival_flood(broker_factory):
+    """Finding 5's flood: calls whose grpc-timeout has passed when they arrive are answered
+    (DEADLINE_EXCEEDED, no handler) and count against grpc.max_resets_per_second, as a reset
+    stream does; past it the connection gets GOAWAY ENHANCE_YOUR_CALM while another client is
+    served."""
+    broker = broker_factory({"max_resets_per_second": 100})
+    health = Health(broker.client_addr)
+    health.check(5)
+    base = rss_mib(broker.proc.pid)
+    sock = connect(broker.client_port)
+    try:
+        first, again = indexed_block(broker.client_port, [(b"grpc-timeout", b"1n")])
+        out = []
+        for sid in range(1, 40001, 2):
+            out.append(h2_frame(HEADERS, END_HEADERS, sid, first if sid == 1 else again))
+            out.append(h2_frame(DATA, END_STREAM, sid, b"\0\0\0\0\0"))
+        with Watcher(broker, health) as w:
+            try:
+                sock.sendall(b"".join(out))
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+            closed = read_until_close(sock)
+        assert not w.failures, f"HealthCheck failed during the attack: {w.failures}"
+        assert w.peak - base < 48, f"RSS grew {w.peak - base:.0f} MiB"
+        assert_goaway_close(*closed, E_ENHANCE_YOUR_CALM)
+        # The calls inside the budget were answered before the GOAWAY, not dropped.
+        statuses = grpc_statuses(closed[0])
+        assert 100 <= len(statuses) < 20000 and set(statuses) == {"4"}, statuses[:5]
+        assert broker.wait_for_log(r"WARNING.*streams reset or expired on arrival per second")
     finally:
         sock.close()
         health.close()

@@ -44,7 +44,10 @@ def broker(tmp_path_factory):
     cfg.write_text("cluster_name: test\nbroker:\n  host: 127.0.0.1\n  ports:\n"
                    "    client: 0\n    admin: 0\n"
                    f"grpc:\n  stream_idle_timeout_ms: {IDLE_TIMEOUT_MS}\n"
-                   f"  max_concurrent_streams: {MAX_STREAMS}\n")
+                   f"  max_concurrent_streams: {MAX_STREAMS}\n"
+                   # Calls expired on arrival count as resets; the leak test below sends
+                   # 20,000 of them on one connection, which must not end it.
+                   f"  max_resets_per_second: 1000000\n")
     b = BrokerProcess(data_dir=tmp / "d")
     b.args = ["--mode", "standalone", "--data-dir", str(tmp / "d"), "--config-file", str(cfg)]
     b.start()

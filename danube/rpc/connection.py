@@ -19,6 +19,7 @@ import collections
 import dataclasses
 import logging
 import socket
+import time
 
 import hpack
 
@@ -108,8 +109,10 @@ class TransportConfig:
     # Non-ACK SETTINGS frames a peer may send per second (one second's worth as a burst);
     # over it: GOAWAY ENHANCE_YOUR_CALM.
     max_settings_per_second: int = 50
-    # Client RST_STREAMs of streams that had not completed, per second (one second's worth
-    # as a burst): the rapid-reset attack (CVE-2023-44487). Over it: GOAWAY ENHANCE_YOUR_CALM.
+    # Client RST_STREAMs of streams that had not completed, plus calls whose deadline had
+    # passed when they arrived, per second (one second's worth as a burst): the rapid-reset
+    # attack (CVE-2023-44487) and its variant that abandons calls by deadline rather than by
+    # RST_STREAM. Over it: GOAWAY ENHANCE_YOUR_CALM.
     max_resets_per_second: int = 1000
     # The client preface (after the TLS handshake, which has the same timeout) must arrive
     # within this, or the connection is closed.
@@ -308,6 +311,7 @@ class H2Connection(asyncio.Protocol):
         self.abuse_logged = False
         self.lost = False
         now = self.loop.time()
+        self.received_at = time.monotonic()
         self._settings_budget = TokenBucket(config.max_settings_per_second, now)
         self._reset_budget = TokenBucket(config.max_resets_per_second, now)
         self.drain_waiters = set()
@@ -374,6 +378,7 @@ class H2Connection(asyncio.Protocol):
         """Run ``handle(arg)`` on input: output is written once at the end, and an error
         costs this connection (GOAWAY), never the server."""
         self._in_receive = True
+        self.received_at = time.monotonic()     # when this input was read (deadlines)
         try:
             handle(arg)
         except H2ConnectionError as exc:
@@ -749,12 +754,15 @@ class H2Connection(asyncio.Protocol):
             if not self._reset_budget.take(self.loop.time()):
                 self.streams[sid] = stream   # still ours: connection_lost cancels it
                 raise H2ConnectionError(_core.E_ENHANCE_YOUR_CALM,
-                                        f"more than {self._reset_budget.rate} streams reset "
-                                        f"per second")
+                                        self.reset_budget_exceeded())
         self.forget_stream(stream)
         stream.reset = True
         stream.on_reset(code)
         stream._wake_drain()
+
+    def reset_budget_exceeded(self):
+        return (f"more than {self._reset_budget.rate} streams reset or expired on arrival "
+                f"per second (grpc.max_resets_per_second)")
 
     def _on_goaway(self, last_sid, code, debug):
         self.goaway_received = last_sid

@@ -312,8 +312,14 @@ class ServerStream(StreamBase):
     def start(self, end_stream):
         head = self.head
         if head.timeout is not None:
-            self.deadline = self.conn.loop.time() + head.timeout
-            self._timer = self.conn.loop.call_at(self.deadline, self._on_deadline)
+            conn = self.conn
+            # Measured with the clock itself: the loop's time is cached per turn (and in
+            # milliseconds under uvloop), so it cannot see a 1n deadline pass.
+            if head.timeout <= time.monotonic() - conn.received_at:
+                self._expired_on_arrival(conn)
+                return
+            self.deadline = conn.loop.time() + head.timeout
+            self._timer = conn.loop.call_at(self.deadline, self._on_deadline)
         if end_stream:
             self._end_of_requests()
             return
@@ -322,6 +328,17 @@ class ServerStream(StreamBase):
             idle.add(self)
         if self.method.client_streaming:
             self.start_task()
+
+    def _expired_on_arrival(self, conn):
+        """The call's deadline had passed when it arrived (grpc-timeout: 1n): answered at
+        once, with no handler, timer or task. Such a call is abandoned by its client before
+        the server could work on it, as a reset stream is, and counts against the same
+        per-connection budget: a peer sending tens of thousands a second would otherwise
+        take the event loop from everyone else while asking for nothing."""
+        if not conn._reset_budget.take(conn.loop.time()):
+            raise _core.H2ConnectionError(_core.E_ENHANCE_YOUR_CALM,
+                                          conn.reset_budget_exceeded())
+        self.fail_early(StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
 
     def _stop_waiting(self):
         bucket = self._idle_bucket
