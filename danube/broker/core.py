@@ -14,7 +14,7 @@ import time
 from danube._core import canonical_stream_message
 from danube.broker import names
 from danube.broker.consumer import Consumer
-from danube.broker.failure_policy import FailurePolicy
+from danube.failure_policy import FailurePolicy
 from danube.broker.reliable import ReliableDispatcher
 from danube.broker.errors import (BrokerShuttingDown, ConsumerLimit, ConsumerNotFound,
                                   DispatchMismatch, InvalidArgument, InvalidTopicName,

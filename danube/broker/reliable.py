@@ -28,7 +28,7 @@ import asyncio
 import heapq
 import logging
 
-from danube.broker import failure_policy as fp
+from danube import failure_policy as fp
 from danube.broker.subscription import EXCLUSIVE, FAILOVER, KEY_SHARED
 from danube.proto import DanubeApi_pb2 as pb
 from danube.storage.errors import OffsetTruncatedError
