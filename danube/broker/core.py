@@ -659,11 +659,7 @@ class BrokerCore:
         if dlq is None:
             async with self._lock:
                 dlq = self.topics.get(target) or await self._create_topic(target, RELIABLE)
-        if dlq.delivery == RELIABLE:
-            await dlq.publish_reliable([msg])
-        else:
-            key = msg.routing_key if msg.HasField("routing_key") else msg.producer_name
-            dlq.publish(msg.SerializeToString(), len(msg.payload), key)
+        await dlq.publish(msg)
 
     def consumer_removed(self, consumer):
         """A subscription let a consumer go: forget its id everywhere."""
