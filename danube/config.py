@@ -9,6 +9,7 @@ import os
 import yaml
 
 from danube import config_keys
+from danube.failure_policy import FailurePolicy, InvalidFailurePolicy
 
 log = logging.getLogger("danube.config")
 
@@ -183,7 +184,6 @@ class BrokerConfig:
         if self.wal_root is None:
             self.wal_root = os.path.join(self.data_dir, "wal")
         if self.failure_policy is None:
-            from danube.broker.failure_policy import FailurePolicy
             self.failure_policy = FailurePolicy()
         return self
 
@@ -324,8 +324,6 @@ def _resolve_aliases(tree):
 
 
 def _load_storage(cfg, tree):
-    from danube.broker.failure_policy import FailurePolicy, InvalidFailurePolicy
-
     root = _get(tree, "storage.local_wal_root")
     if root is not None:
         cfg.wal_root = str(root)

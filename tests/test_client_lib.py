@@ -209,7 +209,7 @@ async def test_send_many_falls_back_without_the_batch_extension(tmp_path):
     extension answers UNIMPLEMENTED, and send_many falls back to pipelined SendMessage."""
     from danube.broker.core import BrokerCore
     from danube.broker.registry import ClientRegistry
-    from danube.broker.services import client_api, health
+    from danube.services import client_api, health
     from danube.config import BrokerConfig
     from danube.metadata.memory import MemoryStore
     from danube.rpc.server import Server

@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from danube._core import DeliveryStamp, GrpcDeframer
-from danube.broker import failure_policy as fp
+from danube import failure_policy as fp
 from danube.broker.consumer import Consumer
 from danube.broker.reliable import ReliableDispatcher
 from danube.broker.subscription import EXCLUSIVE, KEY_SHARED, SHARED, Subscription

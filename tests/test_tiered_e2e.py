@@ -13,7 +13,7 @@ import shutil
 
 import pytest
 
-from danube.broker.metrics import BrokerCollector
+from danube.services.metrics import BrokerCollector
 from danube.client import DanubeClient
 from danube.metadata import keys
 from danube.storage.errors import TieredStartupError

@@ -6,7 +6,7 @@ import time
 
 import yaml
 
-from danube.broker.app import Broker
+from danube.services.app import Broker
 from danube.config import load_config
 from danube.storage.durable.base import ObjectStore, ObjectStoreError
 

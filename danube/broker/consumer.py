@@ -1,5 +1,5 @@
-"""A consumer: its identity, its outbox of messages, and the ReceiveMessages stream that
-drains it.
+"""A consumer: its identity, its outbox of messages, and the delivery stream (a DeliverySink,
+see danube.broker.delivery) that drains it.
 
 Slow consumers: messages for a consumer go into its outbox (framed, bounded by
 `outbox_limit` bytes, 4 MiB by default) and from there into its HTTP/2 stream whenever the
@@ -22,7 +22,7 @@ log = logging.getLogger("danube.broker.consumer")
 
 class Consumer:
     __slots__ = ("consumer_id", "name", "subscription", "outbox", "stream", "active",
-                 "_loop", "_flush_scheduled", "_drainer", "_detached", "key_filters",
+                 "_loop", "_flush_scheduled", "_waiting_on", "key_filters",
                  "inactive_since", "_stream_timer", "owner", "_stream_client", "_released",
                  "__weakref__")
 
@@ -34,14 +34,13 @@ class Consumer:
         self.key_filters = tuple(key_filters)
         self._loop = loop or asyncio.get_event_loop()
         self.outbox = Outbox(outbox_limit, self._schedule_flush)
-        self.stream = None
+        self.stream = None            # the DeliverySink of the current stream
         # Active from Subscribe until its ReceiveMessages stream ends (or it is removed);
         # messages published in between wait in the outbox.
         self.active = True
         self.inactive_since = None
         self._flush_scheduled = False
-        self._drainer = None
-        self._detached = None
+        self._waiting_on = None       # the sink whose when_writable callback is pending
         self._stream_timer = None
         # The client (connection) that took this consumer over by subscribing again under
         # its name, and the client of the current stream; see take_over and must_wait.
@@ -82,9 +81,9 @@ class Consumer:
         consumer from now on: see must_wait."""
         self.owner = client
         if self.stream is not None:
-            self._end_stream(ConsumerTakenOver(
+            self.stream.end(ConsumerTakenOver(
                 f"consumer {self.name!r} was taken over by a new Subscribe under its name"))
-            self._cancel_drainer()
+            self._stop_waiting_writable()
             self.stream = self._stream_client = None
             self._forget_sent()
         self.active = True
@@ -121,27 +120,26 @@ class Consumer:
             dispatcher.consumer_left(self)      # it empties the outbox too
 
     def attach(self, stream, client=None):
-        """Make `stream` this consumer's delivery stream; an earlier one is ended (takeover)."""
+        """Make `stream` (a DeliverySink) this consumer's delivery stream; an earlier one is
+        ended (takeover). The stream learns how it ends through its `end`."""
         self._cancel_stream_timer()
         old = self.stream
         taken_over = old is not None and old is not stream
         if taken_over:
-            self._end_stream(ConsumerTakenOver(
+            old.end(ConsumerTakenOver(
                 f"consumer {self.name!r} was taken over by a newer ReceiveMessages stream"))
-            self._cancel_drainer()
+            self._stop_waiting_writable()
             self._forget_sent()
         self.stream = stream
         self._stream_client = client
         was_active, self.active = self.active, True
         self.inactive_since = None
-        self._detached = self._loop.create_future()
         stream.start_response()
         if not was_active:
             # Back after its stream grace ran out: receives again.
             self.subscription.consumer_changed(self)
         if self.outbox.count:
             self._schedule_flush()
-        return self._detached
 
     def stream_ended(self, stream):
         """The client went away (or the handler ended): the consumer is inactive until it
@@ -150,7 +148,7 @@ class Consumer:
             self.stream = self._stream_client = None
             self.active = False
             self.inactive_since = time.monotonic()
-            self._cancel_drainer()
+            self._stop_waiting_writable()
             self._release()
             dispatcher = self.subscription.dispatcher
             if dispatcher is not None:
@@ -167,20 +165,15 @@ class Consumer:
         self._cancel_stream_timer()
         stream, self.stream = self.stream, None
         self._stream_client = None
-        self._cancel_drainer()
+        self._stop_waiting_writable()
         self._release()
         if stream is not None:
-            self._end_stream(reason)
+            stream.end(reason)
 
-    def _end_stream(self, reason=None):
-        detached = self._detached
-        if detached is not None and not detached.done():
-            detached.set_result(reason)
-
-    def _cancel_drainer(self):
-        if self._drainer is not None:
-            self._drainer.cancel()
-            self._drainer = None
+    def _stop_waiting_writable(self):
+        sink, self._waiting_on = self._waiting_on, None
+        if sink is not None:
+            sink.cancel_writable()
 
     # -- delivery ------------------------------------------------------------------------
 
@@ -192,22 +185,20 @@ class Consumer:
     def _flush(self):
         self._flush_scheduled = False
         stream = self.stream
-        if stream is None or stream.finished or self._drainer is not None:
+        if stream is None or stream.finished or self._waiting_on is not None:
             return
         if stream.blocked:
-            self._drainer = self._loop.create_task(self._drain(stream))
+            self._wait_writable(stream)
             return
         data = self.outbox.take()
         if data and not stream.send_framed(data):
-            self._drainer = self._loop.create_task(self._drain(stream))
+            self._wait_writable(stream)
 
-    async def _drain(self, stream):
-        try:
-            await stream.drain()
-        except (ConnectionError, asyncio.CancelledError):
-            return
-        finally:
-            if self._drainer is asyncio.current_task():
-                self._drainer = None
-        if self.outbox.count:
+    def _wait_writable(self, stream):
+        self._waiting_on = stream
+        stream.when_writable(self._writable)
+
+    def _writable(self, drained):
+        self._waiting_on = None
+        if drained and self.outbox.count:
             self._flush()

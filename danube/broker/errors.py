@@ -1,4 +1,4 @@
-"""Typed errors of the broker core. The core raises these; `danube.broker.services.errors` is the
+"""Typed errors of the broker core. The core raises these; `danube.services.errors` is the
 one place that maps them to gRPC status codes (upstream's codes, reference (c))."""
 
 
@@ -85,3 +85,15 @@ class InvalidPolicy(BrokerError):
 class InvalidArgument(BrokerError):
     """A request field the broker cannot take (a name, an enum value, a count); the message
     names the field. Raised before the request changes anything."""
+
+
+class PartlyPublished(BrokerError):
+    """A non-reliable batch stopped at a message that failed (``cause``) after ``published``
+    of its ``total`` messages went out; the client is told both, with the cause's status."""
+
+    def __init__(self, cause, published, total):
+        super().__init__(f"{cause} ({published} of {total} messages in the batch were "
+                         f"published)")
+        self.cause = cause
+        self.published = published
+        self.total = total

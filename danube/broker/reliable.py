@@ -22,13 +22,16 @@ KeyShared: a message whose key no consumer's key filters accept, while the subsc
 have connected consumers, is skipped as if acked (upstream moves its cursor past it too), so
 it holds neither the window nor retention. With no consumer connected it waits; so does a
 key that only a disconnected, not yet removed, consumer accepts: it may come back for it.
+
+The dispatcher owns its background work (the dispatch loop, cursor writes, dead-letter
+republishes): close() cancels or finishes every one of them before it returns.
 """
 
 import asyncio
 import heapq
 import logging
 
-from danube.broker import failure_policy as fp
+from danube import failure_policy as fp
 from danube.broker.subscription import EXCLUSIVE, FAILOVER, KEY_SHARED
 from danube.proto import DanubeApi_pb2 as pb
 from danube.storage.errors import OffsetTruncatedError
@@ -76,7 +79,10 @@ class ReliableDispatcher:
         self._rr = 0
         self._wake = asyncio.Event()
         self._saved_cursor = cursor
-        self._save_task = None
+        self._save_timer = None            # the debounced cursor save (_schedule_save)
+        # Background work this dispatcher owns, finished or cancelled by close().
+        self._flushes = set()
+        self._dead_letter_tasks = set()
         self._dead_lettering = set()
         self._history = None               # HistoryCursor, once history is read
         self._closing = False
@@ -98,11 +104,22 @@ class ReliableDispatcher:
         self._closing = True
         if self._history is not None:
             self._history.close()
+        if self._save_timer is not None:
+            self._save_timer.cancel()
+            self._save_timer = None
         self._task.cancel()
+        for task in self._dead_letter_tasks:
+            # Not awaited to the end: it may wait for the broker's topic lock, which the
+            # caller (a topic deletion) can hold. The message stays unacked, for later.
+            task.cancel()
+        await asyncio.gather(*self._dead_letter_tasks, return_exceptions=True)
         try:
             await self._task
         except asyncio.CancelledError:
             pass
+        # Cursor writes in flight finish first: one landing after the last would put an
+        # older cursor back.
+        await asyncio.gather(*self._flushes, return_exceptions=True)
         await self.flush_cursor()
 
     async def flush_cursor(self):
@@ -110,6 +127,23 @@ class ReliableDispatcher:
             cursor = self.cursor
             await self._on_cursor(cursor)
             self._saved_cursor = max(self._saved_cursor, cursor)
+
+    def flush_cursor_soon(self):
+        """Persist the cursor in the background (a consumer left: what it acked must
+        survive a restart); close() waits for it."""
+        if not self._closing:
+            self._own(self._flushes, self._flush_in_background())
+
+    async def _flush_in_background(self):
+        try:
+            await self.flush_cursor()
+        except Exception:  # noqa: BLE001 - the next flush (or close) writes it again
+            log.exception("%s/%s: saving the cursor failed", self.topic.name, self.sub.name)
+
+    def _own(self, tasks, coro):
+        task = self.loop.create_task(coro)
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
 
     def ack(self, offset):
         delivery = self.inflight.pop(offset, None)
@@ -174,12 +208,12 @@ class ReliableDispatcher:
     def _schedule_save(self):
         # Debounced: the cursor is written at most about once a second while acks flow,
         # and on close / consumer disconnect (flush_cursor).
-        if self._save_task is None or self._save_task.done():
-            self._save_task = self.loop.create_task(self._save_later())
+        if self._save_timer is None and not self._closing:
+            self._save_timer = self.loop.call_later(1.0, self._save_due)
 
-    async def _save_later(self):
-        await asyncio.sleep(1.0)
-        await self.flush_cursor()
+    def _save_due(self):
+        self._save_timer = None
+        self.flush_cursor_soon()
 
     def _schedule(self, delivery, due):
         heapq.heappush(self.retry, (due, delivery.offset))
@@ -204,8 +238,11 @@ class ReliableDispatcher:
             self.stats["dropped"] += 1
             self._settle(delivery.offset)
         elif policy == fp.DEAD_LETTER:
+            if self._closing:
+                return              # unacked: delivered again when the subscription is back
             self._dead_lettering.add(delivery.offset)
-            self.loop.create_task(self._send_to_dead_letter(delivery, attempts, reason))
+            self._own(self._dead_letter_tasks,
+                      self._send_to_dead_letter(delivery, attempts, reason))
         elif self.sub.sub_type == KEY_SHARED:
             self.blocked_keys[delivery.key] = delivery.offset
         else:

@@ -88,7 +88,7 @@ class Subscription:
             self.idle_since = time.monotonic()
         if self.dispatcher is not None and consumer is not None and not consumer.active:
             self.dispatcher.consumer_left(consumer)
-            self.topic.broker.loop.create_task(self.dispatcher.flush_cursor())
+            self.dispatcher.flush_cursor_soon()
         if self.sub_type == KEY_SHARED:
             self.fanout.set_consumers([c.outbox for c in active], [c.name for c in active],
                                       [self._matchers.get(c.consumer_id) for c in active])

@@ -2,9 +2,13 @@
 
 import dataclasses
 
+from google.protobuf.message import DecodeError
+
 from danube._core import DeliveryStamp, canonical_stream_message, fanout
-from danube.broker.errors import MessageTooLarge, PublishFailed, StorageFailed
+from danube.broker.errors import (BrokerError, InvalidArgument, MessageTooLarge,
+                                  PartlyPublished, PublishFailed, StorageFailed)
 from danube.config import Policies
+from danube.proto import DanubeApi_pb2 as pb
 from danube.storage.errors import WALError
 from danube.storage.wal import ALWAYS
 
@@ -20,6 +24,20 @@ class Producer:
     access_mode: int = 0
     active: bool = True
     sent: int = 0
+    _batch_stamp: tuple | None = None
+
+    @property
+    def batch_stamp(self):
+        """What a batch stamp appends to each of this producer's messages:
+        msg_id.producer_id, msg_id.topic_name (only over a msg_id the message came with:
+        otherwise the topic's delivery stamp supplies it) and producer_name, serialized
+        once per producer."""
+        if self._batch_stamp is None:
+            self._batch_stamp = (
+                pb.MsgID(producer_id=self.producer_id).SerializeToString(),
+                pb.MsgID(topic_name=self.topic.name).SerializeToString(),
+                pb.StreamMessage(producer_name=self.name).SerializeToString())
+        return self._batch_stamp
 
 
 class Topic:
@@ -82,23 +100,43 @@ class Topic:
             raise MessageTooLarge(f"message of {payload_len} bytes exceeds max_message_size "
                                   f"({limit} bytes) on {self.name}")
 
-    async def publish_reliable_raw(self, batch, msg_id_fields, own_id_fields, extra):
-        """Batched reliable publish of a ``danube._core.MessageBatchView``: msg_id (with
-        topic_offset) and producer_name are stamped by appending fields protobuf merges,
-        all messages into one packed buffer that the WAL frames as it is, so there is no
-        Python object per message (see ``MessageBatchView.stamp``; delivery merges them
-        into canonical form). Returns the offsets."""
+    async def publish(self, message, producer=None, raw=None):
+        """The one publish path. ``message`` is a StreamMessage (``raw``: its bytes as the
+        client sent them, when there are any) or a batch, a ``danube._core.MessageBatchView``
+        from ``producer``. A reliable topic stamps each message's offset and stores the whole
+        message or batch at once, or nothing of it; a non-reliable one fans each message out
+        to the subscriptions as it comes. Returns the offsets (a range) on a reliable topic,
+        None on a non-reliable one. ``producer``, when given, counts what it got accepted."""
+        if isinstance(message, pb.StreamMessage):
+            if self.delivery == RELIABLE:
+                offsets = await self._store_messages([message])
+            else:
+                self._fan_out_message(message, raw)
+                offsets = None
+            if producer is not None:
+                producer.sent += 1
+            return offsets
+        if self.delivery == RELIABLE:
+            offsets = await self._store_batch(message, producer)
+            producer.sent += len(offsets)
+            return offsets
+        self._fan_out_batch(message, producer)
+        return None
+
+    async def _store_batch(self, batch, producer):
+        """A ``danube._core.MessageBatchView``: msg_id (with topic_offset) and producer_name
+        are stamped by appending fields protobuf merges, all messages into one packed buffer
+        that the WAL frames as it is, so there is no Python object per message (see
+        ``MessageBatchView.stamp``; delivery merges them into canonical form)."""
         if self.closed:
             raise PublishFailed(f"topic {self.name} is closed")
         self._check_size(batch.max_payload)
-        data, ends = batch.stamp(self.log.next_offset, msg_id_fields, own_id_fields, extra)
+        data, ends = batch.stamp(self.log.next_offset, *producer.batch_stamp)
         return await self._store(data, batch.payload_bytes, ends)
 
-    async def publish_reliable(self, messages):
-        """Append StreamMessages to the log with their offsets stamped in msg_id.topic_offset,
-        wait for durability as the topic's mode says, then wake the subscriptions. Returns
-        the offsets. Messages are all checked first, so a batch is taken whole or not at
-        all."""
+    async def _store_messages(self, messages):
+        """StreamMessages with their offsets stamped in msg_id.topic_offset. Messages are
+        all checked first, so a batch is taken whole or not at all."""
         if self.closed:
             raise PublishFailed(f"topic {self.name} is closed")
         for msg in messages:
@@ -135,14 +173,46 @@ class Topic:
         if self.delivery == NON_RELIABLE:
             self._fanouts = [s.fanout for s in self.subscriptions.values()]
 
-    def publish(self, raw, payload_len, key):
-        """Non-reliable publish: the producer's StreamMessage goes to every subscription
-        with its values unchanged (as upstream, topic_offset 0), in canonical form (the
-        official clients' bytes already are, and pass through as they came)."""
+    def _fan_out_message(self, msg, raw=None):
+        """Non-reliable: the producer's StreamMessage goes to every subscription with its
+        values unchanged (as upstream, topic_offset 0), in canonical form (the official
+        clients' bytes already are, and pass through as they came)."""
+        if raw is None:
+            raw = msg.SerializeToString()
+        key = msg.routing_key if msg.HasField("routing_key") else msg.producer_name
         if self.closed:
             raise PublishFailed(f"topic {self.name} is closed")
+        payload_len = len(msg.payload)
         self._check_size(payload_len)
         self.messages_in += 1
         self.bytes_in += payload_len
         if self._fanouts:
             fanout(self._fanouts, canonical_stream_message(raw), key)
+
+    def _fan_out_batch(self, batch, producer):
+        """Non-reliable batch: each message is stamped with the producer (as SendMessage's
+        client would have) and fanned out in turn; a message that fails ends the batch with
+        PartlyPublished, saying how many went out before it."""
+        raws = batch.messages()
+        accepted = 0
+        try:
+            for index, raw in enumerate(raws):
+                try:
+                    msg = pb.StreamMessage.FromString(raw)
+                except DecodeError as exc:
+                    # The C index checks the framing, not the strings' UTF-8.
+                    raise InvalidArgument(f"messages[{index}]: invalid StreamMessage: "
+                                          f"{exc}") from None
+                mid = msg.msg_id
+                if not msg.HasField("msg_id"):
+                    mid.broker_addr = self.broker.cfg.advertised_broker_url
+                mid.producer_id = producer.producer_id
+                mid.topic_name = self.name
+                if not msg.producer_name:
+                    msg.producer_name = producer.name
+                self._fan_out_message(msg)
+                accepted += 1
+        except BrokerError as exc:
+            raise PartlyPublished(exc, accepted, len(raws)) from None
+        finally:
+            producer.sent += accepted

@@ -13,7 +13,7 @@ from danube.client.producer import Producer
 from danube.client.retry import RetryPolicy
 from danube.proto import DanubeApi_pb2 as pb
 from danube.rpc import RpcError
-from danube.rpc.client import _parse_target
+from danube.rpc.client import parse_target
 
 log = logging.getLogger("danube.client")
 
@@ -29,7 +29,7 @@ class DanubeClient:
     def __init__(self, service_url, *, ssl=None, token=None, retry=None, rpc_timeout=30.0,
                  connect_timeout=10.0, health_check_interval=HEALTH_CHECK_INTERVAL):
         try:
-            _parse_target(service_url)
+            parse_target(service_url)
         except ValueError as exc:
             raise errors.InvalidArgument(f"invalid service URL {service_url!r}: {exc}") from None
         if "://" not in service_url:

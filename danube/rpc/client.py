@@ -377,7 +377,10 @@ class ClientConnection(H2Connection):
         return stream
 
 
-def _parse_target(target):
+def parse_target(target):
+    """(host, port, secure) of a target URL (`http://h:p`, `https://h:p` or `h:p`, secure
+    None when unsaid); ValueError when it is none of those. Public: the client library checks
+    its service URL with it."""
     secure = None
     if target.startswith("http://"):
         target, secure = target[7:], False
@@ -411,7 +414,7 @@ class Channel:
 
     def __init__(self, target, *, ssl=None, server_hostname=None, config=None, metadata=(),
                  compression=None, connect_timeout=10.0):
-        self.host, self.port, secure = _parse_target(target)
+        self.host, self.port, secure = parse_target(target)
         if ssl is None and secure:
             ssl = client_ssl_context()
         self.ssl = ssl

@@ -3,11 +3,11 @@ namespaces and topic lifecycle. The remaining admin methods answer UNIMPLEMENTED
 admin issue adds them."""
 
 from danube.broker import errors as e
-from danube.broker.services import checks
-from danube.broker.services.errors import maps_errors
 from danube.broker.topic import NON_RELIABLE, RELIABLE
 from danube.proto import DanubeAdmin_pb2 as pb
 from danube.rpc import StatusCode
+from danube.services import checks
+from danube.services.errors import maps_errors
 
 # Upstream wraps admin topic failures as NOT_FOUND ("Unable to create the topic ... due to"),
 # except an existing topic, which is ALREADY_EXISTS.

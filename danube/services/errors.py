@@ -30,6 +30,9 @@ _CODES = {
 
 
 def to_rpc_error(exc: e.BrokerError, overrides=None) -> RpcError:
+    if isinstance(exc, e.PartlyPublished):
+        # The status of the message that stopped the batch; the text says how far it got.
+        return RpcError(to_rpc_error(exc.cause, overrides).code, str(exc))
     for cls in type(exc).__mro__:
         if overrides and cls in overrides:
             return RpcError(overrides[cls], str(exc))

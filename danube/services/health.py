@@ -1,9 +1,9 @@
 """danube.HealthCheck: is this producer or consumer still served here? CLOSE tells the
 client to look the topic up again (reference b.7)."""
 
-from danube.broker.services import checks
-from danube.broker.services.errors import maps_errors
 from danube.proto import DanubeApi_pb2 as pb
+from danube.services import checks
+from danube.services.errors import maps_errors
 
 _OK = pb.HealthCheckResponse(status=pb.HealthCheckResponse.OK)
 _CLOSE = pb.HealthCheckResponse(status=pb.HealthCheckResponse.CLOSE)

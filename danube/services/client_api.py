@@ -3,12 +3,13 @@
 import logging
 
 from danube.broker import errors as e
-from danube.broker.services import checks
-from danube.broker.services.errors import maps_errors, to_rpc_error
-from danube.broker.services.limits import SEND_MESSAGE, limit_send_message
 from danube.proto import DanubeApi_pb2 as pb
 from danube.rpc import RpcError, StatusCode
 from danube.rpc.server import Kind
+from danube.services import checks
+from danube.services.delivery import StreamSink
+from danube.services.errors import maps_errors, to_rpc_error
+from danube.services.limits import SEND_MESSAGE, limit_send_message
 
 log = logging.getLogger("danube.broker.services")
 
@@ -29,7 +30,7 @@ class ProducerService:
 
     async def SendMessage(self, raw, context):
         # Registered with raw bytes in: the message is parsed once to route and check it,
-        # and its original bytes are what consumers receive.
+        # and its original bytes are what non-reliable consumers receive.
         try:
             msg = pb.StreamMessage.FromString(raw)
         except Exception as exc:  # noqa: BLE001 - any parse failure is the client's
@@ -38,13 +39,7 @@ class ProducerService:
             raise RpcError(StatusCode.INVALID_ARGUMENT, "StreamMessage.msg_id is required")
         try:
             producer = self.core.producer(msg.msg_id.producer_id)
-            topic = producer.topic
-            if topic.log is not None:
-                await topic.publish_reliable([msg])
-            else:
-                key = msg.routing_key if msg.HasField("routing_key") else msg.producer_name
-                topic.publish(raw, len(msg.payload), key)
-            producer.sent += 1
+            await producer.topic.publish(msg, producer, raw)
         except e.BrokerError as exc:
             raise to_rpc_error(exc) from None
         return pb.MessageResponse(request_id=msg.request_id).SerializeToString()
@@ -75,11 +70,13 @@ class ConsumerService:
                 consumer = self.core.consumer(request.consumer_id)   # removed meanwhile?
         except e.BrokerError as exc:
             raise to_rpc_error(exc) from None
-        detached = consumer.attach(context, client)
+        sink = StreamSink(context)
+        consumer.attach(sink, client)
         try:
-            reason = await detached
+            reason = await sink.ended()
         finally:
-            consumer.stream_ended(context)
+            consumer.stream_ended(sink)
+            await sink.close()
         if reason is not None:
             raise to_rpc_error(reason)
 

@@ -11,8 +11,8 @@ transport's cap bounds the whole, and it is refused as INVALID_ARGUMENT too, bec
 RESOURCE_EXHAUSTED is what clients retry (the official ones without end)."""
 
 from danube.broker import errors as e
-from danube.broker.services.errors import to_rpc_error
 from danube.config import ENVELOPE_ALLOWANCE
+from danube.services.errors import to_rpc_error
 
 SEND_MESSAGE = "/danube.ProducerService/SendMessage"
 SEND_MESSAGES = "/danube_ext.BatchProducer/SendMessages"

@@ -1,4 +1,7 @@
-"""What a reliable subscription does when a message keeps failing (reference b.6)."""
+"""What a reliable subscription does when a message keeps failing (reference b.6).
+
+A policy value with no dependencies, below the configuration that reads its defaults from
+YAML and the broker that applies it."""
 
 import dataclasses
 

@@ -9,13 +9,13 @@ import signal
 import ssl
 
 from danube.broker.core import BrokerCore
-from danube.broker.metrics import MetricsExporter
 from danube.broker.registry import ClientRegistry
-from danube.broker.services import admin, client_api, ext, health
 from danube.config import GRPC_LIMIT_KEYS
 from danube.metadata.embedded import EmbeddedStore
 from danube.rpc.connection import TransportConfig
 from danube.rpc.server import Server
+from danube.services import admin, client_api, ext, health
+from danube.services.metrics import MetricsExporter
 
 log = logging.getLogger("danube.broker")
 

@@ -1,0 +1,244 @@
+"""The core's subscriptions and consumers: Subscribe (and undoing one that failed), consumer
+lookup, each reliable subscription's dispatcher with its cursor, window and failure policy
+(restored after a restart), dead-lettering, and the reaper of idle consumers and
+subscriptions. A mixin of BrokerCore (see broker.py)."""
+
+import asyncio
+import logging
+import time
+
+from danube._core import canonical_stream_message
+from danube.broker import names
+from danube.broker.consumer import Consumer
+from danube.broker.core.ids import random_id
+from danube.broker.errors import (ConsumerLimit, ConsumerNotFound, InvalidArgument,
+                                  SubscribeDenied, SubscriptionLimit, SubscriptionNotFound,
+                                  TopicNotFound)
+from danube.broker.reliable import ReliableDispatcher
+from danube.broker.subscription import TYPE_NAMES, TYPES_BY_NAME, Subscription
+from danube.broker.topic import RELIABLE
+from danube.failure_policy import FailurePolicy
+from danube.metadata import keys
+from danube.proto import DanubeApi_pb2 as pb
+
+log = logging.getLogger("danube.broker")
+
+# A non-reliable subscription with no consumer is removed after this grace (upstream: 60 s,
+# checked every 30 s).
+IDLE_SUBSCRIPTION_GRACE = 60.0
+REAP_INTERVAL = 30.0
+
+
+class Subscriptions:
+    async def _restore_subscriptions(self, topic):
+        """A reliable subscription outlives its consumers and broker restarts: it resumes
+        at its persisted cursor + 1."""
+        for key, record in await self.store.scan(keys.topic_subscriptions_prefix(topic.name)):
+            if not isinstance(record, dict):
+                continue
+            sub_name = record.get("subscription_name")
+            # The subtree also holds each subscription's cursor and policy keys.
+            if not sub_name or key != keys.topic_subscription(topic.name, sub_name):
+                continue
+            sub_type = TYPES_BY_NAME.get(record.get("subscription_type"))
+            if not sub_name or sub_type is None:
+                continue
+            cursor = await self.store.get(keys.subscription_cursor(topic.name, sub_name))
+            policy = await self._load_failure_policy(topic.name, sub_name)
+            window = await self._load_window(topic.name, sub_name)
+            self._attach_subscription(topic, Subscription(topic, sub_name, sub_type),
+                                      cursor if isinstance(cursor, int) else
+                                      topic.log.next_offset - 1, policy, window)
+
+    # -- subscriptions and consumers -----------------------------------------------------
+
+    async def subscribe(self, topic_name, consumer_name, sub_name, sub_type, key_filters=(),
+                        client=None):
+        """``client`` identifies the subscribing connection (any object compared by
+        identity); a takeover by name gives the consumer to it (Consumer.must_wait)."""
+        names.validate_topic(topic_name)
+        names.validate_client_name(consumer_name, "consumer_name")
+        names.validate_client_name(sub_name, "subscription")
+        if sub_type not in TYPE_NAMES:
+            raise InvalidArgument(f"subscription_type: unknown value {sub_type}")
+        topic = self.get_topic(topic_name)
+        sub = topic.subscriptions.get(sub_name)
+        if sub is not None:
+            existing = sub.by_name.get(consumer_name)
+            if existing is not None:
+                # Reconnect by name (upstream's takeover): same id; the stream it has ends
+                # now and the subscribing client's next ReceiveMessages gets what follows.
+                existing.take_over(client, self.cfg.consumer_stream_grace_ms / 1000)
+                sub.consumer_changed(existing)
+                return existing.consumer_id
+            if sub.sub_type != sub_type:
+                raise SubscribeDenied(
+                    f"subscription {sub_name!r} is {sub.type_name}, not {TYPE_NAMES[sub_type]}")
+        policies = topic.policies
+        if sub is None and policies.max_subscriptions_per_topic and \
+                len(topic.subscriptions) >= policies.max_subscriptions_per_topic:
+            raise SubscriptionLimit(f"topic {topic_name} already has {len(topic.subscriptions)} "
+                                    f"subscriptions (max_subscriptions_per_topic)")
+        if policies.max_consumers_per_topic:
+            count = sum(len(s.active_consumers()) for s in topic.subscriptions.values())
+            if count >= policies.max_consumers_per_topic:
+                raise ConsumerLimit(f"topic {topic_name} already has {count} consumers "
+                                    f"(max_consumers_per_topic)")
+        new_sub = sub is None
+        if new_sub:
+            sub = Subscription(topic, sub_name, sub_type)
+        sub.check_new_consumer(consumer_name, policies.max_consumers_per_subscription)
+        consumer = None
+        try:
+            if new_sub:
+                if topic.delivery == RELIABLE:
+                    # A new reliable subscription starts at the live tail (upstream: Latest).
+                    policy = self.default_failure_policy.for_subscription(topic_name, sub_name)
+                    await self.store.put(keys.subscription_failure_policy(topic_name, sub_name),
+                                         policy.to_json())
+                    cursor = topic.log.next_offset - 1
+                    await self.store.put(keys.subscription_cursor(topic_name, sub_name), cursor)
+                    window = await self._load_window(topic_name, sub_name)
+                    self._attach_subscription(topic, sub, cursor, policy, window)
+                else:
+                    topic.subscriptions[sub_name] = sub
+                    topic.subscriptions_changed()
+            consumer_id = random_id(self.consumers)
+            consumer = Consumer(consumer_id, consumer_name, sub, key_filters, loop=self.loop)
+            sub.add(consumer)
+            consumer.expect_stream(self.cfg.consumer_stream_grace_ms / 1000)
+            self.consumers[consumer_id] = consumer
+            self.registry.add_consumer(consumer_id, consumer)
+            await self.store.put(keys.topic_subscription(topic_name, sub_name), {
+                "subscription_name": sub_name, "subscription_type": sub.type_name,
+                "consumer_id": consumer_id, "consumer_name": consumer_name,
+                "key_filters": list(key_filters)})
+        except BaseException:
+            # The client is told the Subscribe failed: a consumer (or subscription) left
+            # registered would refuse its next attempt ("already has a consumer").
+            await self._undo_subscribe(topic, sub, consumer, new_sub)
+            raise
+        return consumer_id
+
+    async def _undo_subscribe(self, topic, sub, consumer, new_sub):
+        try:
+            if consumer is not None:
+                sub.remove(consumer)
+            if new_sub:
+                if topic.subscriptions.get(sub.name) is sub:
+                    del topic.subscriptions[sub.name]
+                    sub.close()
+                    topic.subscriptions_changed()
+                if sub.dispatcher is not None:
+                    await sub.dispatcher.close()     # writes its cursor: delete after this
+                await self.store.delete_prefix(keys.topic_subscription(topic.name, sub.name))
+        except Exception:  # noqa: BLE001 - the original failure is the one to report
+            log.exception("cleaning up after a failed Subscribe to %s/%s", topic.name, sub.name)
+
+    def consumer(self, consumer_id):
+        consumer = self.consumers.get(consumer_id)
+        if consumer is None or consumer.subscription.topic.closed:
+            raise ConsumerNotFound(f"The consumer with id {consumer_id} does not exist")
+        return consumer
+
+    async def _load_window(self, topic_name, sub_name):
+        """max_unacked_messages: the subscription's dispatch_config if one was set (the
+        admin API's SetSubscriptionDispatchConfig writes it), else the broker's."""
+        record = await self.store.get(keys.subscription_dispatch_config(topic_name, sub_name))
+        value = record.get("max_unacked_messages") if isinstance(record, dict) else None
+        if isinstance(value, int) and 1 <= value <= 10000:
+            return value
+        return self.cfg.max_unacked_messages
+
+    def _attach_subscription(self, topic, sub, cursor, policy, window):
+        topic_name, sub_name = topic.name, sub.name
+
+        async def save_cursor(value):
+            await self.store.put(keys.subscription_cursor(topic_name, sub_name), value)
+
+        async def dead_letter(delivery, attempts, reason):
+            await self.dead_letter(topic, sub, policy, delivery, attempts, reason)
+
+        sub.dispatcher = ReliableDispatcher(
+            sub, topic, cursor, policy, window, loop=self.loop,
+            on_cursor=save_cursor, dead_letter=dead_letter)
+        topic.subscriptions[sub_name] = sub
+        topic.subscriptions_changed()
+
+    async def _load_failure_policy(self, topic_name, sub_name):
+        record = await self.store.get(keys.subscription_failure_policy(topic_name, sub_name))
+        default = self.default_failure_policy.for_subscription(topic_name, sub_name)
+        if not isinstance(record, dict):
+            return default
+        try:
+            return FailurePolicy.from_config({k: v for k, v in record.items()
+                                              if v is not None or k == "dead_letter_topic"})
+        except (ValueError, TypeError):
+            log.warning("ignoring unreadable failure policy of %s/%s", topic_name, sub_name)
+            return default
+
+    async def dead_letter(self, topic, sub, policy, delivery, attempts, reason):
+        """Republish a poisoned message to the dead-letter topic (created reliable if it
+        does not exist), with upstream's x-original-* attributes."""
+        msg = pb.StreamMessage.FromString(
+            canonical_stream_message(delivery.payload, topic.delivery_stamp))
+        original = msg.msg_id
+        attributes = {
+            "x-original-topic": topic.name,
+            "x-original-subscription": sub.name,
+            "x-original-topic-offset": str(original.topic_offset),
+            "x-original-producer-id": str(original.producer_id),
+            "x-original-broker-addr": original.broker_addr,
+            "x-poison-policy": "dead_letter",      # upstream's poison_policy_label
+            "x-delivery-attempt": str(attempts),
+        }
+        if reason:
+            attributes["x-failure-reason"] = reason
+        msg.attributes.update(attributes)
+        target = policy.dead_letter_topic
+        msg.msg_id.CopyFrom(pb.MsgID(producer_id=0, topic_name=target,
+                                     broker_addr=original.broker_addr))
+        dlq = self.topics.get(target)
+        if dlq is None:
+            async with self._lock:
+                dlq = self.topics.get(target) or await self._create_topic(target, RELIABLE)
+        await dlq.publish(msg)
+
+    def consumer_removed(self, consumer):
+        """A subscription let a consumer go: forget its id everywhere."""
+        if self.consumers.get(consumer.consumer_id) is consumer:
+            del self.consumers[consumer.consumer_id]
+        self.registry.remove_consumer(consumer.consumer_id)
+
+    def subscription_for_ack(self, topic_name, sub_name):
+        topic = self.topics.get(topic_name)
+        if topic is None:
+            raise TopicNotFound(f"Error acknowledging message: topic {topic_name} not found")
+        sub = topic.subscriptions.get(sub_name)
+        if sub is None:
+            raise SubscriptionNotFound(
+                f"Error acknowledging message: subscription {sub_name!r} not found on {topic_name}")
+        return sub
+
+    async def _reap_idle_subscriptions(self):
+        """Consumers whose stream ended and that did not come back within the grace are
+        removed (their ids then answer CLOSE); a subscription left without consumers for the
+        grace is removed too (upstream: non-reliable subscriptions, 60 s)."""
+        while True:
+            await asyncio.sleep(min(REAP_INTERVAL, self.idle_subscription_grace))
+            now = time.monotonic()
+            grace = self.idle_subscription_grace
+            for topic in list(self.topics.values()):
+                for sub in list(topic.subscriptions.values()):
+                    for consumer in list(sub.consumers.values()):
+                        if consumer.inactive_since is not None and \
+                                now - consumer.inactive_since >= grace:
+                            sub.remove(consumer)
+                    if sub.dispatcher is None and sub.idle_since is not None and \
+                            now - sub.idle_since >= grace:
+                        sub.close()
+                        del topic.subscriptions[sub.name]
+                        topic.subscriptions_changed()
+                        await self.store.delete_prefix(
+                            keys.topic_subscription(topic.name, sub.name))
+                        log.info("removed idle subscription %s on %s", sub.name, topic.name)

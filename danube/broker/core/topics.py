@@ -1,0 +1,334 @@
+"""The core's namespaces and topics: creation (plain and partitioned, all or nothing),
+lookup, deletion and unloading, loading them back after a restart with each reliable topic's
+log, and the local retention sweep. A mixin of BrokerCore (see broker.py)."""
+
+import asyncio
+import dataclasses
+import logging
+import os
+import shutil
+import time
+
+from danube.broker import names
+from danube.broker.errors import (InvalidTopicName, NamespaceNotEmpty, NamespaceNotFound,
+                                  TopicAlreadyExists, TopicNotFound)
+from danube.broker.topic import DELIVERY_NAMES, NON_RELIABLE, RELIABLE, Topic
+from danube.config import Policies
+from danube.metadata import keys
+from danube.storage.wal import WAL, WALConfig
+
+log = logging.getLogger("danube.broker")
+
+SYSTEM_TOPIC = "/system/_events_topic"
+
+
+class Topics:
+    async def _ensure_namespace(self, ns):
+        key = keys.namespace_policy(ns)
+        if await self.store.get_entry(key) is None:
+            await self.store.put(key, dataclasses.asdict(self.cfg.policies))
+
+    async def _load_topics(self):
+        """Topics recorded in metadata are served again after a restart. Producers and
+        non-reliable subscriptions are not: their clients learn through HealthCheck CLOSE and
+        create them again."""
+        for key in await self.store.keys(keys.NAMESPACES):
+            parts = key.split("/")
+            # /namespaces/{ns}/topics/{ns}/{topic}
+            if len(parts) != 6 or parts[3] != "topics":
+                continue
+            name = f"/{parts[4]}/{parts[5]}"
+            delivery = await self.store.get(keys.topic_delivery(name))
+            topic = Topic(self, name, RELIABLE if delivery == "Reliable" else NON_RELIABLE)
+            topic.policies = await self.policies_for(name)
+            await self.store.delete_prefix(keys.topic_producers_prefix(name))
+            if topic.delivery == RELIABLE:
+                await self._open_log(topic)
+                await self._restore_subscriptions(topic)
+            else:
+                await self.store.delete_prefix(keys.topic_subscriptions_prefix(name))
+            self.topics[name] = topic
+            await self.store.put(keys.cluster_broker_topic(self.broker_id, name), None)
+        if self.topics:
+            log.info("serving %d topics from metadata", len(self.topics))
+
+    async def _open_log(self, topic):
+        # Not validate_topic: a topic recorded before a name rule tightened is still served.
+        ns, name = keys.split_topic(topic.name)
+        cfg = self.cfg
+        topic.durability = cfg.durability_for(topic.name)
+        hours = cfg.wal_segment_max_hours
+        directory = os.path.join(self.wal_root, ns, name)
+        wal_cfg = WALConfig(durability=topic.durability,
+                            sync_interval_ms=cfg.wal_sync_interval_ms,
+                            segment_max_bytes=cfg.wal_segment_max_bytes,
+                            max_age_seconds=hours * 3600 if hours else None,
+                            cache_capacity=cfg.wal_cache_capacity)
+        if self.tiered is None:
+            topic.log = await WAL.open(directory, wal_cfg, executor=self.wal_executor)
+            return
+        from danube.storage.tiered.manager import wal_is_missing
+        tier = await self.tiered.load_topic(topic.name, wal_missing=wal_is_missing(directory))
+        # A lost local WAL (or a topic that moved here) continues after the durable history.
+        start = tier.uploaded_end + 1
+        wal = await WAL.open(directory, wal_cfg, start_offset=start,
+                             executor=self.wal_executor)
+        if wal.next_offset < start:
+            # Older than what was uploaded (a restored backup, a stale disk): reusing its
+            # offsets would give two messages one offset. Keep it aside for inspection.
+            await wal.close()
+            aside = f"{directory}.stale-{int(time.time())}"
+            await self.loop.run_in_executor(self.wal_executor, os.replace, directory, aside)
+            log.warning("%s: local WAL ends at offset %d but the durable tier holds up to %d; "
+                        "moved the local WAL to %s and continuing at %d", topic.name,
+                        wal.next_offset - 1, start - 1, aside, start)
+            wal = await WAL.open(directory, wal_cfg, start_offset=start,
+                                 executor=self.wal_executor)
+        if tier.uploaded_end >= 0 or wal.next_offset:
+            log.info("%s: durable tier holds offsets up to %d, local WAL %d..%d", topic.name,
+                     tier.uploaded_end, wal.first_offset, wal.next_offset - 1)
+        tier.wal = wal
+        topic.log = wal
+        topic.tier = tier
+
+    # -- namespaces ----------------------------------------------------------------------
+
+    async def namespace_exists(self, ns):
+        return await self.store.get_entry(keys.namespace_policy(ns)) is not None
+
+    async def list_namespaces(self):
+        out = []
+        for key in await self.store.keys(keys.NAMESPACES):
+            parts = key.split("/")
+            if len(parts) == 4 and parts[3] == "policy":
+                out.append(parts[2])
+        return out
+
+    async def create_namespace(self, ns):
+        names.validate_namespace(ns)
+        if await self.namespace_exists(ns):
+            raise TopicAlreadyExists(f"namespace {ns} already exists")
+        await self.store.put(keys.namespace_policy(ns), dataclasses.asdict(self.cfg.policies))
+
+    async def delete_namespace(self, ns):
+        if not await self.namespace_exists(ns):
+            raise NamespaceNotFound(f"namespace {ns} does not exist")
+        if await self.store.keys(keys.namespace_topics_prefix(ns)):
+            raise NamespaceNotEmpty(f"namespace {ns} still has topics")
+        await self.store.delete_prefix(keys.namespace_prefix(ns))
+
+    async def namespace_topics(self, ns):
+        if not await self.namespace_exists(ns):
+            raise NamespaceNotFound(f"namespace {ns} does not exist")
+        prefix = keys.namespace_topics_prefix(ns) + "/"
+        return [f"/{ns}/{k[len(prefix):].split('/', 1)[1]}"
+                for k in await self.store.keys(keys.namespace_topics_prefix(ns))
+                if k.startswith(prefix) and "/" in k[len(prefix):]]
+
+    async def policies_for(self, topic):
+        ns, _ = keys.split_topic(topic)
+        value = await self.store.get(keys.topic_policy(topic))
+        if value is None:
+            value = await self.store.get(keys.namespace_policy(ns))
+        policies = Policies()
+        for field in dataclasses.fields(Policies):
+            if isinstance(value, dict) and isinstance(value.get(field.name), int):
+                setattr(policies, field.name, value[field.name])
+        return policies
+
+    # -- topics --------------------------------------------------------------------------
+
+    def get_topic(self, name):
+        topic = self.topics.get(name)
+        if topic is None:
+            names.validate_topic(name)
+            raise TopicNotFound(f"Unable to find the requested topic: {name}")
+        return topic
+
+    async def create_topic(self, name, delivery=NON_RELIABLE):
+        """Admin creation: ALREADY_EXISTS if present; partition/plain name conflicts refused."""
+        names.validate_topic(name)
+        async with self._lock:
+            if name in self.topics:
+                raise TopicAlreadyExists(f"topic {name} already exists")
+            await self._check_partition_conflict(name)
+            return await self._create_topic(name, delivery)
+
+    async def create_partitioned_topic(self, base, partitions, delivery=NON_RELIABLE):
+        names.validate_topic(base, "base_name")
+        names.validate_partitions(base, partitions)
+        async with self._lock:
+            if base in self.topics:
+                raise TopicAlreadyExists(f"topic {base} already exists as a non-partitioned topic")
+            existing = await self.partitions(base)
+            if existing:
+                raise TopicAlreadyExists(f"partitioned topic {base} already exists")
+            created = []
+            try:
+                for i in range(partitions):
+                    created.append(await self._create_topic(names.partition_name(base, i),
+                                                            delivery))
+            except BaseException:
+                # All or nothing: a half-created partitioned topic would answer
+                # TopicPartitions with fewer partitions than asked for.
+                for topic in created:
+                    await self._discard_topic(topic)
+                raise
+            return created
+
+    async def _check_partition_conflict(self, name):
+        ns, topic = names.validate_topic(name)
+        split = names.split_partition(topic)
+        if split is not None and f"/{ns}/{split[0]}" in self.topics:
+            raise TopicAlreadyExists(
+                f"cannot create partition {name}: a non-partitioned topic /{ns}/{split[0]} exists")
+        if split is None and await self.partitions(name):
+            raise TopicAlreadyExists(
+                f"cannot create {name}: a partitioned topic with that name exists")
+
+    async def _create_topic(self, name, delivery):
+        ns, _ = names.validate_topic(name)
+        if not await self.namespace_exists(ns):
+            raise NamespaceNotFound(f"Unable to find the namespace {ns}")
+        delivery_name = DELIVERY_NAMES[delivery]     # a KeyError here, before any write
+        topic = Topic(self, name, delivery)
+        topic.policies = await self.policies_for(name)
+        try:
+            if delivery == RELIABLE:
+                await self._open_log(topic)
+            await self.store.put(keys.namespace_topic(name), None)
+            await self.store.put(keys.topic_delivery(name), delivery_name)
+            await self.store.put(keys.cluster_broker_topic(self.broker_id, name), None)
+        except BaseException:
+            # A topic recorded in metadata but not served would be listed by the admin API
+            # and unknown to lookup; take back whatever got written.
+            await self._discard_topic(topic)
+            raise
+        self.topics[name] = topic
+        log.info("topic %s created (%s)", name, delivery_name)
+        return topic
+
+    async def _discard_topic(self, topic):
+        """Undo _create_topic for a topic no client has used yet (its creation, or the
+        request that created it, failed part-way)."""
+        name = topic.name
+        if self.topics.get(name) is topic:
+            del self.topics[name]
+        try:
+            await self._unload(topic, TopicNotFound(f"topic {name} was not created"))
+            if topic.log is not None:
+                await self.loop.run_in_executor(
+                    self.wal_executor, shutil.rmtree, topic.log.directory, True)
+            await self.store.delete(keys.namespace_topic(name))
+            await self.store.delete_prefix(keys.topic_root(name))
+            await self.store.delete(keys.cluster_broker_topic(self.broker_id, name))
+        except Exception:  # noqa: BLE001 - the original failure is the one to report
+            log.exception("cleaning up after the failed creation of %s", name)
+        else:
+            log.info("topic %s removed again: the request that created it failed", name)
+
+    async def delete_topic(self, name):
+        """Delete a topic (or every partition of a partitioned one): its producers and
+        consumers are disconnected, and HealthCheck answers CLOSE for them."""
+        ns, topic_part = names.validate_topic(name)
+        if names.split_partition(topic_part) is not None and name in self.topics:
+            raise InvalidTopicName(f"delete the partitioned topic, not its partition {name}")
+        async with self._lock:
+            targets = [name] if name in self.topics else await self.partitions(name)
+            if not targets:
+                raise TopicNotFound(f"Unable to find the requested topic: {name}")
+            for target in targets:
+                topic = self.topics.pop(target, None)
+                if topic is not None:
+                    await self._unload(topic, TopicNotFound(f"topic {target} was deleted"))
+                    if topic.log is not None:
+                        await self.loop.run_in_executor(
+                            self.wal_executor, shutil.rmtree, topic.log.directory, True)
+                    if self.tiered is not None:
+                        await self.tiered.delete_topic(target)
+                await self.store.delete(keys.namespace_topic(target))
+                await self.store.delete_prefix(keys.topic_root(target))
+                await self.store.delete(keys.cluster_broker_topic(self.broker_id, target))
+                log.info("topic %s deleted", target)
+
+    async def _unload(self, topic, reason):
+        topic.closed = True
+        if topic.tier is not None and self.tiered is not None:
+            self.tiered.forget(topic.name)
+        for producer in topic.producers.values():
+            producer.active = False
+            self.producers.pop(producer.producer_id, None)
+            self.registry.remove_producer(producer.producer_id)
+        for sub in topic.subscriptions.values():
+            sub.close(reason)
+            if sub.dispatcher is not None:
+                await sub.dispatcher.close()
+        topic.subscriptions.clear()
+        topic.subscriptions_changed()
+        if topic.log is not None:
+            await topic.log.close()
+
+    async def partitions(self, name):
+        """The topic itself if it exists, else its partitions `{name}-part-N` in order.
+        Partitions are numbered from 0 without gaps, so probing costs O(partitions), not a
+        scan of the namespace."""
+        names.validate_topic(name)
+        if name in self.topics:
+            return [name]
+        found = []
+        while True:
+            candidate = names.partition_name(name, len(found))
+            if candidate not in self.topics and \
+                    await self.store.get_entry(keys.namespace_topic(candidate)) is None:
+                return found
+            found.append(candidate)
+
+    def lookup(self, name):
+        names.validate_topic(name)
+        if name not in self.topics:
+            raise TopicNotFound(f"Unable to find the requested topic: {name}")
+        return self.cfg.advertised_broker_url, self.cfg.advertised_connect_url
+
+    # -- retention -----------------------------------------------------------------------
+
+    async def _enforce_retention(self):
+        """Local retention (storage.local_retention): delete old sealed WAL segments by age
+        and total size, but never one holding an offset a subscription still needs (above
+        the slowest cursor) unless `delete_unconsumed` is set. By default a stuck
+        subscription therefore keeps its backlog on disk; with `delete_unconsumed` it loses
+        what retention deleted and resumes at the oldest message left."""
+        cfg = self.cfg
+        while True:
+            await asyncio.sleep(cfg.retention_check_interval_minutes * 60)
+            uploaded = {}
+            if self.tiered is not None:
+                try:
+                    uploaded = await self.tiered.durable_ends()
+                except Exception:  # noqa: BLE001 - tiered topics keep their WAL this pass
+                    log.exception("retention: cannot sync the segment catalogue")
+            for topic in list(self.topics.values()):
+                if topic.log is None or topic.closed:
+                    continue
+                if topic.tier is not None:
+                    # Subscriptions behind the local WAL read from the durable tier, so
+                    # what is uploaded (and recorded for good) may go, and the rest stays.
+                    end = uploaded.get(topic.name)
+                    if end is None:
+                        continue
+                    keep_from, force = end + 1, False
+                else:
+                    needed = [s.dispatcher.cursor + 1 for s in topic.subscriptions.values()
+                              if s.dispatcher is not None]
+                    keep_from = min(needed) if needed else topic.log.next_offset
+                    force = cfg.retention_delete_unconsumed
+                try:
+                    deleted = await topic.log.retention(
+                        max_age_seconds=cfg.retention_time_minutes * 60,
+                        max_bytes=cfg.retention_size_mb * 1024 * 1024,
+                        keep_from_offset=keep_from, force=force)
+                except Exception:  # noqa: BLE001 - retry on the next pass
+                    log.exception("retention on %s failed", topic.name)
+                    continue
+                if deleted:
+                    log.info("retention deleted %d WAL segments of %s", len(deleted),
+                             topic.name)

@@ -1,1 +1,0 @@
-"""One module per gRPC service: decode the request, call the broker core, map errors."""
