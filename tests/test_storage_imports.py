@@ -10,8 +10,7 @@ from pathlib import Path
 import danube
 
 ALLOWED = ("danube._wal", "danube.codec", "danube.storage", "danube.config_errors",
-           "danube.config_keys",
-           "danube.fslock")
+           "danube.config_keys", "danube.fslock")
 ROOT = Path(danube.__file__).parent
 
 
