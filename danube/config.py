@@ -9,6 +9,7 @@ import os
 import yaml
 
 from danube import config_keys
+from danube.config_errors import ConfigError
 from danube.failure_policy import FailurePolicy, InvalidFailurePolicy
 
 log = logging.getLogger("danube.config")
@@ -17,10 +18,6 @@ log = logging.getLogger("danube.config")
 # plus ENVELOPE_ALLOWANCE is larger (a message the policy refuses must meet the policy check,
 # INVALID_ARGUMENT, not the transport's RESOURCE_EXHAUSTED, which official clients retry).
 DEFAULT_GRPC_MAX_MESSAGE_SIZE = 16 * 1024 * 1024
-
-
-class ConfigError(ValueError):
-    """The configuration is invalid; the message names the key and the problem."""
 
 
 def parse_hostport(value: str, what: str) -> tuple[str, int]:

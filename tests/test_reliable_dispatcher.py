@@ -16,12 +16,12 @@ from danube.proto import DanubeApi_pb2 as pb
 
 
 class MemoryTopic:
-    """What a dispatcher reads from a topic: the log, how far it may read, and its durable
-    tier (none here)."""
+    """What a dispatcher reads from a topic: the log, how far it may read, and a reader of
+    every tier of its log (here just the messages: no durable tier)."""
 
     def __init__(self):
         self.name = "/default/t"
-        self.tier = None
+        self.log = self
         self.messages = []
         self.broker = self
         self.subs = []
@@ -33,6 +33,17 @@ class MemoryTopic:
 
     def read(self, offset, n):
         return [(o, self.messages[o]) for o in range(offset, min(offset + n, len(self.messages)))]
+
+    def reader(self, on_ready):
+        topic = self
+
+        class Reader:
+            def read(self, offset, n):
+                return topic.read(offset, n)
+
+            def close(self):
+                pass
+        return Reader()
 
     def publish(self, payload, key=None):
         msg = pb.StreamMessage(payload=payload, producer_name="p",

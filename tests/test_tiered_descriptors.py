@@ -101,7 +101,7 @@ async def test_a_lost_descriptor_is_adopted_not_uploaded_again(tmp_path):
     broker = await InProcBroker(tmp_path, tree).start()
     prefix = broker.tiered.prefix
     await _upload_in_segments(broker, 300)
-    catalog = list(broker.topic(TOPIC).tier.catalog.segments)
+    catalog = list(broker.topic(TOPIC).log.tier.catalog.segments)
     await broker.stop()
     assert len(catalog) == 3
     objects = await asyncio.to_thread(_listing, durable)
@@ -116,7 +116,7 @@ async def test_a_lost_descriptor_is_adopted_not_uploaded_again(tmp_path):
 
     broker = await InProcBroker(tmp_path, tree).start()
     try:
-        tier = broker.topic(TOPIC).tier
+        tier = broker.topic(TOPIC).log.tier
         assert tier.uploaded_end == before.end_offset
         counting = CountingStore(broker.tiered.objstore)
         await upload_in_process(broker, counting)
@@ -140,8 +140,8 @@ async def _upload_in_segments(broker, n):
         producer = await client.create_producer(TOPIC, "p", reliable=True)
         for start in range(0, n, 100):
             await producer.send_many([b"m%06d" % i for i in range(start, start + 100)])
-            await broker.topic(TOPIC).tier.export()
-    assert broker.topic(TOPIC).tier.uploaded_end == n - 1
+            await broker.topic(TOPIC).log.tier.export()
+    assert broker.topic(TOPIC).log.tier.uploaded_end == n - 1
 
 
 def _listing(store):

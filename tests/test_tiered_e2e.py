@@ -113,7 +113,7 @@ async def test_replay_crosses_cloud_wal_and_live(backend, tmp_path):
         assert broker.tiered.stats["history_messages"] >= 600
 
         # What the catalogue says is what the store holds, named by offsets.
-        tier = broker.topic(topic).tier
+        tier = broker.topic(topic).log.tier
         listed = await asyncio.to_thread(backend.store.list, topic_object_prefix(topic))
         spans = [parse_object_key(o.key) for o in listed]
         assert spans == [(d.start_offset, d.end_offset) for d in tier.catalog.segments]
@@ -178,7 +178,7 @@ async def test_outage_keeps_publish_and_consume_going_and_backlog_uploads(backen
                                               for i in range(100 + r * 50, 150 + r * 50)])
                     got += await _receive(consumer, 50)
                     await asyncio.sleep(0.4)
-                tier = broker.topic(topic).tier
+                tier = broker.topic(topic).log.tier
                 deadline = asyncio.get_running_loop().time() + 15
                 while broker.tiered.stats["failures"] == failures:
                     assert asyncio.get_running_loop().time() < deadline, "no upload failed"

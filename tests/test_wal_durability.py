@@ -15,7 +15,9 @@ import pytest
 import uvloop
 
 import danube
-from danube.storage import WAL, WALConfig, WALFailedError, wal as wal_module
+from danube.storage import WAL, WALConfig, WALFailedError
+# The sync worker's module: its fdatasync and checkpoint writes are wrapped below.
+from danube.storage.wal import group_commit as wal_module
 
 SMALL = dict(segment_max_bytes=64 << 10, segment_initial_bytes=8 << 10)
 

@@ -14,7 +14,8 @@ import time
 
 import pytest
 
-from danube.storage import WAL, WALConfig, wal as wal_module
+from danube.storage import WAL, WALConfig
+from danube.storage.wal import group_commit as wal_module
 from danube.storage.checkpoint import read_checkpoint
 from killed_child import KilledChild
 
@@ -127,7 +128,8 @@ async def test_acknowledgements_do_not_wait_for_the_checkpoint(tmp_path, monkeyp
 
 CHILD = r"""
 import asyncio, sys, threading
-from danube.storage import WAL, WALConfig, wal as wal_module
+from danube.storage import WAL, WALConfig
+from danube.storage.wal import group_commit as wal_module
 
 never = threading.Event()
 

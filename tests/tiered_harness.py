@@ -76,9 +76,9 @@ class InProcBroker:
     async def wait_uploaded(self, name, offset, timeout=30):
         """Until the durable tier holds ``offset`` of topic ``name``."""
         deadline = time.monotonic() + timeout
-        while self.topic(name).tier.uploaded_end < offset:
+        while self.topic(name).log.tier.uploaded_end < offset:
             if time.monotonic() > deadline:
-                tier = self.topic(name).tier
+                tier = self.topic(name).log.tier
                 raise AssertionError(f"{name}: uploaded up to {tier.uploaded_end}, waited for "
                                      f"{offset}; last error {tier.last_error}")
             await asyncio.sleep(0.05)

@@ -1,8 +1,8 @@
 """The broker for bench.reliable: `python -m danube broker ...` unchanged, except that the
-WAL's fdatasync (danube.storage.wal._fdatasync, the one syscall a group commit makes per
-segment) is wrapped to count the calls and the time spent in them. The totals are kept in a
-16-byte file the orchestrator maps: <u64 calls><u64 ns in fdatasync>, updated after every
-call. Run only by bench.reliable.runner:
+WAL's fdatasync (danube.storage.wal.group_commit._fdatasync, the one syscall a group commit
+makes per segment) is wrapped to count the calls and the time spent in them. The totals are
+kept in a 16-byte file the orchestrator maps: <u64 calls><u64 ns in fdatasync>, updated after
+every call. Run only by bench.reliable.runner:
 
     python -P -m bench.reliable.broker_main COUNTER_FILE broker --mode standalone ...
 """
@@ -45,7 +45,7 @@ def install(path):
     mm = mmap.mmap(fd, COUNTER.size)
     os.close(fd)
 
-    from danube.storage import wal
+    from danube.storage.wal import group_commit as wal
 
     real = wal._fdatasync
     lock = threading.Lock()

@@ -135,7 +135,7 @@ class _Stepper:
 
 
 def _install_fdatasync():
-    from danube.storage import wal
+    from danube.storage.wal import group_commit as wal
     real = wal._fdatasync
 
     def timed_fdatasync(fd):

@@ -84,7 +84,7 @@ class ReliableDispatcher:
         self._flushes = set()
         self._dead_letter_tasks = set()
         self._dead_lettering = set()
-        self._history = None               # HistoryCursor, once history is read
+        self._history = None               # TopicLogReader, once history is read
         self._closing = False
         self.stats = {"redelivered": 0, "nacked": 0, "ack_timeouts": 0, "stream_ended": 0,
                       "exhausted": 0, "dead_lettered": 0, "dropped": 0, "unroutable": 0}
@@ -349,15 +349,12 @@ class ReliableDispatcher:
                 self.next_read = offset + 1
 
     def _read_history(self, want, local_first):
-        """Offsets older than the local WAL come from the durable tier, if the topic has
-        one; without one they are gone (OffsetTruncatedError)."""
-        tier = self.topic.tier
-        if tier is None:
-            raise OffsetTruncatedError(self.next_read, local_first)
+        """Offsets older than the local WAL: the topic's log reads them from its durable
+        tier if it has one (None while they are fetched), else they are gone
+        (OffsetTruncatedError). ``local_first`` is where the log itself takes over."""
         if self._history is None:
-            from danube.storage.tiered.history import HistoryCursor
-            self._history = HistoryCursor(tier, self.notify)
-        return self._history.read(self.next_read, want, local_first)
+            self._history = self.topic.log.reader(self.notify)
+        return self._history.read(self.next_read, want)
 
     def _skip_truncated(self, first_offset):
         """Retention was told to delete unconsumed data (storage.local_retention.

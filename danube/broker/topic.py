@@ -53,8 +53,7 @@ class Topic:
         self.policies = Policies()
         self.messages_in = 0
         self.bytes_in = 0
-        self.log = None               # the WAL, for reliable topics
-        self.tier = None              # its TopicTier when storage is tiered
+        self.log = None               # its TopicLog, for reliable topics
         self.durability = None
         self._delivery_stamp = None
 

@@ -35,11 +35,11 @@ the holder dies, however it dies.
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import os
 import sqlite3
 import time
 
+from danube.fslock import try_lock
 from danube.metadata._local import LocalStore
 from danube.metadata._writer import Writer
 from danube.metadata.errors import MetadataUnavailable, StoreLocked
@@ -223,16 +223,9 @@ class EmbeddedStore(LocalStore):
 
 
 def _lock_directory(directory: str) -> int:
-    path = os.path.join(directory, LOCK_NAME)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise StoreLocked(f"metadata store {directory} is in use by another process") from None
-    except BaseException:
-        os.close(fd)
-        raise
+    fd = try_lock(os.path.join(directory, LOCK_NAME))
+    if fd is None:
+        raise StoreLocked(f"metadata store {directory} is in use by another process")
     return fd
 
 

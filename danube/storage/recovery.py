@@ -23,11 +23,11 @@ Runs in the WAL's executor (it is all blocking file work). The rules:
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import logging
 import os
 import time
 
+from danube.fslock import try_lock
 from danube.storage.checkpoint import (build_checkpoint, read_checkpoint, remove_stale_tmp,
                                        write_checkpoint)
 from danube.storage.errors import CorruptSegmentError, WALLockedError
@@ -64,16 +64,9 @@ class Recovered:
 
 
 def lock_directory(directory: str) -> int:
-    fd = os.open(os.path.join(directory, LOCK_NAME), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
-                 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise WALLockedError(f"WAL directory {directory} is open in another WAL") from None
-    except BaseException:
-        os.close(fd)
-        raise
+    fd = try_lock(os.path.join(directory, LOCK_NAME))
+    if fd is None:
+        raise WALLockedError(f"WAL directory {directory} is open in another WAL")
     return fd
 
 

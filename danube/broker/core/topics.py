@@ -7,7 +7,6 @@ import dataclasses
 import logging
 import os
 import shutil
-import time
 
 from danube.broker import names
 from danube.broker.errors import (InvalidTopicName, NamespaceNotEmpty, NamespaceNotFound,
@@ -15,7 +14,8 @@ from danube.broker.errors import (InvalidTopicName, NamespaceNotEmpty, Namespace
 from danube.broker.topic import DELIVERY_NAMES, NON_RELIABLE, RELIABLE, Topic
 from danube.config import Policies
 from danube.metadata import keys
-from danube.storage.wal import WAL, WALConfig
+from danube.storage.topic_log import TopicLog
+from danube.storage.wal import WALConfig
 
 log = logging.getLogger("danube.broker")
 
@@ -58,38 +58,14 @@ class Topics:
         cfg = self.cfg
         topic.durability = cfg.durability_for(topic.name)
         hours = cfg.wal_segment_max_hours
-        directory = os.path.join(self.wal_root, ns, name)
         wal_cfg = WALConfig(durability=topic.durability,
                             sync_interval_ms=cfg.wal_sync_interval_ms,
                             segment_max_bytes=cfg.wal_segment_max_bytes,
                             max_age_seconds=hours * 3600 if hours else None,
                             cache_capacity=cfg.wal_cache_capacity)
-        if self.tiered is None:
-            topic.log = await WAL.open(directory, wal_cfg, executor=self.wal_executor)
-            return
-        from danube.storage.tiered.manager import wal_is_missing
-        tier = await self.tiered.load_topic(topic.name, wal_missing=wal_is_missing(directory))
-        # A lost local WAL (or a topic that moved here) continues after the durable history.
-        start = tier.uploaded_end + 1
-        wal = await WAL.open(directory, wal_cfg, start_offset=start,
-                             executor=self.wal_executor)
-        if wal.next_offset < start:
-            # Older than what was uploaded (a restored backup, a stale disk): reusing its
-            # offsets would give two messages one offset. Keep it aside for inspection.
-            await wal.close()
-            aside = f"{directory}.stale-{int(time.time())}"
-            await self.loop.run_in_executor(self.wal_executor, os.replace, directory, aside)
-            log.warning("%s: local WAL ends at offset %d but the durable tier holds up to %d; "
-                        "moved the local WAL to %s and continuing at %d", topic.name,
-                        wal.next_offset - 1, start - 1, aside, start)
-            wal = await WAL.open(directory, wal_cfg, start_offset=start,
-                                 executor=self.wal_executor)
-        if tier.uploaded_end >= 0 or wal.next_offset:
-            log.info("%s: durable tier holds offsets up to %d, local WAL %d..%d", topic.name,
-                     tier.uploaded_end, wal.first_offset, wal.next_offset - 1)
-        tier.wal = wal
-        topic.log = wal
-        topic.tier = tier
+        topic.log = await TopicLog.open(topic.name, os.path.join(self.wal_root, ns, name),
+                                        wal_cfg, executor=self.wal_executor,
+                                        tiered=self.tiered)
 
     # -- namespaces ----------------------------------------------------------------------
 
@@ -253,8 +229,8 @@ class Topics:
 
     async def _unload(self, topic, reason):
         topic.closed = True
-        if topic.tier is not None and self.tiered is not None:
-            self.tiered.forget(topic.name)
+        if topic.log is not None:
+            topic.log.stop_uploads()
         for producer in topic.producers.values():
             producer.active = False
             self.producers.pop(producer.producer_id, None)
@@ -309,23 +285,17 @@ class Topics:
             for topic in list(self.topics.values()):
                 if topic.log is None or topic.closed:
                     continue
-                if topic.tier is not None:
-                    # Subscriptions behind the local WAL read from the durable tier, so
-                    # what is uploaded (and recorded for good) may go, and the rest stays.
-                    end = uploaded.get(topic.name)
-                    if end is None:
-                        continue
-                    keep_from, force = end + 1, False
-                else:
-                    needed = [s.dispatcher.cursor + 1 for s in topic.subscriptions.values()
-                              if s.dispatcher is not None]
-                    keep_from = min(needed) if needed else topic.log.next_offset
-                    force = cfg.retention_delete_unconsumed
+                # A log with a durable tier keeps what is not uploaded instead (see
+                # TopicLog.retention).
+                needed = [s.dispatcher.cursor + 1 for s in topic.subscriptions.values()
+                          if s.dispatcher is not None]
+                keep_from = min(needed) if needed else topic.log.next_offset
                 try:
                     deleted = await topic.log.retention(
                         max_age_seconds=cfg.retention_time_minutes * 60,
                         max_bytes=cfg.retention_size_mb * 1024 * 1024,
-                        keep_from_offset=keep_from, force=force)
+                        keep_from_offset=keep_from, force=cfg.retention_delete_unconsumed,
+                        durable_ends=uploaded)
                 except Exception:  # noqa: BLE001 - retry on the next pass
                     log.exception("retention on %s failed", topic.name)
                     continue

@@ -25,7 +25,7 @@ import os
 import sys
 from collections.abc import Mapping
 
-from danube.config import ConfigError
+from danube.config_errors import ConfigError
 from danube.config_keys import suggest
 from danube.storage.durable.base import ObjectStore
 

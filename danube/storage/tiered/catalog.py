@@ -7,6 +7,11 @@ the first and the last offset (``data-{start:020d}-{end:020d}.dnb1``) rather tha
 upload time, so an object is self-describing: the catalogue can be rebuilt from a listing
 when the metadata is lost too, and a retried upload of the same segment targets the same key
 (which is what makes the conditional put detect a duplicate).
+
+The key layout is defined here (``CatalogKeys``), by the layer that stores under it, rather
+than imported from ``danube.metadata.keys``: storage does not depend on the metadata layer.
+The keys are upstream's, and ``danube.metadata.keys`` lists the same ones for readers of the
+whole layout; a test checks that the two agree.
 """
 
 from __future__ import annotations
@@ -15,14 +20,55 @@ import bisect
 import dataclasses
 import re
 
-from danube.metadata import keys
-
 SPARSE_EVERY = 1000          # upstream: one (offset, byte_pos) entry every 1000 frames
 _OBJECT_RE = re.compile(r"data-(\d{20})-(\d{20})\.dnb1$")
+#: Upstream's ``metadata_prefix``, under which the catalogue lives.
+DEFAULT_METADATA_PREFIX = "/danube"
+OFFSET_DIGITS = 20
+
+
+def split_topic(topic: str) -> tuple[str, str]:
+    """``"/ns/topic"`` -> ``("ns", "topic")``; ValueError unless the name is canonical."""
+    parts = topic.split("/") if isinstance(topic, str) else ()
+    if len(parts) != 3 or parts[0]:
+        raise ValueError(f"topic name must have the form /namespace/topic, got {topic!r}")
+    return parts[1], parts[2]
+
+
+class CatalogKeys:
+    """The metadata keys of the durable catalogue, under ``metadata_prefix``:
+    ``{prefix}/storage/topics/{ns}/{topic}`` (the topic's subtree), ``…/segments/{start:020d}``
+    (a descriptor; zero-padded so keys sort by offset) and ``…/segments/cur`` (the pointer to
+    the newest one)."""
+
+    __slots__ = ("prefix",)
+
+    def __init__(self, metadata_prefix: str = DEFAULT_METADATA_PREFIX):
+        self.prefix = metadata_prefix
+
+    def topic_prefix(self, topic: str) -> str:
+        """Subtree of the topic's catalogue."""
+        ns, name = split_topic(topic)
+        return f"{self.prefix}/storage/topics/{ns}/{name}"
+
+    def segments_prefix(self, topic: str) -> str:
+        """Subtree of the topic's segment descriptors (and the ``cur`` pointer)."""
+        return f"{self.topic_prefix(topic)}/segments"
+
+    def segment(self, topic: str, start_offset: int) -> str:
+        """Value: ``SegmentDescriptor.to_json()``."""
+        if isinstance(start_offset, bool) or not isinstance(start_offset, int) or \
+                start_offset < 0:
+            raise ValueError(f"start offset must be a non-negative int, got {start_offset!r}")
+        return f"{self.segments_prefix(topic)}/{start_offset:0{OFFSET_DIGITS}d}"
+
+    def segments_cur(self, topic: str) -> str:
+        """Value: ``{"start": "<20-digit start offset>", "end_offset": n}``."""
+        return f"{self.segments_prefix(topic)}/cur"
 
 
 def topic_object_prefix(topic: str) -> str:
-    ns, name = keys.split_topic(topic)
+    ns, name = split_topic(topic)
     return f"storage/topics/{ns}/{name}/segments/"
 
 

@@ -45,12 +45,13 @@ import os
 import time
 import zlib
 
-from danube.metadata import keys
 from danube.storage.durable.base import ObjectStoreConfigError, ObjectStoreError
 from danube.storage.errors import TieredStartupError
 from danube.storage.segment import parse_segment_name
-from danube.storage.tiered.catalog import (Catalog, SegmentDescriptor, parse_object_key,
-                                           segment_id, topic_object_prefix)
+from danube.storage.tasks import TaskSet
+from danube.storage.tiered.catalog import (DEFAULT_METADATA_PREFIX, Catalog, CatalogKeys,
+                                           SegmentDescriptor, parse_object_key, segment_id,
+                                           topic_object_prefix)
 from danube.storage.tiered.segments import SegmentUploadError, upload_segment
 from danube.storage.tiered.upload_worker import IN_PROCESS_BACKENDS, ProcessUploader, run_idle
 
@@ -125,9 +126,8 @@ class TopicTier:
                 # The descriptor and the `cur` pointer in one transaction (`cur` never names a
                 # descriptor that is not there).
                 await self.tiered.metadata.put_many({
-                    keys.storage_segment(self.name, desc.start_offset, self.tiered.prefix):
-                        desc.to_json(),
-                    keys.storage_segments_cur(self.name, self.tiered.prefix):
+                    self.tiered.keys.segment(self.name, desc.start_offset): desc.to_json(),
+                    self.tiered.keys.segments_cur(self.name):
                         {"start": f"{desc.start_offset:020d}", "end_offset": desc.end_offset}},
                     durable=desc.end_offset > wal.durable_offset)
                 self.catalog.add(desc)
@@ -138,12 +138,13 @@ class TopicTier:
 
 
 class TieredStorage:
-    def __init__(self, durable_cfg, objstore, metadata, *, metadata_prefix="/danube",
-                 threads=4):
+    def __init__(self, durable_cfg, objstore, metadata, *,
+                 metadata_prefix=DEFAULT_METADATA_PREFIX, threads=4):
         self.cfg = durable_cfg
         self.objstore = objstore
         self.metadata = metadata
         self.prefix = metadata_prefix
+        self.keys = CatalogKeys(metadata_prefix)
         self.interval = float(durable_cfg.upload_interval_seconds)
         self.executor = concurrent.futures.ThreadPoolExecutor(
             threads, thread_name_prefix="danube-tiered")
@@ -159,7 +160,8 @@ class TieredStorage:
             1, thread_name_prefix="danube-tiered-upload", initializer=run_idle)
         self._task: asyncio.Task | None = None
         self._wake = asyncio.Event()
-        self._exports: set[asyncio.Task] = set()
+        # Exports and deletions of objects: cancelled and awaited by close().
+        self._tasks = TaskSet("tiered storage")
 
     async def run(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
@@ -201,10 +203,7 @@ class TieredStorage:
             except asyncio.CancelledError:
                 pass
             self._task = None
-        for task in list(self._exports):
-            task.cancel()
-        if self._exports:
-            await asyncio.gather(*self._exports, return_exceptions=True)
+        await self._tasks.close()
         self.executor.shutdown(wait=True)
         self._upload_thread.shutdown(wait=True)
         if self._uploader is not None:
@@ -218,8 +217,7 @@ class TieredStorage:
         gone as well (a lost disk), it is rebuilt from the object listing, so the history
         and the next offset survive even that."""
         catalog = Catalog()
-        for key, value in await self.metadata.scan(keys.storage_segments_prefix(name,
-                                                                                self.prefix)):
+        for key, value in await self.metadata.scan(self.keys.segments_prefix(name)):
             desc = SegmentDescriptor.from_json(value) if isinstance(value, dict) else None
             if desc is not None:
                 try:
@@ -252,7 +250,7 @@ class TieredStorage:
             catalog.add(desc)
         # One transaction for the whole rebuilt catalogue.
         await self.metadata.put_many(
-            {keys.storage_segment(name, d.start_offset, self.prefix): d.to_json()
+            {self.keys.segment(name, d.start_offset): d.to_json()
              for d in catalog.segments})
         if catalog.segments:
             log.warning("%s: rebuilt the durable catalogue from %d objects in %s (offsets "
@@ -270,10 +268,8 @@ class TieredStorage:
         """A deleted topic's catalogue and objects go too (objects in the background: a
         slow store must not hold up the admin call)."""
         self.forget(name)
-        await self.metadata.delete_prefix(keys.storage_topic_prefix(name, self.prefix))
-        task = asyncio.get_running_loop().create_task(self._delete_objects(name))
-        self._exports.add(task)
-        task.add_done_callback(self._exports.discard)
+        await self.metadata.delete_prefix(self.keys.topic_prefix(name))
+        self._tasks.spawn(self._delete_objects(name), name=f"tiered-delete {name}")
 
     async def _delete_objects(self, name: str) -> None:
         try:
@@ -306,9 +302,7 @@ class TieredStorage:
                 if tier.next_export > now:
                     continue
                 if not tier.lock.locked() and tier.needs_export():
-                    task = asyncio.get_running_loop().create_task(self._export(tier))
-                    self._exports.add(task)
-                    task.add_done_callback(self._exports.discard)
+                    self._tasks.spawn(self._export(tier), name=f"tiered-export {tier.name}")
                     # Not due again before the export has settled its schedule.
                     tier.next_export = math.inf
                 else:

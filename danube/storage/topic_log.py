@@ -1,0 +1,192 @@
+"""A reliable topic's log: its WAL and, when storage is tiered, its durable tier, as one.
+
+The broker sees one object per reliable topic. Messages are appended to the WAL (the same
+calls, batch forms and costs as the WAL's own: ``append``, ``append_packed``, ``sync_to`` are
+the WAL's bound methods), and read back from the hot-tail cache, then the WAL's segment files,
+then the durable tier for offsets the local WAL no longer holds (``reader``). Opening the log
+(``TopicLog.open``) reconciles the two: the WAL continues after what the durable tier holds,
+and a local WAL older than that is set aside.
+
+Reads come in two forms, because the tiers differ in kind. ``read`` is the local log:
+synchronous, and it raises ``OffsetTruncatedError`` below the WAL's first offset. A
+``TopicLogReader`` (one per subscription) reads every tier: history comes from object storage
+through ranged GETs that stream ahead of the reader, so its ``read`` may return None while
+bytes are on their way and calls ``on_ready`` when they land.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import os
+import time
+from typing import Callable
+
+from danube.storage.errors import OffsetTruncatedError
+from danube.storage.wal import WAL, WALConfig
+
+log = logging.getLogger("danube.storage")
+
+
+class TopicLog:
+    """Open one with ``await TopicLog.open(...)``. ``wal`` is the local WAL; ``tier`` the
+    topic's ``TopicTier`` (its catalogue and uploads) when storage is tiered, else None."""
+
+    def __init__(self, name: str, wal: WAL, tier=None):
+        self.name = name
+        self.wal = wal
+        self.tier = tier
+        self._uploads_stopped = False
+        # The WAL's own bound methods: the publish path calls them with no extra frame.
+        self.append = wal.append
+        self.append_packed = wal.append_packed
+        self.append_durable = wal.append_durable
+        self.sync_to = wal.sync_to
+        self.read = wal.read
+        self.wait_for = wal.wait_for
+
+    @classmethod
+    async def open(cls, name: str, directory: str, config: WALConfig, *,
+                   executor: concurrent.futures.Executor | None = None,
+                   tiered=None) -> TopicLog:
+        """Recover the topic's WAL in ``directory`` and, with ``tiered`` (the broker's
+        ``TieredStorage``), load its durable catalogue and register it for uploads.
+
+        A WAL that is missing (a lost disk, a topic that moved here) continues right after
+        the durable history. A WAL that ends before it (a restored backup, a stale disk)
+        would give two messages one offset: it is moved aside to ``{directory}.stale-{time}``
+        for inspection and a new one continues after the durable history."""
+        if tiered is None:
+            return cls(name, await WAL.open(directory, config, executor=executor))
+        from danube.storage.tiered.manager import wal_is_missing
+        tier = await tiered.load_topic(name, wal_missing=wal_is_missing(directory))
+        start = tier.uploaded_end + 1
+        wal = await WAL.open(directory, config, start_offset=start, executor=executor)
+        if wal.next_offset < start:
+            await wal.close()
+            aside = f"{directory}.stale-{int(time.time())}"
+            await asyncio.get_running_loop().run_in_executor(executor, os.replace, directory,
+                                                             aside)
+            log.warning("%s: local WAL ends at offset %d but the durable tier holds up to %d; "
+                        "moved the local WAL to %s and continuing at %d", name,
+                        wal.next_offset - 1, start - 1, aside, start)
+            wal = await WAL.open(directory, config, start_offset=start, executor=executor)
+        if tier.uploaded_end >= 0 or wal.next_offset:
+            log.info("%s: durable tier holds offsets up to %d, local WAL %d..%d", name,
+                     tier.uploaded_end, wal.first_offset, wal.next_offset - 1)
+        tier.wal = wal
+        return cls(name, wal, tier)
+
+    # -- offsets -------------------------------------------------------------------------
+
+    @property
+    def next_offset(self) -> int:
+        """The offset the next appended message gets."""
+        return self.wal.next_offset
+
+    @property
+    def latest(self) -> int:
+        """The newest offset (-1 before any message)."""
+        return self.wal.next_offset - 1
+
+    @property
+    def earliest(self) -> int:
+        """The oldest offset a reader can get: the durable tier's first when it holds
+        history, else the WAL's first (``next_offset`` when the log holds nothing)."""
+        if self.tier is not None:
+            first = self.tier.catalog.first_offset
+            if first is not None:
+                return min(first, self.wal.first_offset)
+        return self.wal.first_offset
+
+    @property
+    def first_offset(self) -> int:
+        """The oldest offset in the local WAL."""
+        return self.wal.first_offset
+
+    @property
+    def durable_offset(self) -> int:
+        """The newest offset a completed WAL sync covers."""
+        return self.wal.durable_offset
+
+    @property
+    def directory(self) -> str:
+        return self.wal.directory
+
+    @property
+    def closed(self) -> bool:
+        return self.wal.closed
+
+    # -- reading every tier --------------------------------------------------------------
+
+    def reader(self, on_ready: Callable[[], None]) -> TopicLogReader:
+        """A reader of every tier, for one consumer of the log (a subscription)."""
+        return TopicLogReader(self, on_ready)
+
+    # -- retention -----------------------------------------------------------------------
+
+    async def retention(self, max_age_seconds: float | None = None,
+                        max_bytes: int | None = None, keep_from_offset: int | None = None,
+                        *, force: bool = False, durable_ends: dict[str, int] | None = None):
+        """Delete the oldest local WAL segments past the limits (see ``WAL.retention``).
+
+        With a durable tier, readers behind the local WAL read from it, so what is uploaded
+        (and recorded for good: ``durable_ends``, from ``TieredStorage.durable_ends``) may
+        go and the rest stays, whatever ``keep_from_offset`` and ``force`` say; a topic
+        missing from ``durable_ends`` keeps its WAL this time. Returns what was deleted."""
+        if self.tier is not None:
+            end = (durable_ends or {}).get(self.name)
+            if end is None:
+                return []
+            keep_from_offset, force = end + 1, False
+        return await self.wal.retention(max_age_seconds=max_age_seconds, max_bytes=max_bytes,
+                                        keep_from_offset=keep_from_offset, force=force)
+
+    # -- closing -------------------------------------------------------------------------
+
+    def stop_uploads(self) -> None:
+        """The topic is leaving this broker: no upload of it starts from now on (the log
+        stays readable and writable until ``close``)."""
+        if self.tier is not None and not self._uploads_stopped:
+            self._uploads_stopped = True
+            self.tier.tiered.forget(self.name)
+
+    async def close(self) -> None:
+        """Stop uploads and close the WAL (a last sync and checkpoint). Idempotent."""
+        self.stop_uploads()
+        await self.wal.close()
+
+    def __repr__(self) -> str:
+        tier = "" if self.tier is None else f" durable up to {self.tier.uploaded_end}"
+        return f"<TopicLog {self.name} {self.wal!r}{tier}>"
+
+
+class TopicLogReader:
+    """Reads a topic's log from any offset on: the local WAL where it holds the offset, else
+    the durable tier, handing over from one to the other as the reader moves on."""
+
+    def __init__(self, topic_log: TopicLog, on_ready: Callable[[], None]):
+        self._log = topic_log
+        self._on_ready = on_ready
+        self._history = None             # HistoryCursor, once history is read
+
+    def read(self, offset: int, max_messages: int) -> list | None:
+        """Up to ``max_messages`` ``(offset, payload)`` from ``offset`` on; empty at the head
+        of the log; None while history is being fetched (``on_ready`` follows). Raises
+        ``OffsetTruncatedError`` (with where the log resumes) for offsets no tier holds."""
+        wal = self._log.wal
+        first = wal.first_offset
+        if offset >= first or offset < 0 or wal.closed:
+            return wal.read(offset, max_messages)
+        tier = self._log.tier
+        if tier is None:
+            raise OffsetTruncatedError(offset, first)
+        if self._history is None:
+            from danube.storage.tiered.history import HistoryCursor
+            self._history = HistoryCursor(tier, self._on_ready)
+        return self._history.read(offset, max_messages, first)
+
+    def close(self) -> None:
+        if self._history is not None:
+            self._history.close()
