@@ -9,6 +9,7 @@ import os
 import yaml
 
 from danube import config_keys
+from danube.config_durable import parse_durable, require_sdk
 from danube.config_errors import ConfigError
 from danube.failure_policy import FailurePolicy, InvalidFailurePolicy
 
@@ -389,7 +390,6 @@ def _load_tiers(cfg, tree):
     elif "backend" not in section and "://" not in str(section.get("root", "")):
         raise ConfigError("storage.durable.backend: required with storage.mode object_store "
                           "(s3, gcs, azblob, fs or memory)")
-    from danube.storage.durable.config import parse_durable, require_sdk
     cfg.durable = parse_durable(section, "storage.durable")
     require_sdk(cfg.durable.backend)
 

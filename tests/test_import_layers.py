@@ -1,0 +1,148 @@
+"""The layers of docs/architecture.md hold by themselves: every import between danube's
+packages points the way the table there says, and no module imports itself back through
+others (no cycle). Python modules are read by grimp; Cython modules (.pyx/.pxd) are read here
+line by line, since their `cimport`s link them as tightly as imports do."""
+
+import collections
+import pathlib
+import re
+
+import grimp
+
+ROOT = pathlib.Path(__file__).resolve().parents[1] / "danube"
+
+#: The bottom of every layer: configuration and the generated protobuf messages.
+BOTTOM = {"danube.config", "danube.config_keys", "danube.config_errors", "danube.proto",
+          "danube.config_durable", "danube.fslock", "danube.failure_policy"}
+
+#: What each part of danube may import besides itself and BOTTOM (docs/architecture.md).
+ALLOWED = {
+    "danube.codec": set(),
+    "danube.rpc": {"danube.codec"},
+    "danube.metadata": set(),
+    "danube.storage": {"danube.codec"},
+    "danube.broker": {"danube.codec", "danube.storage", "danube.metadata"},
+    "danube.services": {"danube.codec", "danube.rpc", "danube.broker"},
+    "danube.client": {"danube.codec", "danube.rpc"},
+    # The broker process: builds the stores, the broker and the server, and serves them.
+    "danube.services.app": {"danube.codec", "danube.rpc", "danube.services", "danube.broker",
+                            "danube.storage", "danube.metadata"},
+    "danube.cli": {"danube.codec", "danube.rpc", "danube.client", "danube.services", "danube.services.app",
+                   "danube.broker", "danube.storage", "danube.metadata", "danube"},
+    "danube.__main__": {"danube.cli"},
+    "danube": set(),
+}
+ALLOWED.update({name: set() for name in BOTTOM})
+ALLOWED["danube.config"] = {"danube.config_keys", "danube.config_errors",
+                            "danube.config_durable", "danube.failure_policy"}
+ALLOWED["danube.config_durable"] = {"danube.config_keys", "danube.config_errors"}
+ALLOWED["danube.config_keys"] = {"danube.config_errors"}
+ALLOWED["danube.failure_policy"] = {"danube.config_errors"}
+
+
+def part(module):
+    """The entry of ALLOWED that owns `module`: the longest prefix listed."""
+    parts = module.split(".")
+    for n in range(len(parts), 0, -1):
+        name = ".".join(parts[:n])
+        if name in ALLOWED:
+            return name
+    raise AssertionError(f"{module} belongs to no layer of ALLOWED: add it there and to "
+                         f"docs/architecture.md")
+
+
+_CYTHON_IMPORT = re.compile(r"^\s*(?:from\s+([\w.]+)\s+c?import\b|c?import\s+([\w.]+))", re.M)
+
+
+def cython_edges():
+    """(importer, imported) for every danube import or cimport in a .pyx/.pxd file."""
+    for path in ROOT.rglob("*.p[yx][xd]"):
+        if path.suffix not in (".pyx", ".pxd"):
+            continue
+        module = ".".join(path.relative_to(ROOT.parent).with_suffix("").parts)
+        for m in _CYTHON_IMPORT.finditer(path.read_text()):
+            target = m.group(1) or m.group(2)
+            if target.startswith("danube"):
+                yield module, target
+
+
+def all_edges():
+    graph = grimp.build_graph("danube", include_external_packages=False,
+                              exclude_type_checking_imports=True)
+    edges = set()
+    for module in graph.modules:
+        for imported in graph.find_modules_directly_imported_by(module):
+            edges.add((module, imported))
+    edges.update(cython_edges())
+    return edges
+
+
+def test_imports_follow_the_layers():
+    wrong = collections.defaultdict(list)
+    for importer, imported in all_edges():
+        a, b = part(importer), part(imported)
+        if a != b and b not in ALLOWED[a] and b not in BOTTOM:
+            wrong[a, b].append(f"{importer} -> {imported}")
+    assert not wrong, "imports against the layers:\n" + "\n".join(
+        f"  {a} may not import {b}: {', '.join(sorted(v)[:4])}"
+        for (a, b), v in sorted(wrong.items()))
+
+
+def test_no_import_cycle():
+    graph = collections.defaultdict(set)
+    for importer, imported in all_edges():
+        if importer != imported:
+            graph[importer].add(imported)
+    cycles = strongly_connected(graph)
+    assert not cycles, "import cycles:\n" + "\n".join("  " + " <-> ".join(sorted(c))
+                                                       for c in cycles)
+
+
+def strongly_connected(graph):
+    """Tarjan's algorithm, iterative: the components of more than one module."""
+    index, low, on_stack, stack, out = {}, {}, set(), [], []
+    counter = 0
+    for root in list(graph):
+        if root in index:
+            continue
+        work = [(root, iter(graph[root]))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            for child in children:
+                if child not in index:
+                    index[child] = low[child] = counter
+                    counter += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(graph.get(child, ()))))
+                    break
+                if child in on_stack:
+                    low[node] = min(low[node], index[child])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        out.append(component)
+    return out
+
+
+def test_the_checker_sees_a_wrong_import_and_a_cycle():
+    """The two checks above can fail: a made-up edge against the layers and a made-up
+    cycle are both caught."""
+    assert "danube.rpc" in ALLOWED and "danube.broker" not in ALLOWED["danube.rpc"]
+    assert part("danube.rpc.server") == "danube.rpc"
+    assert strongly_connected({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) != []
+    assert strongly_connected({"a": {"b"}, "b": {"c"}, "c": set()}) == []
