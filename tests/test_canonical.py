@@ -5,8 +5,10 @@ same bytes, and against the strict wire walker (tests/wire_walker.py)."""
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from danube._core import (DeliveryStamp, GrpcDeframer, Outbox, canonical_stream_message,
-                          parse_message_batch)
+from danube.broker._canon import DeliveryStamp, canonical_stream_message
+from danube.broker._fanout import Outbox
+from danube.broker._stamp import parse_message_batch
+from danube.codec.grpcframe import GrpcDeframer
 from danube.proto import DanubeApi_pb2 as pb
 from danube.proto import DanubeExt_pb2 as ext
 import wire_walker

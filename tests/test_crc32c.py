@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from danube._core import crc32c, crc32c_hardware_available, crc32c_software
+from danube.codec.crc32c import crc32c, crc32c_hardware_available, crc32c_software
 
 POLY = 0x82F63B78
 

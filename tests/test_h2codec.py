@@ -12,11 +12,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from danube import _core
-from danube._core import (CompressedMessage, FrameReader, GrpcDeframer, GrpcMessageTooLarge,
-                          H2ConnectionError, data_frames, grpc_data_frame_pieces, grpc_frame,
-                          grpc_frame_many, header_frames, hpack_table_neutral, parse_settings, parse_u32,
-                          unary_response)
+from danube.codec import http2 as _core
+from danube.codec.grpcframe import (CompressedMessage, GrpcDeframer, GrpcMessageTooLarge,
+                                    grpc_data_frame_pieces, grpc_frame, grpc_frame_many,
+                                    unary_response)
+from danube.codec.http2 import (FrameReader, H2ConnectionError, data_frames, header_frames,
+                                hpack_table_neutral, parse_settings, parse_u32)
 from danube.rpc import headers as H
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"

@@ -7,7 +7,8 @@ import asyncio
 
 import pytest
 
-from danube._core import DeliveryStamp, GrpcDeframer
+from danube.broker._canon import DeliveryStamp
+from danube.codec.grpcframe import GrpcDeframer
 from danube.broker import failure_policy as fp
 from danube.broker.consumer import Consumer
 from danube.broker.reliable import ReliableDispatcher

@@ -8,9 +8,11 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from danube._wal import (MAX_PAYLOAD, FrameError, TailCache, encode_frames_indexed,
-                         encode_frames_into, encode_frames_packed, frame_size, last_nonzero,
-                         measure_frames, read_frames, read_frames_into, scan_frames)
+from danube.storage._walframes import (MAX_PAYLOAD, FrameError, TailCache,
+                                       encode_frames_indexed, encode_frames_into,
+                                       encode_frames_packed, frame_size, last_nonzero,
+                                       measure_frames, read_frames, read_frames_into,
+                                       scan_frames)
 
 
 def _pack(payloads):

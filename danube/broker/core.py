@@ -11,7 +11,7 @@ import secrets
 import shutil
 import time
 
-from danube._core import canonical_stream_message
+from danube.broker._canon import canonical_stream_message
 from danube.broker import names
 from danube.broker.consumer import Consumer
 from danube.broker.failure_policy import FailurePolicy

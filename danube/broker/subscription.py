@@ -5,7 +5,7 @@ import fnmatch
 import re
 import time
 
-from danube._core import ActiveFanout, KeySharedFanout, RoundRobinFanout
+from danube.broker._fanout import ActiveFanout, KeySharedFanout, RoundRobinFanout
 from danube.broker.errors import ConsumerLimit, SubscribeDenied
 
 EXCLUSIVE, SHARED, FAILOVER, KEY_SHARED = 0, 1, 2, 3

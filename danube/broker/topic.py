@@ -2,7 +2,8 @@
 
 import dataclasses
 
-from danube._core import DeliveryStamp, canonical_stream_message, fanout
+from danube.broker._canon import DeliveryStamp, canonical_stream_message
+from danube.broker._fanout import fanout
 from danube.broker.errors import MessageTooLarge, PublishFailed, StorageFailed
 from danube.config import Policies
 from danube.storage.errors import WALError

@@ -117,7 +117,8 @@ import threading
 import time
 from typing import Callable, Sequence
 
-from danube._wal import HEADER_SIZE as _HEADER, TailCache, measure_frames, read_frames_into
+from danube.storage._walframes import (HEADER_SIZE as _HEADER, TailCache, measure_frames,
+                                       read_frames_into)
 from danube.storage.checkpoint import build_checkpoint, fsync_dir, write_checkpoint
 from danube.storage.errors import OffsetTruncatedError, WALClosedError, WALFailedError
 from danube.storage.recovery import RecoveryReport, recover, release

@@ -5,7 +5,7 @@ stamps and stores all its messages in one pass, without a Python object per mess
 
 from google.protobuf.message import DecodeError
 
-from danube._core import parse_message_batch
+from danube.broker._stamp import parse_message_batch
 from danube.broker import errors as e
 from danube.broker.services.errors import to_rpc_error
 from danube.broker.services.limits import SEND_MESSAGES, limit_send_messages
