@@ -55,11 +55,23 @@ class BuildExt(build_ext):
         super().run()
 
 
+# One extension per .pyx/.pxd pair, at the layer that owns it. They call each other's C
+# helpers through cimport; danube/codec is on every include path for _crc32c.h, which
+# crc32c.pxd declares and any cimporter compiles in.
+EXTENSION_MODULES = [
+    "danube.codec.crc32c",
+    "danube.codec.http2",
+    "danube.codec.grpcframe",
+    "danube.codec.msgbatch",
+    "danube.broker._canon",
+    "danube.broker._fanout",
+    "danube.broker._stamp",
+    "danube.storage._walframes",
+]
 extensions = [
-    Extension("danube._core", ["danube/_core.pyx"], include_dirs=["danube"],
-              extra_compile_args=["-O3"]),
-    Extension("danube._wal", ["danube/_wal.pyx"], include_dirs=["danube"],
-              extra_compile_args=["-O3"]),
+    Extension(name, [name.replace(".", "/") + ".pyx"], include_dirs=["danube/codec"],
+              extra_compile_args=["-O3"])
+    for name in EXTENSION_MODULES
 ]
 
 setup(

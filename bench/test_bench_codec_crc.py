@@ -14,8 +14,8 @@ import zlib
 
 import pytest
 
-from danube._core import crc32c, crc32c_hardware_available, crc32c_software
-from danube._wal import encode_frames_into, frame_size, scan_frames
+from danube.codec.crc32c import crc32c, crc32c_hardware_available, crc32c_software
+from danube.storage._walframes import encode_frames_into, frame_size, scan_frames
 
 SIZES = {"100B": 100, "4KiB": 4096, "1MiB": 1 << 20}
 DATA = {name: random.Random(n).randbytes(n) for name, n in SIZES.items()}

@@ -4,15 +4,15 @@ they replace (hyperframe, which h2 uses, and hpack without our cache)."""
 import hpack
 import pytest
 
-from danube import _core
+from danube.codec import grpcframe, http2
 from danube.rpc.headers import HeaderDecoder, encode_headers
 
 MESSAGES = [b"x" * 100] * 1000
-FRAMED = _core.grpc_frame_many(MESSAGES)
-DATA_FRAMES = _core.data_frames(1, FRAMED, 0, len(FRAMED), 16384)
+FRAMED = grpcframe.grpc_frame_many(MESSAGES)
+DATA_FRAMES = http2.data_frames(1, FRAMED, 0, len(FRAMED), 16384)
 # 1000 small frames: what a busy unary connection looks like (one DATA frame per request).
-SMALL_FRAMES = b"".join(_core.data_frames(2 * i + 1, _core.grpc_frame(b"y" * 100), 0, 105, 16384,
-                                          True) for i in range(1000))
+SMALL_FRAMES = b"".join(http2.data_frames(2 * i + 1, grpcframe.grpc_frame(b"y" * 100), 0, 105,
+                                          16384, True) for i in range(1000))
 REQUEST_FIELDS = [(b":method", b"POST"), (b":scheme", b"http"), (b":path", b"/danube.ProducerService/SendMessage"),
                   (b":authority", b"127.0.0.1:6650"), (b"content-type", b"application/grpc"),
                   (b"te", b"trailers"), (b"user-agent", b"grpc-python/1.85")]
@@ -20,7 +20,7 @@ REQUEST_FIELDS = [(b":method", b"POST"), (b":scheme", b"http"), (b":path", b"/da
 
 def test_frame_reader_1000_small_frames(benchmark):
     def parse():
-        return _core.FrameReader(16384).feed(SMALL_FRAMES)
+        return http2.FrameReader(16384).feed(SMALL_FRAMES)
     assert len(benchmark(parse)) == 1000
 
 
@@ -40,24 +40,24 @@ def test_peer_hyperframe_1000_small_frames(benchmark):
 
 
 def test_grpc_frame_many_1000(benchmark):
-    assert len(benchmark(_core.grpc_frame_many, MESSAGES)) == 105_000
+    assert len(benchmark(grpcframe.grpc_frame_many, MESSAGES)) == 105_000
 
 
 def test_grpc_data_frames_many_1000(benchmark):
-    frames, n = benchmark(_core.grpc_data_frames_many, 1, MESSAGES, 16384)
+    frames, n = benchmark(grpcframe.grpc_data_frames_many, 1, MESSAGES, 16384)
     assert n == 105_000
 
 
 def test_deframer_1000_messages(benchmark):
     def split():
-        return _core.GrpcDeframer(1 << 20).feed(FRAMED)
+        return grpcframe.GrpcDeframer(1 << 20).feed(FRAMED)
     assert len(benchmark(split)) == 1000
 
 
 def test_unary_response(benchmark):
     headers = encode_headers([(b":status", b"200"), (b"content-type", b"application/grpc")])
     trailers = encode_headers([(b"grpc-status", b"0")])
-    out = benchmark(_core.unary_response, 1, headers, b"z" * 100, trailers, 16384)
+    out = benchmark(grpcframe.unary_response, 1, headers, b"z" * 100, trailers, 16384)
     assert len(out) == 9 * 3 + len(headers) + 105 + len(trailers)
 
 

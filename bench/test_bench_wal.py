@@ -24,7 +24,7 @@ import struct
 import pytest
 import uvloop
 
-from danube._wal import encode_frames_into, frame_size
+from danube.storage._walframes import encode_frames_into, frame_size
 from danube.storage import WAL, WALConfig
 
 N = 1000
@@ -82,7 +82,7 @@ def test_append_1000x100B_nosync(benchmark, open_wal, loop):
 def test_peer_python_append_loop_1000x100B_nosync(benchmark, tmp_path):
     """What the per-message Python loop the WAL avoids would cost: struct + crc + slice
     assignment into a bytearray, one message at a time."""
-    from danube._core import crc32c
+    from danube.codec.crc32c import crc32c
     buf = bytearray(len(BATCH_BYTES))
     benchmark.group = "wal append 1000 x 100 B, no sync"
     lens = struct.Struct("<QI")

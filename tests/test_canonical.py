@@ -1,12 +1,14 @@
-"""StreamMessages rewritten in canonical form in C (danube._core.canonical_stream_message,
+"""StreamMessages rewritten in canonical form in C (danube.broker._canon.canonical_stream_message,
 DeliveryStamp, Outbox.offer, MessageBatchView.stamp) against protobuf's own merge of the
 same bytes, and against the strict wire walker (tests/wire_walker.py)."""
 
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from danube._core import (DeliveryStamp, GrpcDeframer, Outbox, canonical_stream_message,
-                          parse_message_batch)
+from danube.broker._canon import DeliveryStamp, canonical_stream_message
+from danube.broker._fanout import Outbox
+from danube.broker._stamp import parse_message_batch
+from danube.codec.grpcframe import GrpcDeframer
 from danube.proto import DanubeApi_pb2 as pb
 from danube.proto import DanubeExt_pb2 as ext
 import wire_walker

@@ -1,4 +1,4 @@
-"""CRC-32C (danube._core.crc32c): known vectors, chaining, both C paths vs a Python reference."""
+"""CRC-32C (danube.codec.crc32c): known vectors, chaining, both C paths vs a Python reference."""
 
 import array
 import mmap
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from danube._core import crc32c, crc32c_hardware_available, crc32c_software
+from danube.codec.crc32c import crc32c, crc32c_hardware_available, crc32c_software
 
 POLY = 0x82F63B78
 

@@ -2,8 +2,9 @@
 
 import collections
 
-from danube._core import (ActiveFanout, GrpcDeframer, KeySharedFanout, Outbox,
-                          RoundRobinFanout, fanout, fnv1a32, ring_hash)
+from danube.broker._fanout import (ActiveFanout, KeySharedFanout, Outbox, RoundRobinFanout,
+                                   fanout, fnv1a32, ring_hash)
+from danube.codec.grpcframe import GrpcDeframer
 from danube.broker.subscription import key_matcher
 
 

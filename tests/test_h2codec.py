@@ -1,4 +1,4 @@
-"""Unit tests of the Cython HTTP/2 + gRPC framing codec (danube._core) and of
+"""Unit tests of the Cython HTTP/2 + gRPC framing codec (danube.codec.http2, danube.codec.grpcframe) and of
 danube.rpc.headers. Frames are built and parsed independently with hyperframe where that
 makes the check stronger than a round trip through our own code."""
 
@@ -12,11 +12,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from danube import _core
-from danube._core import (CompressedMessage, FrameReader, GrpcDeframer, GrpcMessageTooLarge,
-                          H2ConnectionError, data_frames, grpc_data_frame_pieces, grpc_frame,
-                          grpc_frame_many, header_frames, hpack_table_neutral, parse_settings, parse_u32,
-                          unary_response)
+from danube.codec import http2 as _core
+from danube.codec.grpcframe import (CompressedMessage, GrpcDeframer, GrpcMessageTooLarge,
+                                    grpc_data_frame_pieces, grpc_frame, grpc_frame_many,
+                                    unary_response)
+from danube.codec.http2 import (FrameReader, H2ConnectionError, data_frames, header_frames,
+                                hpack_table_neutral, parse_settings, parse_u32)
 from danube.rpc import headers as H
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"

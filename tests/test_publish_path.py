@@ -10,7 +10,8 @@ import pathlib
 import pytest
 
 import danube.broker
-from danube._core import GrpcDeframer, parse_message_batch
+from danube.broker._stamp import parse_message_batch
+from danube.codec.grpcframe import GrpcDeframer
 from danube.broker.core import BrokerCore
 from danube.broker.errors import (ConsumerTakenOver, MessageTooLarge, PartlyPublished,
                                   PublishFailed, TopicNotFound)

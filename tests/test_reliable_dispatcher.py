@@ -7,8 +7,9 @@ import asyncio
 
 import pytest
 
-from danube._core import DeliveryStamp, GrpcDeframer
 from danube import failure_policy as fp
+from danube.broker._canon import DeliveryStamp
+from danube.codec.grpcframe import GrpcDeframer
 from danube.broker.consumer import Consumer
 from danube.broker.reliable import ReliableDispatcher
 from danube.broker.subscription import EXCLUSIVE, KEY_SHARED, SHARED, Subscription

@@ -6,7 +6,7 @@ answered after each turn is exact, not timed."""
 
 import asyncio
 
-from danube import _core
+from danube.codec import http2 as _core
 from danube.rpc import connection as conn_mod
 from danube.rpc.connection import FRAMES_PER_TURN, BACKLOG_PAUSE, TransportConfig
 from danube.rpc.server import Server, ServerConnection

@@ -3,8 +3,9 @@
 import pytest
 from hypothesis import given, strategies as st
 
-from danube._core import (DeliveryStamp, canonical_stream_message, encode_message_batch,
-                          parse_message_batch)
+from danube.broker._canon import DeliveryStamp, canonical_stream_message
+from danube.broker._stamp import parse_message_batch
+from danube.codec.msgbatch import encode_message_batch
 from danube.proto import DanubeApi_pb2 as pb
 from danube.proto import DanubeExt_pb2 as ext
 

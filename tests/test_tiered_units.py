@@ -22,8 +22,8 @@ from danube.storage.errors import OffsetTruncatedError
 from danube.storage.tiered.catalog import (Catalog, SegmentDescriptor, object_key,
                                            parse_object_key, segment_id)
 from danube.storage.tiered.history import HistoryCursor
-from danube._wal import (SCAN_CLEAN, SCAN_CORRUPT, SCAN_GAP, SCAN_TORN, encode_frame,
-                         scan_frames, walk_frames)
+from danube.storage._walframes import (SCAN_CLEAN, SCAN_CORRUPT, SCAN_GAP, SCAN_TORN,
+                                       encode_frame, scan_frames, walk_frames)
 from danube.storage.tiered.segments import (SegmentReader, SegmentUploadError, read_history,
                                             upload_segment)
 from danube.storage.wal import WAL, WALConfig

@@ -1,4 +1,4 @@
-"""WAL frame codec (danube._wal): encoding, reading, and the recovery scan over torn/bad data."""
+"""WAL frame codec (danube.storage._walframes): encoding, reading, and the recovery scan over torn/bad data."""
 
 import mmap
 import struct
@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from danube._core import crc32c
-from danube._wal import (
+from danube.codec.crc32c import crc32c
+from danube.storage._walframes import (
     HEADER_SIZE, MAX_PAYLOAD, SCAN_CLEAN, SCAN_CORRUPT, SCAN_GAP, SCAN_TORN, FrameError,
     encode_frame, encode_frames_into, frame_size, read_frame, scan_frames,
 )

@@ -340,7 +340,7 @@ def test_kill_9_loses_no_acknowledged_offset(tmp_path):
 # ---------------------------------------------------------------- always: writes by the sync job
 
 def _file_frames(path):
-    from danube._wal import scan_frames
+    from danube.storage._walframes import scan_frames
     with open(path, "rb") as f:
         data = f.read()
     offsets, _, _, _ = scan_frames(data)

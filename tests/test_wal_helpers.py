@@ -1,4 +1,4 @@
-"""The WAL's per-message helpers in danube._wal: measure_frames, encode_frames_indexed,
+"""The WAL's per-message helpers in danube.storage._walframes: measure_frames, encode_frames_indexed,
 encode_frames_packed, read_frames(_into), last_nonzero, TailCache."""
 
 import random
@@ -8,9 +8,11 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from danube._wal import (MAX_PAYLOAD, FrameError, TailCache, encode_frames_indexed,
-                         encode_frames_into, encode_frames_packed, frame_size, last_nonzero,
-                         measure_frames, read_frames, read_frames_into, scan_frames)
+from danube.storage._walframes import (MAX_PAYLOAD, FrameError, TailCache,
+                                       encode_frames_indexed, encode_frames_into,
+                                       encode_frames_packed, frame_size, last_nonzero,
+                                       measure_frames, read_frames, read_frames_into,
+                                       scan_frames)
 
 
 def _pack(payloads):

@@ -8,7 +8,7 @@ import random
 import numpy as np
 import pytest
 
-from danube._wal import MAX_PAYLOAD, SCAN_CLEAN, frame_size, scan_frames
+from danube.storage._walframes import MAX_PAYLOAD, SCAN_CLEAN, frame_size, scan_frames
 from danube.storage import (OffsetTruncatedError, WAL, WALClosedError, WALConfig,
                             WALLockedError)
 

@@ -11,7 +11,7 @@ import struct
 
 import pytest
 
-from danube._wal import encode_frames_into, frame_size
+from danube.storage._walframes import encode_frames_into, frame_size
 from danube.storage import WAL, CorruptSegmentError, WALConfig
 
 SMALL = dict(segment_max_bytes=4096, segment_initial_bytes=1024)

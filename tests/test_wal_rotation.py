@@ -22,7 +22,7 @@ from killed_child import KilledChild
 
 
 def _file_frames(path):
-    from danube._wal import scan_frames
+    from danube.storage._walframes import scan_frames
     with open(path, "rb") as f:
         data = f.read()
     offsets, _, _, _ = scan_frames(data)

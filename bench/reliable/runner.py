@@ -39,7 +39,7 @@ from pathlib import Path
 from bench._proc import LineWorker, popen, proc_cpu, reap, reap_all, repo_env, system_busy
 from bench.e2e.common import format_table, us_percentiles
 from bench.e2e.runner import Broker as E2EBroker
-from danube._wal import scan_frames
+from danube.storage._walframes import scan_frames
 from bench.e2e.runner import loadavg, sleep_until, tail  # noqa: F401 - tail re-exported
 from bench.reliable.broker_main import BUCKETS_MS, read_counter
 

@@ -14,7 +14,7 @@ import asyncio
 import logging
 import time
 
-from danube._core import Outbox
+from danube.broker._fanout import Outbox
 from danube.broker.errors import ConsumerTakenOver
 
 log = logging.getLogger("danube.broker.consumer")

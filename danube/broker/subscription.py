@@ -1,11 +1,11 @@
 """A named subscription of a topic: its type, its consumers, and how messages are spread
-over them (the Cython fan-out objects in danube._core)."""
+over them (the Cython fan-out objects in danube.broker._fanout)."""
 
 import fnmatch
 import re
 import time
 
-from danube._core import ActiveFanout, KeySharedFanout, RoundRobinFanout
+from danube.broker._fanout import ActiveFanout, KeySharedFanout, RoundRobinFanout
 from danube.broker.errors import ConsumerLimit, SubscribeDenied
 
 EXCLUSIVE, SHARED, FAILOVER, KEY_SHARED = 0, 1, 2, 3

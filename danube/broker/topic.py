@@ -4,7 +4,8 @@ import dataclasses
 
 from google.protobuf.message import DecodeError
 
-from danube._core import DeliveryStamp, canonical_stream_message, fanout
+from danube.broker._canon import DeliveryStamp, canonical_stream_message
+from danube.broker._fanout import fanout
 from danube.broker.errors import (BrokerError, InvalidArgument, MessageTooLarge,
                                   PartlyPublished, PublishFailed, StorageFailed)
 from danube.config import Policies
@@ -101,7 +102,7 @@ class Topic:
 
     async def publish(self, message, producer=None, raw=None):
         """The one publish path. ``message`` is a StreamMessage (``raw``: its bytes as the
-        client sent them, when there are any) or a batch, a ``danube._core.MessageBatchView``
+        client sent them, when there are any) or a batch, a ``danube.broker._stamp.MessageBatchView``
         from ``producer``. A reliable topic stamps each message's offset and stores the whole
         message or batch at once, or nothing of it; a non-reliable one fans each message out
         to the subscriptions as it comes. Returns the offsets (a range) on a reliable topic,
@@ -123,7 +124,7 @@ class Topic:
         return None
 
     async def _store_batch(self, batch, producer):
-        """A ``danube._core.MessageBatchView``: msg_id (with topic_offset) and producer_name
+        """A ``danube.broker._stamp.MessageBatchView``: msg_id (with topic_offset) and producer_name
         are stamped by appending fields protobuf merges, all messages into one packed buffer
         that the WAL frames as it is, so there is no Python object per message (see
         ``MessageBatchView.stamp``; delivery merges them into canonical form)."""

@@ -47,7 +47,7 @@ class BrokerStub:
         self.send_messages = m(channel, "/danube_ext.BatchProducer/SendMessages",
                                ext.MessageBatch, ext.BatchResponse)
         # The same call with the whole request already serialized (a MessageBatchRaw from
-        # danube._core.encode_message_batch).
+        # danube.codec.msgbatch.encode_message_batch).
         self.send_messages_raw = channel.unary_unary("/danube_ext.BatchProducer/SendMessages",
                                                      None, ext.BatchResponse.FromString)
         self.subscribe = m(channel, "/danube.ConsumerService/Subscribe",

@@ -5,7 +5,7 @@ import asyncio
 import itertools
 import time
 
-from danube._core import encode_message_batch
+from danube.codec.msgbatch import encode_message_batch
 from danube.client import errors
 from danube.client.connection import BrokerAddress
 from danube.client.schema import resolve_schema

@@ -13,8 +13,9 @@ import asyncio
 import collections
 import ssl as _ssl
 
-from danube import _core
-from danube._core import GrpcDeframer, GrpcMessageTooLarge, grpc_frame, grpc_frame_many
+from danube.codec import http2
+from danube.codec.grpcframe import (CompressedMessage, GrpcDeframer, GrpcMessageTooLarge,
+                                    grpc_frame, grpc_frame_many)
 from danube.rpc import compression
 from danube.rpc.connection import (MAX_GRPC_MESSAGE, PIECES_MIN, H2Connection, StreamBase,
                                    TransportConfig)
@@ -112,7 +113,7 @@ class ClientStream(StreamBase):
             # windows that may never open. Our server follows its trailers with RST_STREAM;
             # this covers a server that does not.
             self.pending = None
-            self.conn._reset_stream(self, _core.E_CANCEL)
+            self.conn._reset_stream(self, http2.E_CANCEL)
 
     def on_data(self, payload, end_stream):
         try:
@@ -140,12 +141,12 @@ class ClientStream(StreamBase):
     def on_reset(self, code):
         self.closed_local = self.closed_remote = True
         if self.status is None:
-            if code == _core.E_REFUSED_STREAM:
+            if code == http2.E_REFUSED_STREAM:
                 self._set_status(StatusCode.UNAVAILABLE, "stream refused by the server")
             elif code is None:
                 self._set_status(StatusCode.CANCELLED, "call cancelled")
             else:
-                self._set_status(StatusCode.CANCELLED if code == _core.E_CANCEL
+                self._set_status(StatusCode.CANCELLED if code == http2.E_CANCEL
                                  else StatusCode.INTERNAL,
                                  f"stream reset by the server (HTTP/2 error {code})")
 
@@ -173,7 +174,7 @@ class ClientStream(StreamBase):
             self.local = True
         self._set_status(code, details)
         if not self.reset:
-            self.conn._reset_stream(self, _core.E_CANCEL)
+            self.conn._reset_stream(self, http2.E_CANCEL)
         self.conn.flush()
 
     def _wake(self):
@@ -202,7 +203,7 @@ class ClientStream(StreamBase):
         if self._held_credit and self._queued_bytes < self.conn.config.stream_window // 2:
             credit, self._held_credit = self._held_credit, 0
             self.credit(credit)
-        if type(data) is _core.CompressedMessage:
+        if type(data) is CompressedMessage:
             data = compression.decompress(self.encoding or "identity", data,
                                           self.conn.config.max_message_size)
         return data
@@ -336,7 +337,7 @@ class ClientConnection(H2Connection):
             # A stream we already reset (deadline, cancel): its response was in flight. The
             # block has been decoded, so HPACK state stays in step; the rest is ignored.
             return
-        raise _core.H2ConnectionError(_core.E_PROTOCOL_ERROR,
+        raise http2.H2ConnectionError(http2.E_PROTOCOL_ERROR,
                                       f"server sent HEADERS on unopened stream {sid}")
 
     def _on_goaway(self, last_sid, code, debug):
@@ -507,7 +508,7 @@ class Channel:
     async def close(self):
         conn, self._conn = self._conn, None
         if conn is not None and not conn.closed:
-            conn.write(_core.goaway_frame(0, _core.E_NO_ERROR, b""))
+            conn.write(http2.goaway_frame(0, http2.E_NO_ERROR, b""))
             conn.close()
 
     async def __aenter__(self):

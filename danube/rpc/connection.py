@@ -1,7 +1,7 @@
 """HTTP/2 connection machinery shared by the gRPC server and client: settings, PING, GOAWAY,
 flow control in both directions, header-block assembly and batched socket writes.
 
-Per-frame parsing and serialisation are in the Cython codec (`danube._core`); this module
+Per-frame parsing and serialisation are in the Cython codec (`danube.codec`); this module
 decides what frames mean. Every per-stream structure is a dict entry or a slot on the stream
 object, so no operation walks the open streams: a change of SETTINGS_INITIAL_WINDOW_SIZE is
 applied lazily (each stream's window is kept against the initial window it last saw) and
@@ -23,10 +23,11 @@ import time
 
 import hpack
 
-from danube import _core
-from danube._core import (FrameReader, H2ConnectionError, data_frames, goaway_frame,
-                          grpc_data_frame_pieces, header_frames, parse_settings, parse_u32,
-                          ping_frame, rst_stream_frame, settings_frame, window_update_frame)
+from danube.codec import http2
+from danube.codec.grpcframe import grpc_data_frame_pieces
+from danube.codec.http2 import (FrameReader, H2ConnectionError, data_frames, goaway_frame,
+                                header_frames, parse_settings, parse_u32, ping_frame,
+                                rst_stream_frame, settings_frame, window_update_frame)
 from danube.rpc.headers import HeaderDecoder
 
 log = logging.getLogger("danube.rpc")
@@ -350,7 +351,7 @@ class H2Connection(asyncio.Protocol):
                                           self.config.write_buffer_low)
         c = self.config
         if self.is_client:
-            self.write(_core.CLIENT_PREFACE)
+            self.write(http2.CLIENT_PREFACE)
         settings = [(S_MAX_CONCURRENT_STREAMS, c.max_concurrent_streams),
                     (S_INITIAL_WINDOW_SIZE, c.stream_window),
                     (S_MAX_FRAME_SIZE, c.max_frame_size),
@@ -385,7 +386,7 @@ class H2Connection(asyncio.Protocol):
             self.protocol_error(exc.code, str(exc))
         except Exception:  # noqa: BLE001 - a bug here must cost one connection, not the server
             log.exception("internal error handling input from %s", self.peername)
-            self.protocol_error(_core.E_INTERNAL_ERROR, "internal error")
+            self.protocol_error(http2.E_INTERNAL_ERROR, "internal error")
         finally:
             self._in_receive = False
             self.flush()
@@ -400,34 +401,34 @@ class H2Connection(asyncio.Protocol):
         try:
             for ftype, flags, sid, payload, flow_len in (
                     frames if len(frames) <= budget else frames[:budget]):
-                if self._header_block is not None and ftype != _core.CONTINUATION:
-                    raise H2ConnectionError(_core.E_PROTOCOL_ERROR,
+                if self._header_block is not None and ftype != http2.CONTINUATION:
+                    raise H2ConnectionError(http2.E_PROTOCOL_ERROR,
                                             "expected CONTINUATION frame")
-                if ftype == _core.DATA:
+                if ftype == http2.DATA:
                     self._on_data(flags, sid, payload, flow_len)
-                elif ftype == _core.HEADERS:
+                elif ftype == http2.HEADERS:
                     self._on_headers_frame(flags, sid, payload)
-                elif ftype == _core.CONTINUATION:
+                elif ftype == http2.CONTINUATION:
                     self._on_continuation(flags, sid, payload)
-                elif ftype == _core.WINDOW_UPDATE:
+                elif ftype == http2.WINDOW_UPDATE:
                     self._on_window_update(sid, parse_u32(payload) & 0x7FFFFFFF)
-                elif ftype == _core.SETTINGS:
-                    if not flags & _core.FLAG_ACK:
+                elif ftype == http2.SETTINGS:
+                    if not flags & http2.FLAG_ACK:
                         self._on_settings(payload)
-                elif ftype == _core.PING:
+                elif ftype == http2.PING:
                     self._on_ping(flags, payload)
-                elif ftype == _core.RST_STREAM:
+                elif ftype == http2.RST_STREAM:
                     self._on_rst_stream(sid, parse_u32(payload))
-                elif ftype == _core.GOAWAY:
+                elif ftype == http2.GOAWAY:
                     self._on_goaway(parse_u32(payload) & 0x7FFFFFFF, parse_u32(payload, 4),
                                     payload[8:])
-                elif ftype == _core.PUSH_PROMISE:
-                    raise H2ConnectionError(_core.E_PROTOCOL_ERROR, "PUSH_PROMISE not allowed")
+                elif ftype == http2.PUSH_PROMISE:
+                    raise H2ConnectionError(http2.E_PROTOCOL_ERROR, "PUSH_PROMISE not allowed")
             if self.recv_unacked >= self.recv_window // 4:
                 self.write(window_update_frame(0, self.recv_unacked))
                 self.recv_unacked = 0
         except hpack.HPACKError as exc:
-            raise H2ConnectionError(_core.E_COMPRESSION_ERROR, f"HPACK: {exc}") from None
+            raise H2ConnectionError(http2.E_COMPRESSION_ERROR, f"HPACK: {exc}") from None
         if len(frames) > budget and not self.closed:
             self._backlog = frames[budget:]
             self._bound_backlog()
@@ -536,7 +537,7 @@ class H2Connection(asyncio.Protocol):
 
     def protocol_error(self, code, message):
         """A connection error: GOAWAY with `code`, then close. Other connections are unaffected."""
-        if code == _core.E_ENHANCE_YOUR_CALM:
+        if code == http2.E_ENHANCE_YOUR_CALM:
             self.abuse(code, message)
             return
         log.info("closing HTTP/2 connection from %s: %s", self.peername, message)
@@ -598,7 +599,7 @@ class H2Connection(asyncio.Protocol):
 
     def _on_data(self, flags, sid, payload, flow_len):
         if flow_len > self.recv_window - self.recv_unacked:
-            raise H2ConnectionError(_core.E_FLOW_CONTROL_ERROR, "connection window exceeded")
+            raise H2ConnectionError(http2.E_FLOW_CONTROL_ERROR, "connection window exceeded")
         # Data on any stream, even a dead one, uses the connection window: credit it here.
         self.recv_unacked += flow_len
         stream = self.streams.get(sid)
@@ -606,12 +607,12 @@ class H2Connection(asyncio.Protocol):
             self._check_closed_stream(sid, "DATA")
             return
         if stream.closed_remote:
-            self._reset_stream(stream, _core.E_STREAM_CLOSED)
+            self._reset_stream(stream, http2.E_STREAM_CLOSED)
             return
         pad = flow_len - len(payload)
         if pad:
             stream.credit(pad)
-        self.stream_data(stream, payload, bool(flags & _core.FLAG_END_STREAM))
+        self.stream_data(stream, payload, bool(flags & http2.FLAG_END_STREAM))
 
     def stream_data(self, stream, payload, end_stream):
         """Hand DATA to a stream; ServerConnection counts what its streams buffer."""
@@ -619,14 +620,14 @@ class H2Connection(asyncio.Protocol):
 
     def _check_closed_stream(self, sid, what):
         if self._is_idle_stream(sid):
-            raise H2ConnectionError(_core.E_PROTOCOL_ERROR, f"{what} on idle stream {sid}")
+            raise H2ConnectionError(http2.E_PROTOCOL_ERROR, f"{what} on idle stream {sid}")
         # Frames after we reset a stream may still be in flight; the RFC lets us drop them.
 
     def _is_idle_stream(self, sid):
         raise NotImplementedError
 
     def _on_headers_frame(self, flags, sid, payload):
-        if flags & _core.FLAG_END_HEADERS:
+        if flags & http2.FLAG_END_HEADERS:
             self._on_header_block(sid, flags, payload)
         else:
             # [sid, flags, fragments, bytes, CONTINUATION frames]
@@ -635,7 +636,7 @@ class H2Connection(asyncio.Protocol):
     def _on_continuation(self, flags, sid, payload):
         block = self._header_block
         if block is None or block[0] != sid:
-            raise H2ConnectionError(_core.E_PROTOCOL_ERROR, "unexpected CONTINUATION frame")
+            raise H2ConnectionError(http2.E_PROTOCOL_ERROR, "unexpected CONTINUATION frame")
         # A header block is capped as a whole (its compressed size cannot usefully exceed
         # the list size we advertise) and in frames, so neither big nor empty CONTINUATIONs
         # grow memory. A connection error, not a 431-style stream error: the block would
@@ -643,17 +644,17 @@ class H2Connection(asyncio.Protocol):
         # cap avoids.
         block[4] += 1
         if block[4] > MAX_CONTINUATIONS:
-            raise H2ConnectionError(_core.E_ENHANCE_YOUR_CALM,
+            raise H2ConnectionError(http2.E_ENHANCE_YOUR_CALM,
                                     f"header block in more than {MAX_CONTINUATIONS} "
                                     f"CONTINUATION frames")
         if payload:
             block[2].append(payload)
             block[3] += len(payload)
         if block[3] > self.config.max_header_list_size:
-            raise H2ConnectionError(_core.E_ENHANCE_YOUR_CALM,
+            raise H2ConnectionError(http2.E_ENHANCE_YOUR_CALM,
                                     f"header block over {self.config.max_header_list_size} "
                                     f"bytes")
-        if flags & _core.FLAG_END_HEADERS:
+        if flags & http2.FLAG_END_HEADERS:
             self._header_block = None
             self._on_header_block(sid, block[1], b"".join(block[2]))
 
@@ -661,12 +662,12 @@ class H2Connection(asyncio.Protocol):
         # `head` is whatever the subclass's head_parser made of the fields; the decoder
         # caches it, so a repeated block is parsed once.
         head = self.decoder.decode(block)
-        end_stream = bool(flags & _core.FLAG_END_STREAM)
+        end_stream = bool(flags & http2.FLAG_END_STREAM)
         stream = self.streams.get(sid)
         if stream is None:
             self.new_stream_from_headers(sid, head, end_stream)
         elif stream.closed_remote:
-            self._reset_stream(stream, _core.E_STREAM_CLOSED)
+            self._reset_stream(stream, http2.E_STREAM_CLOSED)
         else:
             stream.on_headers(head, end_stream)
 
@@ -676,10 +677,10 @@ class H2Connection(asyncio.Protocol):
     def _on_window_update(self, sid, increment):
         if sid == 0:
             if increment == 0:
-                raise H2ConnectionError(_core.E_PROTOCOL_ERROR, "WINDOW_UPDATE of 0")
+                raise H2ConnectionError(http2.E_PROTOCOL_ERROR, "WINDOW_UPDATE of 0")
             self.send_window += increment
             if self.send_window > MAX_WINDOW:
-                raise H2ConnectionError(_core.E_FLOW_CONTROL_ERROR, "connection window overflow")
+                raise H2ConnectionError(http2.E_FLOW_CONTROL_ERROR, "connection window overflow")
             if self.blocked:
                 waiting, self.blocked = self.blocked, {}
                 for stream in waiting.values():
@@ -693,36 +694,36 @@ class H2Connection(asyncio.Protocol):
             self._check_closed_stream(sid, "WINDOW_UPDATE")
             return
         if increment == 0:
-            self._reset_stream(stream, _core.E_PROTOCOL_ERROR)
+            self._reset_stream(stream, http2.E_PROTOCOL_ERROR)
             return
         stream.send_window += increment
         if stream.send_window > MAX_WINDOW:
-            self._reset_stream(stream, _core.E_FLOW_CONTROL_ERROR)
+            self._reset_stream(stream, http2.E_FLOW_CONTROL_ERROR)
             return
         if stream.pending is not None:
             stream.pump()
 
     def _on_settings(self, payload):
         if not self._settings_budget.take(self.loop.time()):
-            raise H2ConnectionError(_core.E_ENHANCE_YOUR_CALM,
+            raise H2ConnectionError(http2.E_ENHANCE_YOUR_CALM,
                                     f"more than {self._settings_budget.rate} SETTINGS frames "
                                     f"per second")
         window_delta = 0
         for ident, value in parse_settings(payload):
             if ident == S_INITIAL_WINDOW_SIZE:
                 if value > MAX_WINDOW:
-                    raise H2ConnectionError(_core.E_FLOW_CONTROL_ERROR, "initial window too large")
+                    raise H2ConnectionError(http2.E_FLOW_CONTROL_ERROR, "initial window too large")
                 window_delta += value - self.peer_initial_window
                 self.peer_initial_window = value
             elif ident == S_MAX_FRAME_SIZE:
                 if not 16384 <= value <= 16777215:
-                    raise H2ConnectionError(_core.E_PROTOCOL_ERROR, "invalid SETTINGS_MAX_FRAME_SIZE")
+                    raise H2ConnectionError(http2.E_PROTOCOL_ERROR, "invalid SETTINGS_MAX_FRAME_SIZE")
                 self.peer_max_frame = value
             elif ident == S_MAX_CONCURRENT_STREAMS:
                 self.peer_max_streams = value
             elif ident == S_ENABLE_PUSH:
                 if value > 1:
-                    raise H2ConnectionError(_core.E_PROTOCOL_ERROR, "invalid SETTINGS_ENABLE_PUSH")
+                    raise H2ConnectionError(http2.E_PROTOCOL_ERROR, "invalid SETTINGS_ENABLE_PUSH")
         # The ACK goes out before any DATA that uses a larger window: peers (grpc-core, h2)
         # apply their new window only once they see it acknowledged.
         self.write(settings_frame((), ack=True))
@@ -735,7 +736,7 @@ class H2Connection(asyncio.Protocol):
                     stream.pump()
 
     def _on_ping(self, flags, payload):
-        if flags & _core.FLAG_ACK:
+        if flags & http2.FLAG_ACK:
             if self._ping_waiters:
                 waiter = self._ping_waiters.popleft()
                 if not waiter.done():
@@ -753,7 +754,7 @@ class H2Connection(asyncio.Protocol):
             # server a call set-up while never counting against max_concurrent_streams.
             if not self._reset_budget.take(self.loop.time()):
                 self.streams[sid] = stream   # still ours: connection_lost cancels it
-                raise H2ConnectionError(_core.E_ENHANCE_YOUR_CALM,
+                raise H2ConnectionError(http2.E_ENHANCE_YOUR_CALM,
                                         self.reset_budget_exceeded())
         self.forget_stream(stream)
         stream.reset = True
@@ -766,7 +767,7 @@ class H2Connection(asyncio.Protocol):
 
     def _on_goaway(self, last_sid, code, debug):
         self.goaway_received = last_sid
-        if code != _core.E_NO_ERROR:
+        if code != http2.E_NO_ERROR:
             log.info("peer %s sent GOAWAY code %d: %s", self.peername, code,
                      debug.decode("utf-8", "replace"))
 

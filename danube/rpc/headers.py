@@ -13,7 +13,7 @@ import re
 
 import hpack
 
-from danube._core import hpack_table_neutral
+from danube.codec.http2 import hpack_table_neutral
 
 # RFC 7541 Appendix A: the names we send, mapped to their static-table index.
 _STATIC_NAME_INDEX = {

@@ -18,9 +18,10 @@ import time
 
 from google.protobuf import message_factory
 
-from danube import _core
-from danube._core import (GrpcDeframer, GrpcMessageTooLarge, grpc_frame, grpc_frame_many,
-                          rst_stream_frame, unary_response)
+from danube.codec import http2
+from danube.codec.grpcframe import (CompressedMessage, GrpcDeframer, GrpcMessageTooLarge,
+                                    grpc_frame, grpc_frame_many, unary_response)
+from danube.codec.http2 import rst_stream_frame
 from danube.rpc import compression
 from danube.rpc.connection import H2Connection, StreamBase, TransportConfig
 from danube.rpc.headers import (encode_headers, metadata_from_headers, metadata_to_headers,
@@ -279,7 +280,7 @@ class ServerStream(StreamBase):
         if end_stream:
             self._end_of_requests()
         else:
-            self.conn._reset_stream(self, _core.E_PROTOCOL_ERROR)
+            self.conn._reset_stream(self, http2.E_PROTOCOL_ERROR)
 
     def _end_of_requests(self):
         self.closed_remote = True
@@ -336,7 +337,7 @@ class ServerStream(StreamBase):
         per-connection budget: a peer sending tens of thousands a second would otherwise
         take the event loop from everyone else while asking for nothing."""
         if not conn._reset_budget.take(conn.loop.time()):
-            raise _core.H2ConnectionError(_core.E_ENHANCE_YOUR_CALM,
+            raise http2.H2ConnectionError(http2.E_ENHANCE_YOUR_CALM,
                                           conn.reset_budget_exceeded())
         self.fail_early(StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
 
@@ -355,7 +356,7 @@ class ServerStream(StreamBase):
         self._abandon_output()
         self.fail_early(StatusCode.CANCELLED,
                         f"request stalled: no request data for {timeout_ms} ms",
-                        _core.E_CANCEL)
+                        http2.E_CANCEL)
 
     def start_task(self):
         self.task = self.conn.loop.create_task(self._run())
@@ -385,7 +386,7 @@ class ServerStream(StreamBase):
             conn = self.conn
             conn.server.rpc_counts[self.method.name, int(StatusCode.CANCELLED)] += 1
             self.closed_local = True
-            conn._reset_stream(self, _core.E_CANCEL)
+            conn._reset_stream(self, http2.E_CANCEL)
             conn.note_reset(self.sid)
             return
         self.pending = None
@@ -440,7 +441,7 @@ class ServerStream(StreamBase):
                 server.idle_waiter.set()
 
     def _decode(self, data):
-        if type(data) is _core.CompressedMessage:
+        if type(data) is CompressedMessage:
             data = compression.decompress(self.head.encoding or "identity", data,
                                           self.conn.config.max_message_size)
         deserialize = self.method.deserialize
@@ -573,7 +574,7 @@ class ServerStream(StreamBase):
             self._send_initial_headers()
         return self.send_data(data) and not self.conn.write_paused
 
-    def finish(self, code, details="", trailing_metadata=None, rst_code=_core.E_NO_ERROR):
+    def finish(self, code, details="", trailing_metadata=None, rst_code=http2.E_NO_ERROR):
         """End the call with a status, after any queued messages; `rst_code` is the
         RST_STREAM code that follows if the client has not finished its request."""
         if self.finished:
@@ -595,10 +596,10 @@ class ServerStream(StreamBase):
         block = _TRAILERS_OK if len(fields) == 1 and code == 0 else encode_headers(fields)
         conn = self.conn
         conn.server.rpc_counts[self.method.name, int(code)] += 1
-        self.send_raw_after_data(_core.header_frames(self.sid, block, conn.peer_max_frame, True))
+        self.send_raw_after_data(http2.header_frames(self.sid, block, conn.peer_max_frame, True))
         self._closed_by_us(rst_code)
 
-    def _closed_by_us(self, rst_code=_core.E_NO_ERROR):
+    def _closed_by_us(self, rst_code=http2.E_NO_ERROR):
         self.finished = True
         self.closed_local = True
         self._cancel_timer()
@@ -611,7 +612,7 @@ class ServerStream(StreamBase):
         if self.pending is None:
             self.conn.stream_done(self)
 
-    def fail_early(self, code, details, rst_code=_core.E_NO_ERROR):
+    def fail_early(self, code, details, rst_code=http2.E_NO_ERROR):
         """Fail the call from the transport side (bad input, deadline, stalled request);
         the handler, if running or about to, is cancelled."""
         if self.finished:
@@ -758,7 +759,7 @@ class ServerConnection(H2Connection):
             log.info("closing HTTP/2 connection from %s: no stream for %d ms "
                      "(grpc.idle_timeout_ms)", self.peername, self.config.idle_timeout_ms)
             self.goaway_last = self.last_peer_stream
-            self.write(_core.goaway_frame(self.goaway_last, _core.E_NO_ERROR, b"idle"))
+            self.write(http2.goaway_frame(self.goaway_last, http2.E_NO_ERROR, b"idle"))
             self.flush()
             self.closed = True
             self.hard_close()
@@ -788,7 +789,7 @@ class ServerConnection(H2Connection):
                 self.note_abuse(f"incomplete requests over {cap} bytes "
                                 f"(grpc.max_connection_buffered_bytes); resetting streams "
                                 f"that add to them with ENHANCE_YOUR_CALM")
-                self._reset_stream(stream, _core.E_ENHANCE_YOUR_CALM)
+                self._reset_stream(stream, http2.E_ENHANCE_YOUR_CALM)
 
     def _is_idle_stream(self, sid):
         return sid % 2 == 0 or sid > self.last_peer_stream
@@ -805,12 +806,12 @@ class ServerConnection(H2Connection):
         if sid in self._recently_reset:
             return
         if sid % 2 == 0 or sid <= self.last_peer_stream:
-            raise _core.H2ConnectionError(_core.E_PROTOCOL_ERROR,
+            raise http2.H2ConnectionError(http2.E_PROTOCOL_ERROR,
                                           f"client opened stream {sid} out of order")
         self.last_peer_stream = sid
         if (self.goaway_last is not None and sid > self.goaway_last) or \
                 len(self.streams) >= self.config.max_concurrent_streams:
-            self.write(rst_stream_frame(sid, _core.E_REFUSED_STREAM))
+            self.write(rst_stream_frame(sid, http2.E_REFUSED_STREAM))
             return
         if head.http_error is not None:
             self.send_http_error(sid, head.http_error)
@@ -829,14 +830,14 @@ class ServerConnection(H2Connection):
     def send_http_error(self, sid, status):
         block = encode_headers([(b":status", b"%d" % status),
                                 (b"content-type", b"text/plain")])
-        self.write(_core.header_frames(sid, block, self.peer_max_frame, True))
-        self.write(rst_stream_frame(sid, _core.E_NO_ERROR))
+        self.write(http2.header_frames(sid, block, self.peer_max_frame, True))
+        self.write(rst_stream_frame(sid, http2.E_NO_ERROR))
 
     def begin_shutdown(self):
         """Graceful GOAWAY: calls already started run to completion; new ones are refused."""
         if self.goaway_last is None and not self.closed:
             self.goaway_last = self.last_peer_stream
-            self.write(_core.goaway_frame(self.goaway_last, _core.E_NO_ERROR, b"shutdown"))
+            self.write(http2.goaway_frame(self.goaway_last, http2.E_NO_ERROR, b"shutdown"))
             self.flush()
             if not self.streams:
                 self.close()

@@ -1,10 +1,10 @@
 """danube_ext.BatchProducer: our batched publish beside upstream's one-call-per-message
 SendMessage (see protocol/DanubeExt.proto). A request is not parsed into protobuf objects:
-danube._core.parse_message_batch checks and indexes its bytes in C, and the whole batch goes
+danube.broker._stamp.parse_message_batch checks and indexes its bytes in C, and the whole batch goes
 to Topic.publish, where a reliable topic stamps and stores all its messages in one pass,
 without a Python object per message."""
 
-from danube._core import parse_message_batch
+from danube.broker._stamp import parse_message_batch
 from danube.broker import errors as e
 from danube.proto import DanubeExt_pb2 as ext
 from danube.rpc.server import Kind

@@ -46,8 +46,9 @@ import threading
 
 from array import array
 
-from danube._wal import (SCAN_CLEAN, SCAN_CORRUPT, SCAN_GAP, SCAN_TORN, encode_frames_indexed,
-                         encode_frames_packed, last_nonzero, read_frames_into, scan_frames)
+from danube.storage._walframes import (SCAN_CLEAN, SCAN_CORRUPT, SCAN_GAP, SCAN_TORN,
+                                       encode_frames_indexed, encode_frames_packed,
+                                       last_nonzero, read_frames_into, scan_frames)
 from danube.storage.checkpoint import fsync_dir
 from danube.storage.errors import CorruptSegmentError
 

@@ -7,7 +7,7 @@ import asyncio
 import logging
 import time
 
-from danube._core import canonical_stream_message
+from danube.broker._canon import canonical_stream_message
 from danube.broker import names
 from danube.broker.consumer import Consumer
 from danube.broker.core.ids import random_id

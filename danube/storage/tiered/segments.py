@@ -8,8 +8,8 @@ import os
 import struct
 import time
 
-from danube._wal import (MAX_PAYLOAD, SCAN_CLEAN, SCAN_CORRUPT, SCAN_TORN, FrameError,
-                         read_frames_into, scan_frames, walk_frames)
+from danube.storage._walframes import (MAX_PAYLOAD, SCAN_CLEAN, SCAN_CORRUPT, SCAN_TORN,
+                                       FrameError, read_frames_into, scan_frames, walk_frames)
 from danube.storage.durable.base import ObjectExists, ObjectStore
 from danube.storage.segment import STATUS_NAMES
 from danube.storage.tiered.catalog import SPARSE_EVERY, SegmentDescriptor, object_key, segment_id

@@ -2,7 +2,7 @@
 
 One ``WAL`` owns one directory (one topic). Messages get offsets from 0 (or ``start_offset``)
 up, contiguous and never reused while the data that carried them survives. ``append`` frames
-a batch in C (``danube._wal``, no Python per message) and returns at once; the frames go to
+a batch in C (``danube.storage._walframes``, no Python per message) and returns at once; the frames go to
 the active segment with ``pwrite`` (see segment.py for why not through the mapping, which
 serves reads), at once or, in mode ``always``, from the sync worker (see "Writes" below).
 Durability is a separate, shared step (``sync_to``), so one ``fdatasync`` covers every append
@@ -16,7 +16,7 @@ Layout of the directory::
     wal.lock                        flock'ed while a WAL has the directory open
 
 Each frame is ``[u64 offset][u32 len][u32 crc32c(header[0:12] + payload)][payload]``
-(see ``danube/_wal.pyx``).
+(see ``danube/storage/_walframes.pyx``).
 
 Durability modes, and exactly what each promises
 ------------------------------------------------

@@ -1,6 +1,6 @@
 """Appending to the WAL, and rotating its active segment.
 
-``append`` frames a batch in C (``danube._wal``, no Python per message) into the active
+``append`` frames a batch in C (``danube.storage._walframes``, no Python per message) into the active
 segment, at once or, in mode ``always``, into a pending buffer the sync job writes (see
 "Writes" in the package docstring). A batch that does not fit, or an active segment older
 than ``max_age_seconds``, seals the segment and continues in a new one.
@@ -14,7 +14,7 @@ import os
 import sys
 from typing import Sequence
 
-from danube._wal import HEADER_SIZE as _HEADER, measure_frames
+from danube.storage._walframes import HEADER_SIZE as _HEADER, measure_frames
 from danube.storage.errors import WALClosedError
 from danube.storage.segment import Segment, SegmentInfo, write_pending
 from danube.storage.wal.state import OPEN as _OPEN

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 
-from danube._wal import read_frames_into
+from danube.storage._walframes import read_frames_into
 from danube.storage.errors import OffsetTruncatedError, WALClosedError
 from danube.storage.segment import Segment
 from danube.storage.wal.state import OPEN as _OPEN

@@ -1,3 +1,4 @@
+# cython: language_level=3
 # StreamMessage bytes in canonical form, built in C without protobuf objects: each singular
 # field at most once, fields in number order, msg_id merged into one. Python's protobuf
 # merges a repeated embedded message as the spec says, but other decoders (protobufjs keeps
@@ -8,65 +9,18 @@
 # values of plain scalars left out, proto3 `optional` fields kept when present, unknown
 # fields and known numbers with the wrong wire type dropped (prost keeps neither).
 
-from libc.stdint cimport uint64_t
+from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING, PyBytes_GET_SIZE
+from libc.stdint cimport uint8_t, uint64_t
+from libc.string cimport memcpy
 
-cdef enum:
-    _WT_VARINT = 0
-    _WT_I64 = 1
-    _WT_LEN = 2
-    _WT_SGROUP = 3
-    _WT_EGROUP = 4
-    _WT_I32 = 5
-
-# What a stamp does to msg_id.topic_name / msg_id.broker_addr.
-cdef enum:
-    ID_KEEP = 0        # what the message says
-    ID_DEFAULT = 1     # the stamp's value where no msg_id of the message sets the field
-    ID_SET = 2         # the stamp's value
-    ID_CLEAR = 3       # empty (left out)
+from danube.codec.protowire cimport (_WT_VARINT, _WT_I64, _WT_LEN, _WT_SGROUP, _WT_EGROUP,
+                                     _WT_I32, _varint_size, _put_varint, _get_varint)
 
 # Wire type of StreamMessage fields 1..10; -1: not a field of ours.
 cdef int[11] _SM_WT = [-1, _WT_VARINT, _WT_LEN, _WT_LEN, _WT_VARINT, _WT_LEN, _WT_LEN,
                        _WT_LEN, _WT_VARINT, _WT_VARINT, _WT_LEN]
 cdef enum:
     _SM_FIRST_OPTIONAL = 8     # 8..10 are proto3 optional: present means sent, even if 0
-
-
-cdef inline Py_ssize_t _varint_size(uint64_t v) noexcept nogil:
-    cdef Py_ssize_t n = 1
-    while v >= 0x80:
-        v >>= 7
-        n += 1
-    return n
-
-
-cdef inline Py_ssize_t _put_varint(uint8_t *o, uint64_t v) noexcept nogil:
-    cdef Py_ssize_t n = 0
-    while v >= 0x80:
-        o[n] = <uint8_t>((v & 0x7F) | 0x80)
-        v >>= 7
-        n += 1
-    o[n] = <uint8_t>v
-    return n + 1
-
-
-cdef inline bint _get_varint(const uint8_t *p, Py_ssize_t end, Py_ssize_t *pos,
-                             uint64_t *out) noexcept nogil:
-    # As upb: at most 10 bytes, the bits beyond 64 ignored.
-    cdef uint64_t v = 0
-    cdef Py_ssize_t i = pos[0]
-    cdef int shift = 0
-    cdef uint8_t b
-    while i < end and shift < 70:
-        b = p[i]
-        i += 1
-        v |= <uint64_t>(b & 0x7F) << shift
-        if b < 0x80:
-            pos[0] = i
-            out[0] = v
-            return True
-        shift += 7
-    return False
 
 
 cdef bint _skip_group(const uint8_t *p, Py_ssize_t end, Py_ssize_t *pos, uint64_t field,
@@ -137,50 +91,6 @@ cdef inline bint _read_field(const uint8_t *p, Py_ssize_t end, Py_ssize_t *pos, 
         return False
     pos[0] += <Py_ssize_t>n
     return True
-
-
-cdef struct _Str:
-    const uint8_t *p
-    Py_ssize_t n
-    bint present
-
-
-cdef struct _Decoded:
-    # Top-level fields other than msg_id and attributes: the last occurrence (tag
-    # included), start -1 when absent.
-    Py_ssize_t start[11]
-    Py_ssize_t end[11]
-    bint zero[11]
-    # attributes (map entries, repeated field 7): where the first starts and the last ends,
-    # whether other fields come between them, and their bytes in all.
-    Py_ssize_t attrs_first
-    Py_ssize_t attrs_end
-    Py_ssize_t attrs_bytes
-    bint attrs_split
-    # msg_id, every occurrence merged.
-    bint has_id
-    bint has_pid
-    bint has_off
-    uint64_t pid
-    uint64_t off
-    _Str tn
-    _Str ba
-    # The bytes are already in canonical form.
-    bint canonical
-
-
-cdef struct _Stamp:
-    int tn_mode
-    int ba_mode
-    _Str tn
-    _Str ba
-    bint set_pid
-    bint set_off
-    uint64_t pid
-    uint64_t off
-    bint set_pn          # producer_name
-    _Str pn
-    bint makes_id        # a message without msg_id gets one
 
 
 cdef inline bint _decode_id(const uint8_t *p, Py_ssize_t pos, Py_ssize_t end,
@@ -265,15 +175,6 @@ cdef inline void _pick(_Str *out, _Str *own, int mode, _Str *stamp) noexcept nog
         out.n = 0
     else:
         out[0] = own[0]
-
-
-cdef struct _Id:
-    bint present
-    uint64_t pid
-    uint64_t off
-    _Str tn
-    _Str ba
-    Py_ssize_t inner      # encoded size of its fields
 
 
 cdef inline Py_ssize_t _str_size(Py_ssize_t n) noexcept nogil:
@@ -388,10 +289,6 @@ cdef class DeliveryStamp:
     broker's address in msg_id, where the message does not say otherwise. The WAL and the
     durable tier leave them out of every frame (they are the same for all of a topic's
     messages)."""
-
-    cdef readonly bytes topic_name
-    cdef readonly bytes broker_addr
-    cdef _Stamp _s
 
     def __init__(self, topic_name, broker_addr):
         self.topic_name = topic_name.encode() if isinstance(topic_name, str) else bytes(topic_name)

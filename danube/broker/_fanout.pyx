@@ -1,3 +1,4 @@
+# cython: language_level=3
 # Non-reliable dispatch fan-out: one published message to every subscription of a topic, each
 # subscription choosing its consumer(s) by type. Runs once per message per subscription, so
 # the selection and the gRPC framing into each consumer's outbox are C loops; Python only sees
@@ -5,6 +6,12 @@
 
 from bisect import bisect_left
 from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE, PyByteArray_Resize
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
+from libc.stdint cimport uint8_t, uint32_t
+from libc.string cimport memcpy
+
+from danube.broker._canon cimport _Decoded, _Id, _decode, _canon_size, _canon_write
+from danube.codec.grpcframe cimport _put_prefix
 
 
 cdef inline uint32_t _fnv1a32(const uint8_t *p, Py_ssize_t n) noexcept nogil:
@@ -47,15 +54,6 @@ cdef class Outbox:
     the owner's cue to schedule one flush. `offer` refuses a message that would take the
     outbox past its limit: for a non-reliable subscription that message is dropped (or, on
     Shared, offered to the next consumer)."""
-
-    cdef bytearray _buf
-    cdef public Py_ssize_t limit
-    cdef public Py_ssize_t count
-    cdef public object on_ready
-    cdef public bint enabled
-    cdef public unsigned long long delivered
-    cdef public unsigned long long delivered_bytes
-    cdef public unsigned long long dropped
 
     def __cinit__(self, Py_ssize_t limit=4 * 1024 * 1024, on_ready=None):
         self._buf = bytearray()
@@ -114,9 +112,6 @@ cdef class Outbox:
 cdef class Fanout:
     """Base: a subscription's choice of consumer. Subclasses implement `dispatch`."""
 
-    cdef public list outboxes
-    cdef public unsigned long long dropped
-
     def __cinit__(self, *args, **kwargs):
         self.outboxes = []
         self.dropped = 0
@@ -147,8 +142,6 @@ cdef class ActiveFanout(Fanout):
 cdef class RoundRobinFanout(Fanout):
     """Shared: each message to one consumer, round-robin, skipping consumers that are full."""
 
-    cdef Py_ssize_t _next
-
     cpdef bint dispatch(self, bytes message, object key):
         cdef Py_ssize_t n = len(self.outboxes)
         cdef Py_ssize_t i, idx
@@ -171,13 +164,6 @@ cdef class KeySharedFanout(Fanout):
     one of its glob patterns. A key no consumer accepts is dropped (and counted in
     `unroutable` when there were consumers to reject it). Decisions are cached per key until
     the consumer set changes."""
-
-    cdef list _ring_hashes
-    cdef list _ring_owner
-    cdef list _matchers
-    cdef dict _cache
-    cdef public int vnodes
-    cdef public unsigned long long unroutable
 
     def __cinit__(self, *args, **kwargs):
         self._ring_hashes = []

@@ -1,9 +1,16 @@
+# cython: language_level=3
 # gRPC length-prefixed messages (PROTOCOL-HTTP2.md: Length-Prefixed-Message =
 # Compressed-Flag(1) Message-Length(4, big-endian) Message), split across and packed into
 # HTTP/2 DATA frames. Runs once per message, so it is C loops over buffers.
 
 from cpython.list cimport PyList_GET_SIZE, PyList_GET_ITEM
-from cpython.bytes cimport PyBytes_Check
+from cpython.bytes cimport (PyBytes_Check, PyBytes_FromStringAndSize, PyBytes_AS_STRING,
+                            PyBytes_GET_SIZE)
+from libc.string cimport memcpy
+from libc.stdint cimport uint8_t, uint32_t
+
+from danube.codec.http2 cimport (FT_DATA, FL_END_STREAM, _u32, _put_header, _data_frames_size,
+                                 _write_data_frames, _write_header_frames)
 
 
 class GrpcMessageTooLarge(Exception):
@@ -17,14 +24,6 @@ class GrpcMessageTooLarge(Exception):
         self.size = size
         self.limit = limit
         self.head = head
-
-
-cdef inline void _put_prefix(uint8_t *o, bint compressed, uint32_t n) noexcept nogil:
-    o[0] = 1 if compressed else 0
-    o[1] = (n >> 24) & 0xFF
-    o[2] = (n >> 16) & 0xFF
-    o[3] = (n >> 8) & 0xFF
-    o[4] = n & 0xFF
 
 
 def grpc_frame(const uint8_t[::1] message, bint compressed=False):
@@ -183,13 +182,6 @@ cdef class GrpcDeframer:
     the complete messages as a list: plain `bytes`, or `CompressedMessage` for those whose
     compressed flag was set. A large uncompressed message that spans payloads is copied
     once, into the bytes object it is returned as, as its parts arrive."""
-
-    cdef bytearray _buf
-    cdef public Py_ssize_t max_message
-    cdef public bint any_compressed
-    cdef bytes _msg             # the large message being assembled, or None
-    cdef Py_ssize_t _msg_len
-    cdef Py_ssize_t _have       # bytes of _msg filled so far
 
     def __cinit__(self, Py_ssize_t max_message=4 * 1024 * 1024):
         self._buf = bytearray()

@@ -1,30 +1,13 @@
+# cython: language_level=3
 # HTTP/2 frame codec (RFC 9113 section 4 and 6): parsing with the connection-level checks a
 # frame can be judged on alone, and serialisation of every frame the broker sends. Stream
 # state, HPACK and flow-control policy live in danube/rpc; this file only turns bytes into
-# frames and back, which is the part that runs once per frame on the data path.
+# frames and back, which is the part that runs once per frame on the data path. The frame types,
+# flags and the helpers other modules use are declared in http2.pxd.
 
 from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING, PyBytes_GET_SIZE
 from libc.string cimport memcpy, memcmp
 from libc.stdint cimport uint8_t, uint32_t
-
-cdef enum:
-    FT_DATA = 0
-    FT_HEADERS = 1
-    FT_PRIORITY = 2
-    FT_RST_STREAM = 3
-    FT_SETTINGS = 4
-    FT_PUSH_PROMISE = 5
-    FT_PING = 6
-    FT_GOAWAY = 7
-    FT_WINDOW_UPDATE = 8
-    FT_CONTINUATION = 9
-
-cdef enum:
-    FL_END_STREAM = 0x1
-    FL_ACK = 0x1
-    FL_END_HEADERS = 0x4
-    FL_PADDED = 0x8
-    FL_PRIORITY = 0x20
 
 # Error codes (RFC 9113 section 7).
 E_NO_ERROR = 0x0
@@ -69,32 +52,11 @@ class H2ConnectionError(Exception):
         self.code = code
 
 
-cdef inline uint32_t _u32(const uint8_t *p) nogil:
-    return (<uint32_t>p[0] << 24) | (<uint32_t>p[1] << 16) | (<uint32_t>p[2] << 8) | p[3]
-
-
-cdef inline void _put_header(uint8_t *p, uint32_t length, int ftype, int flags,
-                             uint32_t sid) noexcept nogil:
-    p[0] = (length >> 16) & 0xFF
-    p[1] = (length >> 8) & 0xFF
-    p[2] = length & 0xFF
-    p[3] = <uint8_t>ftype
-    p[4] = <uint8_t>flags
-    p[5] = (sid >> 24) & 0x7F
-    p[6] = (sid >> 16) & 0xFF
-    p[7] = (sid >> 8) & 0xFF
-    p[8] = sid & 0xFF
-
-
 cdef class FrameReader:
     """Incremental frame parser. `feed(data)` returns the list of complete frames as
     `(type, flags, stream_id, payload, flow_len)` tuples: padding and priority fields are
     already stripped from `payload`, and `flow_len` is what the frame costs in flow control.
     Unknown frame types are dropped, as the RFC requires. Raises H2ConnectionError."""
-
-    cdef bytearray _buf
-    cdef public unsigned int max_frame_size
-    cdef public bint expect_preface
 
     def __cinit__(self, unsigned int max_frame_size=16384, bint expect_preface=False):
         self._buf = bytearray()
@@ -280,11 +242,6 @@ cdef Py_ssize_t _write_data_frames(uint8_t *o, uint32_t sid, const uint8_t *src,
         pos += chunk
         if pos >= n:
             return w
-
-
-cdef inline Py_ssize_t _data_frames_size(Py_ssize_t n, Py_ssize_t max_frame) noexcept nogil:
-    cdef Py_ssize_t frames = (n + max_frame - 1) // max_frame if n else 1
-    return n + 9 * frames
 
 
 def data_frames(uint32_t sid, const uint8_t[::1] data, Py_ssize_t start, Py_ssize_t length,

@@ -1,14 +1,11 @@
+# cython: language_level=3
 # CRC-32C (Castagnoli), the checksum of WAL frames and of anything else the broker stores.
-# The arithmetic lives in danube/_crc32c.h (SSE4.2 instruction when the CPU has it, slicing-by-8
-# otherwise); this file only exposes it to Python over the buffer protocol.
+# The arithmetic lives in _crc32c.h beside this file (SSE4.2 instruction when the CPU has it,
+# slicing-by-8 otherwise), declared for cimport in crc32c.pxd; this file only exposes it to
+# Python over the buffer protocol.
 
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE
 from libc.stdint cimport uint32_t
-
-cdef extern from "_crc32c.h" nogil:
-    uint32_t danube_crc32c_update(uint32_t crc, const unsigned char *p, size_t n)
-    uint32_t danube_crc32c_sw(uint32_t crc, const unsigned char *p, size_t n)
-    int danube_crc32c_hw_available()
 
 # Inputs above this size are checksummed with the GIL released (at ~20 GB/s, 64 KiB takes a
 # few microseconds; below that the release/reacquire costs more than it frees).

@@ -1,6 +1,8 @@
 # cython: language_level=3
 """WAL frame codec, and the per-message helpers of the mmap WAL (``danube.storage.wal``).
 
+The CRC is the codec layer's (``danube/codec/crc32c.pxd``), compiled in through cimport.
+
 A WAL segment is a sequence of frames, each a 16-byte little-endian header followed by the
 payload::
 
@@ -38,8 +40,7 @@ from libc.string cimport memcpy
 
 from array import array as _array
 
-cdef extern from "_crc32c.h" nogil:
-    uint32_t danube_crc32c_update(uint32_t crc, const unsigned char *p, size_t n)
+from danube.codec.crc32c cimport danube_crc32c_update
 
 cdef extern from *:
     """
@@ -721,13 +722,6 @@ cdef class TailCache:
     Payloads appended as bytes objects are served as those very objects, without a copy;
     payloads appended packed in one buffer (``extend_packed``) are kept as a reference to
     that buffer and copied out only when read."""
-
-    cdef list _slots            # the payload (bytes), or the packed buffer holding it
-    cdef Py_ssize_t *_start     # where the payload starts in its packed buffer, -1: bytes
-    cdef Py_ssize_t *_len
-    cdef Py_ssize_t _cap
-    cdef long long _first       # oldest offset held
-    cdef long long _next        # one past the newest
 
     def __cinit__(self, Py_ssize_t capacity, long long next_offset=0):
         if capacity < 0:
