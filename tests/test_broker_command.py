@@ -161,6 +161,7 @@ print(libc.mallinfo2().fordblks)
 """
 
 
+# A genuine platform skip: mallinfo2 and the malloc tuning it checks are glibc's (Linux).
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc malloc")
 def test_broker_keeps_freed_heap_for_the_next_batches():
     def free_heap(mode):
