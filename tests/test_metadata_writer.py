@@ -16,6 +16,7 @@ import pytest
 from danube.metadata import (DELETE, PUT, EmbeddedStore, MemoryStore, MetadataError,
                              MetadataUnavailable, WatchEvent)
 from killed_child import KilledChild
+from waiting import async_holds_for
 
 
 @pytest.fixture
@@ -241,8 +242,8 @@ async def test_close_lets_pending_writes_finish(tmp_path):
     tasks = [asyncio.create_task(s.put(f"/w/{i:02d}", i)) for i in range(30)]
     await settle()
     closing = asyncio.create_task(s.close())
-    await asyncio.sleep(0.05)
-    assert not closing.done()
+    # close() waits for the held writes (watched over a bounded window).
+    await async_holds_for(lambda: not closing.done(), 0.05, what="close() waiting")
     with pytest.raises(MetadataUnavailable):
         await s.put("/w/late", 1)            # refused at once, while the others finish
     s._writer.resume()
