@@ -86,6 +86,7 @@ class TestService:
         return request
 
     async def sleep(self, request, context):
+        self.calls["Sleep"] += 1        # tests wait for the call to be in the handler
         await asyncio.sleep(int(request) / 1000)
         return request
 

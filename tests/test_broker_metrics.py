@@ -48,6 +48,9 @@ def test_publish_and_delivery_are_counted(broker):
                                  response_deserializer=pb.StreamMessage.FromString)(
             pb.ReceiveRequest(request_id=1, consumer_id=consumer.consumer_id), timeout=30)
         received = []
+        # How the stream ended, checked by the test itself: an assert on the reader thread
+        # would only print a warning.
+        ended = []
 
         def read():
             try:
@@ -55,8 +58,11 @@ def test_publish_and_delivery_are_counted(broker):
                     received.append(message)
                     if len(received) == 3:
                         stream.cancel()
+                ended.append("end of stream without an error")
             except grpc.RpcError as err:
-                assert err.code() == grpc.StatusCode.CANCELLED
+                ended.append(err.code())
+            except BaseException as exc:
+                ended.append(exc)
         reader = threading.Thread(target=read)
         reader.start()
         for i in range(3):
@@ -66,7 +72,9 @@ def test_publish_and_delivery_are_counted(broker):
                                                    topic_name=topic)),
                   pb.MessageResponse)
         reader.join(10)
+        assert not reader.is_alive(), "the reader did not finish"
         assert len(received) == 3
+        assert ended == [grpc.StatusCode.CANCELLED]
         body = urllib.request.urlopen(f"http://127.0.0.1:{broker.prom_port}/metrics",
                                       timeout=5).read().decode()
     assert _metric(body, "danube_topic_messages_in_total", topic=topic) == 3

@@ -1,7 +1,6 @@
 """Broker policies and lifecycle: per-topic limits with upstream's status codes,
 auto_create_topics, bootstrap namespaces, restart, consumer takeover, idle-subscription reaping."""
 
-import asyncio
 import threading
 
 import grpc
@@ -10,6 +9,7 @@ import pytest
 from danube.proto import DanubeApi_pb2 as pb
 from broker_process import BrokerProcess
 from grpc_calls import create_producer, receive, subscribe, unary
+from waiting import async_holds_for, async_wait_for
 
 
 def _send(ch, topic, producer_id, payload):
@@ -196,18 +196,23 @@ async def test_idle_non_reliable_subscriptions_are_reaped(tmp_path):
         consumer_id = await core.subscribe("/default/reap", "c", "s", 1)
         consumer = core.consumer(consumer_id)
         topic = core.topics["/default/reap"]
-        await asyncio.sleep(0.5)
-        assert "s" in topic.subscriptions         # an active consumer keeps it
+        # An active consumer keeps it: watched for more than twice the grace (a bounded
+        # window, as any "it does not happen" check).
+        await async_holds_for(lambda: "s" in topic.subscriptions, 0.5,
+                              what="the subscription of an active consumer kept")
         # The consumer's stream ends and it does not come back: it is removed after the
         # grace, and then the subscription, now without consumers, is too.
         consumer.attach(_FakeStream())
         consumer.stream_ended(consumer.stream)
         assert not core.registry.consumer_active(consumer_id)
-        await asyncio.sleep(0.5)
-        assert consumer_id not in core.consumers
-        await asyncio.sleep(0.5)
-        assert "s" not in topic.subscriptions
-        assert await store.get_entry(keys.topic_subscription("/default/reap", "s")) is None
+        await async_wait_for(lambda: consumer_id not in core.consumers,
+                             what="the consumer removed after the grace")
+        await async_wait_for(lambda: "s" not in topic.subscriptions,
+                             what="the subscription reaped")
+
+        async def forgotten():
+            return await store.get_entry(keys.topic_subscription("/default/reap", "s")) is None
+        await async_wait_for(forgotten, what="the subscription's metadata deleted")
     finally:
         await core.stop()
         await store.close()

@@ -7,6 +7,7 @@ import time
 import pytest
 
 from broker_process import BrokerProcess
+from waiting import async_wait_for
 from danube.client import (ClientClosed, DanubeClient, FailedPrecondition, InvalidArgument,
                            NoTopicsFound, NotFound, PermissionDenied, RetryPolicy, Unavailable,
                            fnv1a64)
@@ -163,11 +164,8 @@ async def test_health_close_recreates_producer_and_consumer_reports_loss(broker)
         # The consumer's stream ends and its resubscribe finds no topic: a typed error.
         with pytest.raises(NotFound):
             await consumer.receive(timeout=10)
-        for _ in range(100):
-            if producer.producers[0].closed_by_broker:
-                break
-            await asyncio.sleep(0.05)
-        assert producer.producers[0].closed_by_broker
+        await async_wait_for(lambda: producer.producers[0].closed_by_broker,
+                             what="the health check to report the producer closed")
         # The next send creates the producer again (and with it the topic).
         assert await producer.send(b"after") >= 1
         assert producer.producers[0].producer_id != old_id

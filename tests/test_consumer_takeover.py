@@ -6,7 +6,6 @@ old one. The client that was taken over opens ReceiveMessages again (the officia
 do when their stream ends); that stream waits while the new owner has the consumer."""
 
 import queue
-import time
 
 import grpc
 import pytest
@@ -15,6 +14,7 @@ from danube.proto import DanubeApi_pb2 as pb
 from grpc_calls import Collector, ack, create_producer, receive, send, subscribe
 from official_client import (broker_url, official_python, spawn_scenario, start_broker,
                              unique_topic)
+from waiting import holds_for
 
 TYPES = {"exclusive": pb.ConsumerRequest.Exclusive, "shared": pb.ConsumerRequest.Shared,
          "failover": pb.ConsumerRequest.Failover, "key_shared": pb.ConsumerRequest.KeyShared}
@@ -127,10 +127,12 @@ def test_official_client_second_instance_with_the_same_name_gets_the_messages(
                 send(ch, topic, producer, f"m{i}".encode())
             for i in range(1, 6):
                 second.wait_line(f"received m{i}")
-            # Give the first client time to print anything it was (wrongly) sent.
-            time.sleep(1.0)
-            got = [line for line in first.lines if line and line.startswith("received")]
-            assert got == ["received m0"], got
+            # The first client must print nothing more: watched over a bounded window for
+            # anything it was (wrongly) sent.
+            def first_got():
+                return [line for line in first.lines if line and line.startswith("received")]
+            holds_for(lambda: first_got() == ["received m0"], 1.0,
+                      what="the first client receiving nothing after the takeover")
         finally:
             for s in (first, second):
                 if s is not None:

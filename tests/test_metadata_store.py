@@ -17,6 +17,7 @@ from danube.metadata import (DELETE, PUT, EmbeddedStore, Entry, MemoryStore, Met
                              MetadataUnavailable, StoreLocked, WatchEvent, WatchOverflow)
 from danube.metadata.store import in_prefix
 from killed_child import KilledChild
+from waiting import async_holds_for, async_wait_for
 
 TTL = 0.2
 
@@ -284,11 +285,9 @@ async def test_closing_a_watch_unregisters_it(store):
                 seen.append(event.key)
 
     task = asyncio.create_task(consume())
-    while store.watch_count == 0:
-        await asyncio.sleep(0)
+    await async_wait_for(lambda: store.watch_count == 1, what="the watch registered")
     await store.put("/u/3", 3)
-    while not seen:
-        await asyncio.sleep(0.001)
+    await async_wait_for(lambda: seen, what="the event seen by the watching task")
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
@@ -357,7 +356,9 @@ async def test_expired_keys_invisible_before_reaping(store):
     await store.put("/t/k", 1, ttl=TTL)
     await store.put("/t/k2", 2, ttl=TTL)
     await store.allocate_id("/t/counter")
-    time.sleep(TTL + 0.05)  # blocks the loop: the reaper cannot run
+    # Time passing is the condition here, not an event: the sleep blocks the loop, so the
+    # reaper cannot run and only the expiry deadlines can hide the keys.
+    time.sleep(TTL + 0.05)
     assert await store.get("/t/k") is None
     assert await store.get_entry("/t/k2") is None
     assert await store.scan("/t") == [("/t/counter", 1)]
@@ -370,6 +371,8 @@ async def test_expiry_is_announced_before_a_later_write(store):
     """A broker re-registering after its TTL ran out is first seen to leave."""
     await store.put("/cluster/register/7", {"v": 1}, ttl=TTL)
     watch = await store.watch("/cluster/register")
+    # Blocks the loop past the TTL, so the reaper has not announced the expiry yet: the
+    # write must announce it first.
     time.sleep(TTL + 0.05)
     await store.put("/cluster/register/7", {"v": 2}, ttl=TTL)
     events = await drain(watch, 2)
@@ -379,20 +382,29 @@ async def test_expiry_is_announced_before_a_later_write(store):
 
 async def test_ttl_refresh_extends(store):
     await store.put("/t/r", 1, ttl=0.3)
-    await asyncio.sleep(0.2)
+    first = (await store.get_entry("/t/r")).expires_at
+    await asyncio.sleep(0.2)            # the refresh comes at least 0.2 s later
     await store.put("/t/r", 2, ttl=0.3)
-    await asyncio.sleep(0.2)
-    assert await store.get("/t/r") == 2
-    await asyncio.sleep(0.2)
-    assert await store.get("/t/r") is None
+    refreshed = await store.get_entry("/t/r")
+    # The deadline moved with the refresh: 0.3 s from it, not from the first put ...
+    assert refreshed.value == 2 and refreshed.expires_at - first >= 0.15
+    # ... and the key is there until that deadline, not the first one.
+
+    async def gone():
+        return await store.get("/t/r") is None
+    await async_wait_for(gone, what="the refreshed key to expire")
+    assert time.time() >= refreshed.expires_at
 
 
 async def test_put_without_ttl_makes_key_permanent(store):
     await store.put("/t/p", 1, ttl=TTL)
     await store.put("/t/p", 2)
     assert (await store.get_entry("/t/p")).expires_at is None
-    await asyncio.sleep(TTL + 0.1)
-    assert await store.get("/t/p") == 2
+
+    async def kept():
+        return await store.get("/t/p") == 2
+    # Past the first put's TTL, watched over a bounded window: the key does not expire.
+    await async_holds_for(kept, TTL + 0.1, what="the permanent key kept")
 
 
 async def test_reaper_follows_earlier_deadlines(store):

@@ -196,12 +196,13 @@ def our_file_descriptor(proto_name):
 
 @pytest.fixture(scope="module")
 def official_dump():
+    # A missing interpreter fails rather than skips: bin/test always creates it.
     if not os.path.exists(OFFICIAL_PYTHON):
-        pytest.skip(
-            f"official client interpreter {OFFICIAL_PYTHON} not found; create it with "
-            "`python3 -m venv .venv-official && .venv-official/bin/pip install "
-            "danube-client==0.5.0` (or point DANUBE_OFFICIAL_PYTHON at a python that has "
-            "danube-client installed)")
+        pytest.fail(
+            f"official client interpreter {OFFICIAL_PYTHON} not found: run `bash bin/test`, "
+            "or create it with `python3 -m venv .venv-official && .venv-official/bin/pip "
+            "install danube-client==0.5.0` (or point DANUBE_OFFICIAL_PYTHON at a python that "
+            "has danube-client installed)", pytrace=False)
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
     # -I: isolated mode, so our own `danube` package can never shadow the official one.
     proc = subprocess.run([OFFICIAL_PYTHON, "-I", DUMP_SCRIPT], capture_output=True,
@@ -542,7 +543,11 @@ def _strip_json_names(fdp):
 
 
 def test_generated_modules_up_to_date(tmp_path):
-    protoc = pytest.importorskip("grpc_tools.protoc")
+    try:
+        from grpc_tools import protoc
+    except ImportError as exc:
+        pytest.fail(f"grpc_tools is not installed ({exc}): run `bash bin/test` (the test "
+                    "extras, `pip install .[test]`, have grpcio-tools)", pytrace=False)
     out = tmp_path / "set.pb"
     protos = sorted(os.path.join(PROTO_SRC, p) for p in OUR_MODULES)
     rc = protoc.main(["protoc", f"-I{PROTO_SRC}", f"--descriptor_set_out={out}", *protos])

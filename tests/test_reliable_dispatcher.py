@@ -15,6 +15,8 @@ from danube.broker.reliable import ReliableDispatcher
 from danube.broker.subscription import EXCLUSIVE, KEY_SHARED, SHARED, Subscription
 from danube.proto import DanubeApi_pb2 as pb
 
+from waiting import async_holds_for, async_wait_for
+
 
 class MemoryTopic:
     """What a dispatcher reads from a topic: the log, how far it may read, and a reader of
@@ -120,8 +122,7 @@ async def test_nack_redelivers_the_same_offset_after_the_delay():
     d.nack(0)
     await settle()
     assert drain(c) == []                      # not before the delay
-    await asyncio.sleep(0.35)
-    again = drain(c)
+    again = await async_wait_for(lambda: drain(c), what="the redelivery")
     assert [(m.payload, m.msg_id.topic_offset) for m in again] == [(b"x", 0)]
     assert d.stats["redelivered"] == 1
     await d.close()
@@ -133,10 +134,10 @@ async def test_nack_delay_wins_when_larger_than_backoff():
     await settle()
     drain(c)
     d.nack(0, delay_ms=200)
-    await asyncio.sleep(0.1)
-    assert drain(c) == []
-    await asyncio.sleep(0.2)
-    assert len(drain(c)) == 1
+    # Not before the nack's own delay (watched over half of it) ...
+    await async_holds_for(lambda: drain(c) == [], 0.1, what="no redelivery before 200 ms")
+    # ... and then once.
+    assert len(await async_wait_for(lambda: drain(c), what="the redelivery")) == 1
     await d.close()
 
 
@@ -145,8 +146,8 @@ async def test_ack_timeout_redelivers():
     topic.publish(b"x")
     await settle()
     assert len(drain(c)) == 1
-    await asyncio.sleep(0.4)
-    assert [m.payload for m in drain(c)] == [b"x"]
+    again = await async_wait_for(lambda: drain(c), what="the redelivery after the ack timeout")
+    assert [m.payload for m in again] == [b"x"]
     assert d.stats["ack_timeouts"] >= 1
     await d.close()
 

@@ -9,6 +9,7 @@ import uuid
 import pytest
 
 from rpc_fixtures import ERROR_DETAILS, P, ServerThread, blob, stream_message
+from waiting import async_holds_for, async_wait_for
 
 from danube.rpc import RpcError, StatusCode
 from danube.rpc.client import Channel, client_ssl_context
@@ -255,8 +256,9 @@ async def test_local_reset_does_not_break_other_calls(rpc_server):
             with pytest.raises(RpcError) as exc:
                 await c.unary_unary(P + "Blob")(b"%d" % (2 << 20), timeout=5)
             assert exc.value.code == StatusCode.RESOURCE_EXHAUSTED
-        await asyncio.sleep(0.1)  # let the late trailers arrive
-        assert not bystander.done(), bystander
+        # The late trailers arrive within a bounded window, and must not end the bystander.
+        await async_holds_for(lambda: not bystander.done(), 0.1,
+                              what=f"the bystander call still running: {bystander}")
         rpc_server.release(key)
         assert await bystander == b"released"
         assert (await c.connection()) is conn, "the connection was torn down"
@@ -370,7 +372,8 @@ async def test_goaway_then_reconnect_to_new_server(server_factory):
     try:
         await echo_ok(c, b"first")
         slow = asyncio.ensure_future(c.unary_unary(P + "Sleep")(b"300", timeout=5))
-        await asyncio.sleep(0.05)
+        await async_wait_for(lambda: first.service.calls["Sleep"] == 1,
+                             what="the call in its handler")
         await asyncio.to_thread(first.call, first.server.stop(5))
         # The call in flight at GOAWAY completed normally.
         assert await slow == b"300"
@@ -396,10 +399,7 @@ async def test_goaway_while_idle_reconnects(server_factory):
         # A GOAWAY without shutting the listener down (what a draining proxy would do).
         await asyncio.to_thread(srv.run_sync,
                                 lambda: [sc.begin_shutdown() for sc in srv.server.connections])
-        t0 = time.monotonic()
-        while conn.goaway_received is None and time.monotonic() - t0 < 2:
-            await asyncio.sleep(0.01)
-        assert conn.goaway_received is not None
+        await async_wait_for(lambda: conn.goaway_received is not None, what="the GOAWAY")
         assert not conn.usable
         await echo_ok(c, b"on a new connection")
         assert (await c.connection()) is not conn

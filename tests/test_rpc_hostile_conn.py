@@ -3,6 +3,7 @@ hand-made frames against a real broker process. Every test checks that the broke
 stays bounded, that the attacking connection gets the documented GOAWAY or close, and that a
 well-behaved client (grpcio HealthCheck) is served meanwhile."""
 
+import os
 import socket
 import threading
 import time
@@ -14,6 +15,7 @@ import pytest
 from danube.proto import DanubeApi_pb2 as pb
 from broker_process import BrokerProcess
 from rpc_fixtures import FrameStream, PREFACE, goaways, h2_frame, read_frames, request_headers
+from waiting import wait_for
 
 DATA, HEADERS, RST_STREAM, SETTINGS, PING, CONTINUATION = 0, 1, 3, 4, 6, 9
 END_STREAM, END_HEADERS = 0x1, 0x4
@@ -376,9 +378,16 @@ def test_handshake_timeout_and_connection_limit(broker_factory):
     broker = broker_factory({"handshake_timeout_ms": 1000, "max_connections": 8})
     health = Health(broker.client_addr)
     health.check(5)                       # one of the 8
+
+    def sockets():
+        fds = f"/proc/{broker.proc.pid}/fd"
+        return sum(os.readlink(f"{fds}/{fd}").startswith("socket:") for fd in os.listdir(fds))
+    before = sockets()
     bare = [socket.create_connection(("127.0.0.1", broker.client_port)) for _ in range(7)]
     try:
-        time.sleep(0.2)
+        # The broker has accepted all seven (each is a socket of its own) before the limit
+        # is tried.
+        wait_for(lambda: sockets() >= before + 7, what="the broker to accept the 7 connections")
         for _ in range(5):
             extra = socket.create_connection(("127.0.0.1", broker.client_port), timeout=2)
             try:

@@ -18,6 +18,7 @@ from danube.rpc.connection import TransportConfig
 from rpc_fixtures import (GRPC_OPTIONS, P, PREFACE, FrameStream, RawH2Client, blob,
                           encode_request, goaways, grpc_message, h2_frame, raw_connection,
                           read_frames, split_grpc_messages)
+from waiting import holds_for, wait_for
 
 E_NO_ERROR, E_PROTOCOL_ERROR, E_FLOW_CONTROL_ERROR, E_FRAME_SIZE_ERROR = 0, 1, 3, 6
 E_STREAM_CLOSED, E_REFUSED_STREAM, E_CANCEL = 5, 7, 8
@@ -525,7 +526,7 @@ def test_graceful_shutdown_with_grpcio(server_factory):
     with grpc.insecure_channel(srv.target, options=GRPC_OPTIONS) as ch:
         assert ch.unary_unary(P + "Unary")(b"warm", timeout=5) == b"warm"
         fut = ch.unary_unary(P + "Sleep").future(b"500", timeout=10)
-        time.sleep(0.1)
+        wait_for(lambda: srv.service.calls["Sleep"] == 1, what="the call in its handler")
         srv.call(srv.server.stop(5))
         assert fut.result() == b"500"
         with pytest.raises(grpc.RpcError) as exc:
@@ -629,10 +630,13 @@ def test_non_reading_client_blocks_writer_on_stream_window(rpc_server):
         sid = c.start_call(P + "Flood", [key + b",%d" % msg])
         assert rpc_server.wait_for(lambda: key in svc.flood_contexts)
         ctx = svc.flood_contexts[key]
-        time.sleep(0.3)
+        # Blocked: a write waits for window (what it could not send is pending).
+        wait_for(lambda: rpc_server.run_sync(lambda: ctx.pending_bytes) > 0,
+                 what="the handler to block on the shut window")
         writes = svc.flood_writes[key]
-        time.sleep(0.3)
-        assert svc.flood_writes[key] == writes, "handler kept writing into a shut window"
+        # ... and stays blocked: watched for a bounded window.
+        holds_for(lambda: svc.flood_writes[key] == writes, 0.3,
+                  what="handler kept writing into a shut window")
         # 65535 bytes of window hold 3 whole messages; the 4th or 5th blocks in write().
         assert writes <= 5
         pending = rpc_server.run_sync(lambda: ctx.pending_bytes)

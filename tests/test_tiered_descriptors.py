@@ -11,6 +11,7 @@ from danube.metadata import EmbeddedStore, keys
 from danube.storage.durable.base import ObjectExists
 from danube.storage.tiered.catalog import topic_object_prefix
 from tiered_harness import InProcBroker, tiered_tree, upload_in_process
+from waiting import async_holds_for
 import objstore_servers
 
 TOPIC = "/default/descriptors"
@@ -156,17 +157,21 @@ async def test_retention_waits_for_the_descriptors_to_be_synced(tmp_path):
         gate = asyncio.Event()
         metadata = broker.tiered.metadata
         sync = metadata.sync
-        synced = []
+        synced, asked = [], asyncio.Event()
 
         async def held_sync():
+            asked.set()
             await gate.wait()
             await sync()
             synced.append(True)
 
         metadata.sync = held_sync
         await _upload_in_segments(broker, 300)
-        await asyncio.sleep(1.5)        # several retention passes (one every 0.3 s)
-        assert broker.topic(TOPIC).log.first_offset == 0
+        # Retention asks for the sync and waits; meanwhile it deletes nothing, watched over
+        # a bounded window of several more passes (one every 0.3 s).
+        await asyncio.wait_for(asked.wait(), 15)
+        await async_holds_for(lambda: broker.topic(TOPIC).log.first_offset == 0, 1.2,
+                              what="the uploaded segments kept in the local WAL")
         gate.set()
         await broker.wait_local_first(TOPIC, 300)
         assert synced

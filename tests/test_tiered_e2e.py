@@ -19,6 +19,7 @@ from danube.metadata import keys
 from danube.storage.errors import TieredStartupError
 from danube.storage.tiered.catalog import parse_object_key, topic_object_prefix
 from tiered_harness import FlakyStore, InProcBroker, tiered_tree, upload_in_process
+from waiting import async_wait_for
 import objstore_servers
 
 BACKENDS = ["memory", "fs", "s3", "gcs", "azblob"]
@@ -230,9 +231,8 @@ async def test_deleting_a_topic_deletes_its_durable_history(backend, tmp_path):
         await broker.core.delete_topic(topic)
         assert not await broker.core.store.scan(
             keys.storage_topic_prefix(topic, broker.core.cfg.metadata_prefix))
-        deadline = asyncio.get_running_loop().time() + 10
-        while await asyncio.to_thread(backend.store.list, topic_object_prefix(topic)):
-            assert asyncio.get_running_loop().time() < deadline, "objects not deleted"
-            await asyncio.sleep(0.1)
+        async def objects_deleted():
+            return not await asyncio.to_thread(backend.store.list, topic_object_prefix(topic))
+        await async_wait_for(objects_deleted, what="the topic's objects deleted")
     finally:
         await broker.stop()

@@ -19,6 +19,8 @@ from danube.storage import WAL, WALConfig, WALFailedError
 # The sync worker's module: its fdatasync and checkpoint writes are wrapped below.
 from danube.storage.wal import group_commit as wal_module
 
+from waiting import async_holds_for, async_wait_for
+
 SMALL = dict(segment_max_bytes=64 << 10, segment_initial_bytes=8 << 10)
 
 
@@ -98,12 +100,12 @@ async def test_appends_during_a_sync_go_to_the_next_group(tmp_path, monkeypatch)
     monkeypatch.setattr(wal_module, "_fdatasync", slow)
     try:
         t1 = asyncio.create_task(wal.append_durable([b"a"]))
-        while not started.is_set():
-            await asyncio.sleep(0.001)
+        await async_wait_for(started.is_set, what="the sync for offset 0 to start")
         # A sync for offset 0 is running; these land in the next group.
         t2 = [asyncio.create_task(wal.append_durable([b"b%d" % i])) for i in range(50)]
-        await asyncio.sleep(0.02)
-        assert not t1.done() and wal.durable_offset == -1
+        # Nothing is acknowledged while it is held (watched over a bounded window).
+        await async_holds_for(lambda: not t1.done() and wal.durable_offset == -1, 0.02,
+                              what="no acknowledgement while the sync is held")
         release.set()
         assert await t1 == (0, 0)
         await asyncio.gather(*t2)
@@ -118,11 +120,8 @@ async def test_always_mode_plain_append_is_synced_soon(tmp_path, fdatasyncs):
     wal = await WAL.open(tmp_path, WALConfig(durability="always"))
     try:
         wal.append([b"x"] * 10)
-        for _ in range(500):
-            if wal.durable_offset == 9:
-                break
-            await asyncio.sleep(0.002)
-        assert wal.durable_offset == 9 and wal.sync_count == 1
+        await async_wait_for(lambda: wal.durable_offset == 9, what="offset 9 to be synced")
+        assert wal.sync_count == 1
     finally:
         await wal.close()
 
@@ -148,13 +147,12 @@ async def test_interval_mode(tmp_path, fdatasyncs):
     try:
         assert await wal.append_durable([b"a", b"b"]) == (0, 1)
         assert wal.durable_offset == -1 and wal.sync_count == 0    # returned after the write
-        t0 = time.monotonic()
-        while wal.durable_offset < 1:                               # synced by the timer
-            await asyncio.sleep(0.005)
-            assert time.monotonic() - t0 < 5
+        await async_wait_for(lambda: wal.durable_offset >= 1,
+                             what="the timer to sync offset 1")
         assert wal.sync_count == 1
-        await asyncio.sleep(0.15)
-        assert wal.sync_count == 1                                  # idle intervals: no sync
+        # Idle intervals: no sync, watched over three of them (a bounded window).
+        await async_holds_for(lambda: wal.sync_count == 1, 0.15,
+                              what="no sync on idle intervals")
     finally:
         await wal.close()
     # An explicit sync_to does not wait for the interval.
@@ -175,8 +173,9 @@ async def test_none_mode(tmp_path, fdatasyncs):
     try:
         for _ in range(20):
             assert (await wal.append_durable([b"q" * 100] * 10))[1] == wal.last_offset
-        await asyncio.sleep(0.1)
-        assert wal.sync_count == 0 and len(fdatasyncs) == n0
+        # No sync happens by itself (watched over a bounded window).
+        await async_holds_for(lambda: wal.sync_count == 0 and len(fdatasyncs) == n0, 0.1,
+                              what="no sync in durability none")
         assert wal.durable_offset == -1
         assert len(wal.segments()) > 5                   # rotated without syncing
         # Asked explicitly, it syncs everything, sealed segments included.
@@ -378,8 +377,10 @@ async def test_always_mode_writes_in_the_sync_job_and_reads_pending_frames(tmp_p
         assert wal.read(4, 100, 2 + 70000) == list(enumerate(want[4:6], 4))
         assert wal.read(6, 100, 1) == [(6, big[1])]
         assert wal.read(7, 100, 70000 + 4) == list(enumerate(want[7:10], 7))
-        await asyncio.sleep(0.05)           # a job is writing (or has written) them ...
-        assert wal.durable_offset == 4      # ... but its fdatasync is held
+        # A job is writing (or has written) them, but its fdatasync is held: nothing becomes
+        # durable (watched over a bounded window).
+        await async_holds_for(lambda: wal.durable_offset == 4, 0.05,
+                              what="nothing durable while the fdatasync is held")
         release.set()
         await wal.sync_to(10)
         assert _file_frames(seg.path) == list(range(11))
@@ -469,16 +470,13 @@ async def test_always_mode_writes_ahead_while_a_sync_runs(tmp_path, monkeypatch)
     monkeypatch.setattr(wal_module, "_fdatasync", held)
     try:
         first = asyncio.ensure_future(wal.append_durable([b"first"]))
-        while not started.is_set():
-            await asyncio.sleep(0.001)
+        await async_wait_for(started.is_set, what="the first fdatasync to start")
         batches = [[b"%d-%d." % (k, i) * 300 for i in range(50)] for k in range(3)]
         for batch in batches:
             wal.append(batch)
-        for _ in range(500):                 # written while the fdatasync is still held
-            if _file_frames(wal._active.path) == list(range(151)):
-                break
-            await asyncio.sleep(0.002)
-        assert _file_frames(wal._active.path) == list(range(151))
+        # Written while the fdatasync is still held.
+        await async_wait_for(lambda: _file_frames(wal._active.path) == list(range(151)),
+                             what="the 151 frames in the file")
         assert wal.durable_offset == -1
         release.set()
         await first

@@ -18,6 +18,7 @@ from danube.storage import WAL, WALConfig
 from danube.storage.wal import group_commit as wal_module
 from danube.storage.checkpoint import read_checkpoint
 from killed_child import KilledChild
+from waiting import async_holds_for, async_wait_for
 
 
 
@@ -29,22 +30,23 @@ def _file_frames(path):
     return offsets.tolist()
 
 
-async def _max_tick_gap(stop: asyncio.Event) -> float:
-    """The longest the loop went without running this task (1 ms sleeps)."""
-    worst, t = 0.0, time.perf_counter()
+async def _ticks_while(held, stop: asyncio.Event) -> int:
+    """How often the loop ran this task (1 ms sleeps) while `held()` was true."""
+    ticks = 0
     while not stop.is_set():
         await asyncio.sleep(0.001)
-        now = time.perf_counter()
-        worst, t = max(worst, now - t), now
-    return worst
+        ticks += held()
+    return ticks
 
 
 async def test_rotate_does_not_block_the_loop_on_a_sync_in_flight(tmp_path, monkeypatch):
-    release = threading.Event()
+    release, entered, returned = threading.Event(), threading.Event(), threading.Event()
     real = wal_module._fdatasync
 
     def held(fd):
+        entered.set()
         release.wait(5)
+        returned.set()
         real(fd)
 
     monkeypatch.setattr(wal_module, "_DEFER_MIN", 0)      # appends go to the sync job
@@ -54,16 +56,20 @@ async def test_rotate_does_not_block_the_loop_on_a_sync_in_flight(tmp_path, monk
         await wal.sync_to(9)
         monkeypatch.setattr(wal_module, "_fdatasync", held)
         wal.append([b"a" * 1000] * 10)                    # a job takes these, then waits
-        await asyncio.sleep(0.05)
+        assert await asyncio.to_thread(entered.wait, 15), "the sync job never started"
         assert wal._inflight is not None
         wal.append([b"b" * 1000] * 10)                    # pending behind it
         stop = asyncio.Event()
-        ticker = asyncio.create_task(_max_tick_gap(stop))
+        ticker = asyncio.create_task(_ticks_while(lambda: not returned.is_set(), stop))
         rotating = asyncio.create_task(wal.rotate())
-        await asyncio.sleep(0.2)
-        assert not rotating.done()                        # it waits for the worker ...
+        # It waits for the worker (watched over a bounded window) ...
+        await async_holds_for(lambda: not rotating.done(), 0.2,
+                              what="rotate() waiting for the sync in flight")
         stop.set()
-        assert await ticker < 0.1                          # ... without holding the loop
+        # ... without holding the loop: the loop ran other tasks while the sync was still
+        # held. A rotate() that blocked the loop until the sync returned would leave none.
+        assert await ticker > 0
+        assert not returned.is_set()
         release.set()
         info = await asyncio.wait_for(rotating, 5)
         assert (info.first_offset, info.last_offset) == (0, 29)
@@ -114,10 +120,7 @@ async def test_acknowledgements_do_not_wait_for_the_checkpoint(tmp_path, monkeyp
         assert (info.last_offset, first, last) == (4, 5, 9)
         assert wal.durable_offset == 9 and not written
         release.set()
-        for _ in range(200):
-            if written:
-                break
-            await asyncio.sleep(0.01)
+        await async_wait_for(lambda: written, what="the held checkpoint to be written")
         assert [s["name"] for s in written[0]["segments"]] == [os.path.basename(info.path)]
     finally:
         release.set()

@@ -17,6 +17,7 @@ from tiered_harness import InProcBroker, tiered_tree
 import objstore_servers
 import wire_walker
 from wire_walker import encode_field as field
+from waiting import async_wait_for
 
 EXCLUSIVE = pb.ConsumerRequest.Exclusive
 
@@ -160,10 +161,7 @@ async def test_reliable_delivery_and_redelivery_are_canonical(broker):
     assert raw == got[0][0]
     await c.ack(again, "s")
     sub = broker.topic(topic).subscriptions["s"]
-    deadline = asyncio.get_running_loop().time() + 5
-    while sub.dispatcher.cursor != 3:
-        assert asyncio.get_running_loop().time() < deadline, sub.dispatcher.cursor
-        await asyncio.sleep(0.02)
+    await async_wait_for(lambda: sub.dispatcher.cursor == 3, what="the cursor to reach 3")
     stream.cancel()
 
 
