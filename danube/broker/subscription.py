@@ -56,7 +56,8 @@ class Subscription:
                 f"subscription {self.name!r} is Exclusive and already has consumer {holder!r}")
         if max_per_subscription and len(self.active_consumers()) >= max_per_subscription:
             raise ConsumerLimit(f"subscription {self.name!r} already has "
-                                f"{max_per_subscription} consumers (max_consumers_per_subscription)")
+                                f"{max_per_subscription} consumers "
+                                f"(max_consumers_per_subscription)")
 
     def add(self, consumer):
         if self.sub_type == EXCLUSIVE:
