@@ -1,5 +1,5 @@
 """Shared fixtures. The gRPC transport fixtures run a danube.rpc Server with the test service
-of tests/rpc_fixtures.py in a uvloop loop on a background thread; every server a fixture
+of tests/support/rpc_fixtures.py in a uvloop loop on a background thread; every server a fixture
 starts is stopped at teardown."""
 
 import os
@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(__file__))
+# The helpers both kinds of test share (tests/support/) import as top-level modules.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "support"))
 
 from rpc_fixtures import Certs, ServerThread  # noqa: E402
 

@@ -15,7 +15,7 @@ Three sections, in this order, everything on 127.0.0.1 with ports chosen by the 
   every group once per round, in orders balanced for position and predecessor.
 
 The object-store servers (SeaweedFS, fake-gcs-server, Azurite) come from
-tests/objstore_servers.py and are started once for the whole run and always stopped.
+tests/support/objstore_servers.py and are started once for the whole run and always stopped.
 """
 
 import argparse
@@ -61,9 +61,9 @@ PUBLISH_ONLY = ("local-rotating", "s3-sink")
 
 
 def _load_objstore_servers():
-    """tests/objstore_servers.py (tests/ is not a package): the test servers and the
+    """tests/support/objstore_servers.py (tests/ is not a package): the test servers and the
     storage.durable mappings that point at them."""
-    path = REPO / "tests" / "objstore_servers.py"
+    path = REPO / "tests" / "support" / "objstore_servers.py"
     spec = importlib.util.spec_from_file_location("objstore_servers", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules["objstore_servers"] = module

@@ -1,5 +1,5 @@
 """Helpers for official-client scenarios (imported as `_lib` by scripts that the runner
-executes under the official client's interpreter; see tests/official_client.py)."""
+executes under the official client's interpreter; see tests/support/official_client.py)."""
 
 import asyncio
 import base64

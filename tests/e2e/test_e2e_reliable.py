@@ -5,7 +5,7 @@ out-of-order acks) and key_shared_safety; reference b.4-b.6 and (h)).
 
 The failure policy comes from the broker's config file (`dispatch.failure_policy`), so each
 group of scenarios has its own broker. Scenarios run in subprocesses of the official client's
-interpreter (tests/official_scripts/reliable_flow.py and reliable_steps.py; the consumers
+interpreter (tests/support/official_scripts/reliable_flow.py and reliable_steps.py; the consumers
 follow a per-delivery plan, _lib.PlannedReceiver); the assertions are here.
 
 Every reliable subscription here is created before the messages it must see are published:

@@ -5,7 +5,7 @@ Run ONLY with the interpreter of a separate virtualenv that has the official
 isolated mode so that neither PYTHONPATH nor the current directory can put our own
 `danube` package first:
 
-    .venv-official/bin/python -I tests/_official_dump.py
+    .venv-official/bin/python -I tests/support/_official_dump.py
 
 Output: {"client_version": str, "files": {<proto file name>: {"module": str,
 "path": str, "serialized_pb": <base64 FileDescriptorProto>}}}.

@@ -1,4 +1,4 @@
-"""Session fixtures for the object-store emulators (tests/objstore_servers.py), registered
+"""Session fixtures for the object-store emulators (tests/support/objstore_servers.py), registered
 in conftest.py. Each server starts the first time a test asks for it, is shared by the rest
 of the session, and is stopped at teardown. A server that is not installed fails the test
 with a message saying to run ``bash bin/test``: a silently skipped backend would pass CI

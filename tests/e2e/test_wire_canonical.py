@@ -1,4 +1,4 @@
-"""What the broker sends on every delivery path is canonical protobuf (tests/wire_walker.py):
+"""What the broker sends on every delivery path is canonical protobuf (tests/support/wire_walker.py):
 non-reliable fan-out, reliable delivery from the WAL, redelivery after a nack, frames in the
 form earlier versions stored (msg_id twice, fields out of order), and replay from the durable
 tier. Messages are captured as raw bytes by grpc.aio with identity deserializers, so nothing

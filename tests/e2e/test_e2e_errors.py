@@ -21,7 +21,7 @@ from grpc_tools import protoc
 from official_client import broker_url, run_scenario, start_broker, unique_topic
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
-PROTO_DIR = os.path.join(os.path.dirname(TESTS), "protocol")
+PROTO_DIR = os.path.join(os.path.dirname(os.path.dirname(TESTS)), "protocol")
 STUB_MODULES = ("DanubeApi_pb2", "DanubeApi_pb2_grpc", "DanubeAdmin_pb2", "DanubeAdmin_pb2_grpc")
 
 BAD_TOPIC_NAMES = ["no-slash", "/ns/a.b", "/ns/t/extra", "", "/default/has space",

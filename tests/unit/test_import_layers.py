@@ -9,7 +9,7 @@ import re
 
 import grimp
 
-ROOT = pathlib.Path(__file__).resolve().parents[1] / "danube"
+ROOT = pathlib.Path(__file__).resolve().parents[2] / "danube"
 
 #: The bottom of every layer: configuration and the generated protobuf messages.
 BOTTOM = {"danube.config", "danube.config_keys", "danube.config_errors", "danube.proto",

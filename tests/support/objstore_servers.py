@@ -34,7 +34,7 @@ from pathlib import Path
 
 from danube.storage.durable.config import open_object_store, parse_durable
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 INSTALL_HINT = "run `bash bin/test` (it installs every test server)"
 
 BUCKET = "danube-test"

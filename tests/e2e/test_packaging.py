@@ -11,7 +11,7 @@ import pytest
 from danube.proto import DanubeApi_pb2 as pb
 from broker_process import BrokerProcess
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.fixture(scope="module")

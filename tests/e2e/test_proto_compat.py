@@ -2,7 +2,7 @@
 
 * DanubeApi.proto and SchemaRegistry.proto are compared with the descriptors shipped in the
   official Python client (`danube-client`, import name `danube`). Because that import name
-  clashes with ours, the official descriptors are dumped by tests/_official_dump.py running
+  clashes with ours, the official descriptors are dumped by tests/support/_official_dump.py running
   under a separate interpreter (env var DANUBE_OFFICIAL_PYTHON, default
   <repo>/.venv-official/bin/python) and compared here field by field.
 * DanubeAdmin.proto is not shipped by any official client; it is checked against a table
@@ -21,9 +21,9 @@ import sys
 import pytest
 from google.protobuf import descriptor_pb2
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PROTO_SRC = os.path.join(REPO, "protocol")
-DUMP_SCRIPT = os.path.join(REPO, "tests", "_official_dump.py")
+DUMP_SCRIPT = os.path.join(REPO, "tests", "support", "_official_dump.py")
 OFFICIAL_PYTHON = os.environ.get(
     "DANUBE_OFFICIAL_PYTHON", os.path.join(REPO, ".venv-official", "bin", "python"))
 

@@ -16,9 +16,9 @@ import pytest
 from broker_process import BrokerProcess
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(TESTS)
+REPO = os.path.dirname(os.path.dirname(TESTS))
 NODE_MODULES = os.path.join(REPO, ".ci-tools", "node_modules")
-SCRIPT = os.path.join(TESTS, "node_scripts", "reliable_roundtrip.js")
+SCRIPT = os.path.join(REPO, "tests", "support", "node_scripts", "reliable_roundtrip.js")
 PROTO = os.path.join(REPO, "protocol", "DanubeApi.proto")
 PACKAGES = ("@grpc/grpc-js", "@grpc/proto-loader")
 

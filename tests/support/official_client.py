@@ -7,9 +7,9 @@ scenario runs in a subprocess of that interpreter:
 * isolated mode (`-I`), no PYTHON* variables in the environment, and a temporary working
   directory, so our own `danube` package can never shadow the official one (the runner also
   checks where `danube` was imported from);
-* the scenario is a Python file under tests/official_scripts/ (give its file name) or a source
+* the scenario is a Python file under tests/support/official_scripts/ (give its file name) or a source
   string; it defines `async def main(args)` and returns something JSON-serialisable. It may use
-  the helpers of tests/official_scripts/_lib.py (`from _lib import ...`);
+  the helpers of tests/support/official_scripts/_lib.py (`from _lib import ...`);
 * `args` is passed as JSON; the runner prints the JSON result as the last stdout line;
 * every subprocess has a timeout; failures raise OfficialClientError with stdout and stderr.
 
@@ -25,7 +25,7 @@ import tempfile
 import pytest
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(TESTS)
+REPO = os.path.dirname(os.path.dirname(TESTS))
 SCRIPTS = os.path.join(TESTS, "official_scripts")
 RUNNER = os.path.join(SCRIPTS, "_runner.py")
 OFFICIAL_PYTHON = os.environ.get(
@@ -53,7 +53,7 @@ def broker_url(broker):
 
 
 def run_scenario(script, args=None, timeout=60):
-    """Run `script` (a file name under tests/official_scripts/, or Python source defining
+    """Run `script` (a file name under tests/support/official_scripts/, or Python source defining
     `async def main(args)`) with the official client; return its parsed JSON result."""
     python = official_python()
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}

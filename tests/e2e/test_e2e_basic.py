@@ -4,8 +4,8 @@ joining mid-stream, producer re-creation by name (upstream danube-broker/tests
 subscription_basic, pubsub_fanout_exclusive, queuing_shared_round_robin, consumer_churn,
 producer_reconnect, partitioning_validation; reference (h)).
 
-Each scenario runs in a subprocess of the official client's interpreter (tests/official_client.py,
-scripts in tests/official_scripts/) and returns what it received; the assertions are here."""
+Each scenario runs in a subprocess of the official client's interpreter (tests/support/official_client.py,
+scripts in tests/support/official_scripts/) and returns what it received; the assertions are here."""
 
 import base64
 

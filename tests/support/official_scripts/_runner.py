@@ -1,4 +1,4 @@
-"""Runs one official-client scenario (see tests/official_client.py). Run ONLY as
+"""Runs one official-client scenario (see tests/support/official_client.py). Run ONLY as
 
     <official python> -I _runner.py <scenario.py> <json args> <timeout seconds>
 

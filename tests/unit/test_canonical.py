@@ -1,6 +1,6 @@
 """StreamMessages rewritten in canonical form in C (danube.broker._canon.canonical_stream_message,
 DeliveryStamp, Outbox.offer, MessageBatchView.stamp) against protobuf's own merge of the
-same bytes, and against the strict wire walker (tests/wire_walker.py)."""
+same bytes, and against the strict wire walker (tests/support/wire_walker.py)."""
 
 import pytest
 from hypothesis import given, settings, strategies as st
