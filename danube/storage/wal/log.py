@@ -16,7 +16,7 @@ import os
 import time
 from typing import Callable
 
-from danube.storage._walframes import TailCache
+from danube.storage._tailcache import TailCache
 from danube.storage.checkpoint import build_checkpoint
 from danube.storage.errors import WALClosedError, WALFailedError
 from danube.storage.recovery import RecoveryReport, recover, release
