@@ -28,8 +28,9 @@ from danube.rpc.connection import H2Connection
 from danube.rpc.headers import encode_headers, parse_timeout
 from danube.rpc.idle import IdleStreams
 from danube.rpc.method import Kind, RpcMethod
-# The handler-failure log is the server's (tests reach it here), re-exported with ServerStream.
-from danube.rpc.server_stream import ServerStream, _failures_logged, _log_handler_failure
+from danube.rpc.server_stream import ServerStream
+# The handler-failure log is the server's: re-exported, tests reach it here.
+from danube.rpc.server_stream import _failures_logged, _log_handler_failure  # noqa: F401
 from danube.rpc.status import RpcError, StatusCode
 
 log = logging.getLogger("danube.rpc.server")
@@ -386,5 +387,4 @@ class Server:
 
 
 __all__ = ["IdleStreams", "Kind", "RequestHead", "RpcMethod", "Server", "ServerConnection",
-           "ServerStream", "TransportConfig", "_failures_logged", "_log_handler_failure",
-           "default_max_connections"]
+           "ServerStream", "TransportConfig", "default_max_connections"]
