@@ -67,6 +67,7 @@ EXTENSION_MODULES = [
     "danube.broker._fanout",
     "danube.broker._stamp",
     "danube.storage._walframes",
+    "danube.storage._tailcache",
 ]
 extensions = [
     Extension(name, [name.replace(".", "/") + ".pyx"], include_dirs=["danube/codec"],

@@ -13,7 +13,7 @@ from danube.client.producer import Producer
 from danube.client.retry import RetryPolicy
 from danube.proto import DanubeApi_pb2 as pb
 from danube.rpc import RpcError
-from danube.rpc.client import parse_target
+from danube.rpc.target import parse_target
 
 log = logging.getLogger("danube.client")
 

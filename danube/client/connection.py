@@ -7,7 +7,7 @@ from danube.proto import DanubeApi_pb2 as pb
 from danube.proto import DanubeExt_pb2 as ext
 from danube.proto import SchemaRegistry_pb2 as sr
 from danube.rpc.client import Channel
-from danube.rpc.connection import MAX_GRPC_MESSAGE, TransportConfig
+from danube.rpc.config import MAX_GRPC_MESSAGE, TransportConfig
 
 # No size cap of our own on requests: the broker's limit is the one that counts, and it
 # refuses an oversize publish from the length prefix, with its reason (a local cap would

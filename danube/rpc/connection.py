@@ -1,5 +1,6 @@
 """HTTP/2 connection machinery shared by the gRPC server and client: settings, PING, GOAWAY,
-flow control in both directions, header-block assembly and batched socket writes.
+connection-level flow control in both directions, header-block assembly and batched socket
+writes. A stream's own flow control is in `stream.py`, the limits in `config.py`.
 
 Per-frame parsing and serialisation are in the Cython codec (`danube.codec`); this module
 decides what frames mean. Every per-stream structure is a dict entry or a slot on the stream
@@ -12,11 +13,14 @@ is capped in bytes and CONTINUATION frames, SETTINGS frames and client resets of
 streams are rate-limited per connection (token buckets), incomplete request messages are
 capped per connection, and a server stops reading from a peer that does not read what it
 is sent (control-frame ACKs included), so nothing a peer sends grows memory without bound.
+
+Over 500 lines, one class: H2Connection is the connection's state machine (as h2's
+connection.py is), every frame handler reads and changes the same state, and spreading the
+handlers over mixins in other modules would split that state without making any part simpler.
 """
 
 import asyncio
 import collections
-import dataclasses
 import logging
 import socket
 import time
@@ -24,11 +28,13 @@ import time
 import hpack
 
 from danube.codec import http2
-from danube.codec.grpcframe import grpc_data_frame_pieces
-from danube.codec.http2 import (FrameReader, H2ConnectionError, data_frames, goaway_frame,
-                                header_frames, parse_settings, parse_u32, ping_frame,
-                                rst_stream_frame, settings_frame, window_update_frame)
+from danube.codec.http2 import (FrameReader, H2ConnectionError, goaway_frame, header_frames,
+                                parse_settings, parse_u32, ping_frame, rst_stream_frame,
+                                settings_frame, window_update_frame)
+# MAX_GRPC_MESSAGE, TransportConfig and StreamBase are re-exported: this was their home.
+from danube.rpc.config import MAX_GRPC_MESSAGE, TokenBucket, TransportConfig
 from danube.rpc.headers import HeaderDecoder
+from danube.rpc.stream import StreamBase
 
 log = logging.getLogger("danube.rpc")
 
@@ -41,11 +47,6 @@ S_MAX_HEADER_LIST_SIZE = 0x6
 
 MAX_WINDOW = 2**31 - 1
 DEFAULT_WINDOW = 65535
-#: The largest message a gRPC length prefix (4 bytes) can announce.
-MAX_GRPC_MESSAGE = 2**32 - 1
-#: A message at least this large is written without being copied into DATA frames (headers
-#: and memoryviews of it go to the socket in one writev).
-PIECES_MIN = 32768
 # Frames a server handles per connection per event-loop turn (see _handle_frames): a few
 # calls' worth, so that one peer's burst does not keep the other connections waiting; the
 # rest waits in a backlog, and past BACKLOG_PAUSE frames the peer is not read from until
@@ -56,236 +57,6 @@ BACKLOG_PAUSE = 256
 #: max_header_list_size / max_frame_size of them (4 at the defaults); empty or tiny ones cost
 #: us a frame each and carry nothing.
 MAX_CONTINUATIONS = 32
-
-
-class TokenBucket:
-    """At most `rate` events a second, with one second's worth as a burst."""
-
-    __slots__ = ("rate", "tokens", "at")
-
-    def __init__(self, rate, now):
-        self.rate = rate
-        self.tokens = float(rate)
-        self.at = now
-
-    def take(self, now):
-        """Spend one token; False when there is none (the event is over the rate)."""
-        self.tokens = min(self.rate, self.tokens + (now - self.at) * self.rate) - 1
-        self.at = now
-        return self.tokens >= 0
-
-
-@dataclasses.dataclass
-class TransportConfig:
-    """Limits and windows of one HTTP/2 endpoint."""
-
-    max_concurrent_streams: int = 16384
-    # What the peer may send on one stream / on the whole connection before we credit it.
-    stream_window: int = 4 * 1024 * 1024
-    connection_window: int = 64 * 1024 * 1024
-    max_frame_size: int = 16384
-    max_header_list_size: int = 65536
-    # The transport's cap on one gRPC message, in either direction. Larger gets
-    # RESOURCE_EXHAUSTED. Broker policies (max_message_size) sit below it.
-    max_message_size: int = 16 * 1024 * 1024
-    # A client's cap on the requests it sends, when not max_message_size. A client whose
-    # server refuses oversize requests early (ours does) sets it to MAX_GRPC_MESSAGE, as
-    # grpcio's default is: the caller then gets the server's status and reason, where a
-    # local cap could only guess at the server's limit.
-    max_send_message_size: int | None = None
-    # Pending output per connection above which writers wait (socket backpressure).
-    write_buffer_high: int = 4 * 1024 * 1024
-    write_buffer_low: int = 1024 * 1024
-    # Server: a call whose request is still arriving and that receives no request bytes for
-    # this long is failed (CANCELLED, then RST_STREAM CANCEL) and its stream freed, so that
-    # stalled streams cannot pin memory and stream slots forever. Calls whose request is
-    # complete (a long-lived server stream) are never timed out. 0 disables.
-    stream_idle_timeout_ms: int = 30000
-    # -- limits against hostile peers (issue 17); servers apply all of them -------------
-    # Incomplete request messages held per connection (the sum over its streams of what
-    # their deframers hold, a large message counted at its announced length once its prefix
-    # arrived). The stream whose data goes over it is reset with ENHANCE_YOUR_CALM. None: no
-    # cap (a client's own connections).
-    max_connection_buffered_bytes: int | None = 64 * 1024 * 1024
-    # Non-ACK SETTINGS frames a peer may send per second (one second's worth as a burst);
-    # over it: GOAWAY ENHANCE_YOUR_CALM.
-    max_settings_per_second: int = 50
-    # Client RST_STREAMs of streams that had not completed, plus calls whose deadline had
-    # passed when they arrived, per second (one second's worth as a burst): the rapid-reset
-    # attack (CVE-2023-44487) and its variant that abandons calls by deadline rather than by
-    # RST_STREAM. Over it: GOAWAY ENHANCE_YOUR_CALM.
-    max_resets_per_second: int = 1000
-    # The client preface (after the TLS handshake, which has the same timeout) must arrive
-    # within this, or the connection is closed.
-    handshake_timeout_ms: int = 10_000
-    # A connection with no open stream for this long gets GOAWAY NO_ERROR and is closed.
-    # PINGs are answered but do not extend it (as grpc-go's MaxConnectionIdle), so a peer
-    # sending only keepalive PINGs is bounded too; gRPC clients reconnect on the next call.
-    idle_timeout_ms: int = 300_000
-    # Open connections per server; beyond it new connections are closed at once. None:
-    # half the process's open-file limit (read when the server starts).
-    max_connections: int | None = None
-
-
-class StreamBase:
-    """Send-side flow control and receive-side crediting for one HTTP/2 stream."""
-
-    __slots__ = ("sid", "conn", "_send_window", "_window_base", "pending", "pending_bytes",
-                 "recv_unacked", "closed_local", "closed_remote", "reset", "_drain_waiter",
-                 "held", "__weakref__")
-
-    def __init__(self, sid, conn):
-        self.sid = sid
-        self.conn = conn
-        self._send_window = self._window_base = conn.peer_initial_window
-        self.held = 0                # bytes counted in conn.buffered (ServerConnection)
-        self.pending = None          # deque of [payload, pos, end_stream] or bytes (raw frames)
-        self.pending_bytes = 0
-        self.recv_unacked = 0
-        self.closed_local = False
-        self.closed_remote = False
-        self.reset = False
-        self._drain_waiter = None
-
-    # The stream's send window, applying any change of the peer's initial window since it was
-    # last read: SETTINGS_INITIAL_WINDOW_SIZE adjusts every stream's window (RFC 9113
-    # 6.9.2), and doing that here instead of walking the streams makes a SETTINGS frame cost
-    # the same with 16,000 streams open as with one.
-    @property
-    def send_window(self):
-        base = self.conn.peer_initial_window
-        if base != self._window_base:
-            self._send_window += base - self._window_base
-            self._window_base = base
-        return self._send_window
-
-    @send_window.setter
-    def send_window(self, value):
-        # Callers compute `value` from the getter, so it is against the current base.
-        self._send_window = value
-        self._window_base = self.conn.peer_initial_window
-
-    # -- sending -------------------------------------------------------------------------
-
-    def send_data(self, payload, end_stream=False):
-        """Queue DATA (already length-prefixed gRPC messages), sending what the windows allow
-        now. Returns True when nothing is left waiting for a window."""
-        conn = self.conn
-        n = len(payload)
-        if self.pending is None and n <= self.send_window and n <= conn.send_window:
-            conn.write(data_frames(self.sid, payload, 0, n, conn.peer_max_frame, end_stream))
-            self.send_window -= n
-            conn.send_window -= n
-            return True
-        if self.pending is None:
-            self.pending = collections.deque()
-        self.pending.append([payload, 0, end_stream])
-        self.pending_bytes += n
-        return self.pump()
-
-    def send_message_pieces(self, message, end_stream=False):
-        """Send one uncompressed gRPC message without copying it into frames, when nothing
-        is queued and the windows cover it; returns False (nothing sent) otherwise."""
-        conn = self.conn
-        n = len(message) + 5
-        if self.pending is not None or n > self.send_window or n > conn.send_window:
-            return False
-        conn.write_many(grpc_data_frame_pieces(self.sid, message, conn.peer_max_frame,
-                                               end_stream), n)
-        self.send_window -= n
-        conn.send_window -= n
-        return True
-
-    def send_raw_after_data(self, frames):
-        """Write frames (trailers, RST_STREAM) in order after any DATA still queued."""
-        if self.pending is None:
-            self.conn.write(frames)
-        else:
-            self.pending.append(frames)
-
-    def pump(self):
-        """Move queued DATA out as far as the windows allow."""
-        conn = self.conn
-        pending = self.pending
-        while pending:
-            item = pending[0]
-            if type(item) is bytes:
-                conn.write(item)
-                pending.popleft()
-                continue
-            payload, pos, end = item
-            remaining = len(payload) - pos
-            allowed = min(remaining, self.send_window, conn.send_window)
-            if allowed <= 0 and remaining > 0:
-                # Wait for whichever window is shut: a stream window reopens through its own
-                # WINDOW_UPDATE or a larger SETTINGS_INITIAL_WINDOW_SIZE (which wakes only
-                # the streams in window_blocked), the connection window through `blocked`.
-                if conn.send_window <= 0:
-                    conn.blocked[self.sid] = self
-                if self.send_window <= 0:
-                    conn.window_blocked[self.sid] = self
-                return False
-            last = allowed == remaining
-            conn.write(data_frames(self.sid, payload, pos, allowed, conn.peer_max_frame,
-                                   end and last))
-            self.send_window -= allowed
-            conn.send_window -= allowed
-            self.pending_bytes -= allowed
-            if last:
-                pending.popleft()
-            else:
-                item[1] = pos + allowed
-        self.pending = None
-        conn.blocked.pop(self.sid, None)
-        conn.window_blocked.pop(self.sid, None)
-        if self._drain_waiter is not None:
-            if conn.write_paused:
-                conn.drain_waiters.add(self)
-            else:
-                self._wake_drain()
-        return True
-
-    async def drain(self):
-        """Wait until this stream's queued DATA has been handed to the socket and the socket
-        is not over its high-water mark: the writer's backpressure."""
-        while (self.pending is not None or self.conn.write_paused) and not self.reset:
-            if self.conn.closed:
-                raise ConnectionError("connection closed")
-            waiter = self._drain_waiter
-            if waiter is None or waiter.done():
-                waiter = self._drain_waiter = self.conn.loop.create_future()
-                if self.conn.write_paused:
-                    self.conn.drain_waiters.add(self)
-            await waiter
-
-    def _wake_drain(self):
-        waiter = self._drain_waiter
-        self._drain_waiter = None
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
-    # -- receiving -----------------------------------------------------------------------
-
-    def credit(self, n):
-        """Return `n` received bytes to the peer's stream window once the application has
-        them; batched so small messages don't each cost a WINDOW_UPDATE."""
-        self.recv_unacked += n
-        if self.recv_unacked >= self.conn.config.stream_window // 2 and not self.closed_remote:
-            self.conn.write(window_update_frame(self.sid, self.recv_unacked))
-            self.recv_unacked = 0
-
-    # Subclasses implement these.
-    def on_data(self, payload, end_stream):  # pragma: no cover - abstract
-        raise NotImplementedError
-
-    def on_headers(self, fields, end_stream):  # pragma: no cover - abstract
-        raise NotImplementedError
-
-    def on_reset(self, code):  # pragma: no cover - abstract
-        raise NotImplementedError
-
-    def on_connection_lost(self, exc):  # pragma: no cover - abstract
-        raise NotImplementedError
 
 
 class H2Connection(asyncio.Protocol):

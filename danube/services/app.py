@@ -12,7 +12,7 @@ from danube.broker.core import BrokerCore
 from danube.broker.registry import ClientRegistry
 from danube.config import GRPC_LIMIT_KEYS
 from danube.metadata.embedded import EmbeddedStore
-from danube.rpc.connection import TransportConfig
+from danube.rpc.config import TransportConfig
 from danube.rpc.server import Server
 from danube.services import admin, client_api, ext, health
 from danube.services.metrics import MetricsExporter

@@ -5,7 +5,7 @@ import logging
 from danube.broker import errors as e
 from danube.proto import DanubeApi_pb2 as pb
 from danube.rpc import RpcError, StatusCode
-from danube.rpc.server import Kind
+from danube.rpc.method import Kind
 from danube.services import checks
 from danube.services.delivery import StreamSink
 from danube.services.errors import maps_errors, to_rpc_error

@@ -7,7 +7,7 @@ without a Python object per message."""
 from danube.broker._stamp import parse_message_batch
 from danube.broker import errors as e
 from danube.proto import DanubeExt_pb2 as ext
-from danube.rpc.server import Kind
+from danube.rpc.method import Kind
 from danube.services.errors import to_rpc_error
 from danube.services.limits import SEND_MESSAGES, limit_send_messages
 

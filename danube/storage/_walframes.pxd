@@ -1,12 +1,7 @@
-# The WAL frame codec's extension type (see _walframes.pyx for the frame format).
+# The WAL frame codec's C interface (see _walframes.pyx for the frame format): the check of a
+# packed batch's end positions, which the tail cache (_tailcache.pyx) shares.
+
+from libc.stdint cimport uint64_t
 
 
-cdef class TailCache:
-    cdef list _slots            # the payload (bytes), or the packed buffer holding it
-    cdef Py_ssize_t *_start     # where the payload starts in its packed buffer, -1: bytes
-    cdef Py_ssize_t *_len
-    cdef Py_ssize_t _cap
-    cdef long long _first       # oldest offset held
-    cdef long long _next        # one past the newest
-
-    cdef void _advance(self, long long first_offset, Py_ssize_t n)
+cdef const uint64_t *_ends_ptr(obj, Py_buffer *view, Py_ssize_t data_len) except NULL

@@ -3,6 +3,11 @@
 
 The CRC is the codec layer's (``danube/codec/crc32c.pxd``), compiled in through cimport.
 
+Over 500 lines, one frame format: its writers (``encode_*``, ``measure_frames``) and readers
+(``scan_frames``, ``read_*``, ``walk_frames``) share the inline helpers that lay out and check a
+header (``_write_frame``, ``_frame_crc``, the little-endian accessors), which Cython inlines
+within one module, and side by side the writer and the reader of the format stay in step.
+
 A WAL segment is a sequence of frames, each a 16-byte little-endian header followed by the
 payload::
 
@@ -420,7 +425,8 @@ def read_frame(buffer, Py_ssize_t pos):
 #
 # What danube.storage's WAL needs per message, kept here so Python runs once per batch:
 # measuring a batch against the room left in a segment, framing it into the mmap while
-# recording each frame's position, reading a run of frames back out, and the hot-tail cache.
+# recording each frame's position and reading a run of frames back out. (The hot-tail cache is
+# _tailcache.pyx.)
 
 cdef uint64_t *_index_ptr(obj, Py_buffer *view, Py_ssize_t at, Py_ssize_t n) except NULL:
     """Borrow ``obj[at:at + n]`` of a writable, contiguous uint64 array (``array('Q')`` or numpy) as a pointer.
@@ -714,119 +720,3 @@ def last_nonzero(buffer, Py_ssize_t start=0):
     finally:
         PyBuffer_Release(&view)
     return i
-
-
-cdef class TailCache:
-    """The newest ``capacity`` payloads of a log, by offset (a ring indexed by offset modulo
-    capacity). Readers near the head are served from here without touching the segments.
-    Payloads appended as bytes objects are served as those very objects, without a copy;
-    payloads appended packed in one buffer (``extend_packed``) are kept as a reference to
-    that buffer and copied out only when read."""
-
-    def __cinit__(self, Py_ssize_t capacity, long long next_offset=0):
-        if capacity < 0:
-            raise ValueError("capacity must be >= 0")
-        self._start = <Py_ssize_t *>PyMem_Malloc((capacity + 1) * sizeof(Py_ssize_t))
-        self._len = <Py_ssize_t *>PyMem_Malloc((capacity + 1) * sizeof(Py_ssize_t))
-        if self._start == NULL or self._len == NULL:
-            raise MemoryError()
-
-    def __dealloc__(self):
-        PyMem_Free(self._start)
-        PyMem_Free(self._len)
-
-    def __init__(self, Py_ssize_t capacity, long long next_offset=0):
-        self._cap = capacity
-        self._slots = [None] * capacity
-        self._first = self._next = next_offset
-
-    @property
-    def capacity(self):
-        return self._cap
-
-    @property
-    def first_offset(self):
-        """Oldest offset held (== next_offset when empty)."""
-        return self._first
-
-    @property
-    def next_offset(self):
-        return self._next
-
-    def __len__(self):
-        return self._next - self._first
-
-    def reset(self, long long next_offset):
-        """Drop everything; the next extend must start at ``next_offset``."""
-        cdef Py_ssize_t i
-        for i in range(self._cap):
-            self._slots[i] = None
-        self._first = self._next = next_offset
-
-    cdef void _advance(self, long long first_offset, Py_ssize_t n):
-        self._next = first_offset + n
-        if self._next - self._first > self._cap:
-            self._first = self._next - self._cap
-
-    def extend(self, long long first_offset, payloads):
-        """Add payloads at ``first_offset, first_offset + 1, ...``; a batch that does not
-        continue the cache restarts it. Non-bytes payloads are stored as bytes copies."""
-        cdef Py_ssize_t i, n, start, slot
-        cdef list slots = self._slots
-        seq = payloads if type(payloads) is list or type(payloads) is tuple else list(payloads)
-        n = len(seq)
-        if first_offset != self._next:
-            self.reset(first_offset)
-        if self._cap:
-            start = n - self._cap if n > self._cap else 0
-            for i in range(start, n):
-                obj = seq[i]
-                if not PyBytes_CheckExact(obj):
-                    obj = bytes(obj)
-                slot = (first_offset + i) % self._cap
-                slots[slot] = obj
-                self._start[slot] = -1
-        self._advance(first_offset, n)
-
-    def extend_packed(self, long long first_offset, bytes data, ends):
-        """``extend`` with payloads packed back to back in ``data`` (bytes), payload ``i``
-        ending at ``ends[i]`` (a uint64 array, as ``encode_frames_packed`` takes)."""
-        cdef Py_buffer ev
-        cdef const uint64_t *e = _ends_ptr(ends, &ev, PyBytes_GET_SIZE(data))
-        cdef Py_ssize_t i, n = ev.shape[0], first, slot
-        cdef list slots = self._slots
-        try:
-            if first_offset != self._next:
-                self.reset(first_offset)
-            if self._cap:
-                first = n - self._cap if n > self._cap else 0
-                for i in range(first, n):
-                    slot = (first_offset + i) % self._cap
-                    slots[slot] = data
-                    self._start[slot] = <Py_ssize_t>e[i - 1] if i else 0
-                    self._len[slot] = <Py_ssize_t>e[i] - self._start[slot]
-            self._advance(first_offset, n)
-        finally:
-            PyBuffer_Release(&ev)
-
-    def read(self, long long from_offset, Py_ssize_t max_messages, long long max_bytes=-1):
-        """``[(offset, payload), ...]`` from ``from_offset`` (limits as ``read_frames``), or
-        None when ``from_offset`` is older than what the cache holds. Empty at the head."""
-        cdef list out = [], slots = self._slots
-        cdef long long o = from_offset, nbytes = 0
-        cdef Py_ssize_t ln, count = 0, slot
-        if from_offset < self._first or from_offset > self._next:
-            return None
-        while o < self._next and count < max_messages:
-            slot = o % self._cap
-            obj = slots[slot]
-            ln = PyBytes_GET_SIZE(obj) if self._start[slot] < 0 else self._len[slot]
-            if count and max_bytes >= 0 and nbytes + ln > max_bytes:
-                break
-            if self._start[slot] >= 0:
-                obj = PyBytes_FromStringAndSize(PyBytes_AS_STRING(obj) + self._start[slot], ln)
-            out.append((o, obj))
-            nbytes += ln
-            count += 1
-            o += 1
-        return out

@@ -31,8 +31,8 @@ from danube.fslock import try_lock
 from danube.storage.checkpoint import (build_checkpoint, read_checkpoint, remove_stale_tmp,
                                        write_checkpoint)
 from danube.storage.errors import CorruptSegmentError, WALLockedError
-from danube.storage.segment import (STATUS_NAMES, Segment, parse_segment_name,
-                                    remove_unshare_leftovers)
+from danube.storage.segment import STATUS_NAMES, Segment
+from danube.storage.segment_files import parse_segment_name, remove_unshare_leftovers
 
 LOCK_NAME = "wal.lock"
 

@@ -30,6 +30,9 @@ broker benchmark (100 B x 1000 batches, 4 producers) the prefetch thread was 41%
 broker's CPU and the mean sync 0.8-1.0 ms; without it, syncs take 0.45 ms and throughput rose
 from 0.9-1.1 M to 1.35-1.5 M messages/s.
 
+File names, preallocation and unsharing are in ``segment_files``; the frame buffers, ``pwrite``
+and the writes deferred to the WAL's sync job in ``segment_writes``.
+
 Blocking calls here (file creation, fallocate, mmap, pwrite, scans) are short operations on
 the append path, or run in the WAL's executor (recovery); fdatasync is never called from here.
 """
@@ -37,25 +40,21 @@ the append path, or run in the WAL's executor (recovery); fdatasync is never cal
 from __future__ import annotations
 
 import dataclasses
-import errno
 import mmap
 import os
-import re
-import shutil
-import threading
 
 from array import array
 
 from danube.storage._walframes import (SCAN_CLEAN, SCAN_CORRUPT, SCAN_GAP, SCAN_TORN,
                                        encode_frames_indexed, encode_frames_packed,
                                        last_nonzero, read_frames_into, scan_frames)
-from danube.storage.checkpoint import fsync_dir
 from danube.storage.errors import CorruptSegmentError
+from danube.storage.segment_files import allocate, segment_name, unshare
+# PendingWrite and write_pending are re-exported: this was their home.
+from danube.storage.segment_writes import (PendingWrite, _take_buffer, frame_buffer, pwrite_all,
+                                           write_pending)
 
-_NAME_RE = re.compile(r"^wal\.(\d{20})\.log$")
 _INDEX_MIN = 1024
-_SCRATCH_KEEP = 8 << 20         # a frame buffer up to this size is kept for the next append
-_scratch = threading.local()    # appends run on an event loop's thread
 STATUS_NAMES = {SCAN_CLEAN: "clean", SCAN_TORN: "torn", SCAN_CORRUPT: "corrupt",
                 SCAN_GAP: "offset gap"}
 _ZERO = (0,)
@@ -79,171 +78,6 @@ class SegmentInfo:
     size: int
     created_at: float
     sealed_at: float | None
-
-
-def segment_name(first_offset: int) -> str:
-    return f"wal.{first_offset:020d}.log"
-
-
-def parse_segment_name(name: str) -> int | None:
-    """The first offset a segment file name carries, or None for other files."""
-    m = _NAME_RE.match(name)
-    return int(m.group(1)) if m else None
-
-
-UNSHARE_SUFFIX = ".unshare.tmp"
-
-
-def unshare(path: str) -> bool:
-    """Give the segment file ``path`` an inode of its own before it is changed in place;
-    True if it had to be copied. An uploaded segment can have a second name: the fs object
-    store keeps it as a hard link to the WAL's file rather than a copy, and writing through
-    the shared inode would change the uploaded object."""
-    if os.stat(path).st_nlink <= 1:
-        return False
-    tmp = path + UNSHARE_SUFFIX
-    try:
-        shutil.copyfile(path, tmp)
-        fd = os.open(tmp, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    fsync_dir(os.path.dirname(path) or ".")
-    return True
-
-
-def remove_unshare_leftovers(directory: str) -> None:
-    """Drop the copies of a crash in the middle of ``unshare`` (the original is intact)."""
-    for name in os.listdir(directory):
-        if name.endswith(UNSHARE_SUFFIX):
-            try:
-                os.unlink(os.path.join(directory, name))
-            except FileNotFoundError:
-                pass
-
-
-def allocate(fd: int, start: int, end: int) -> None:
-    """Reserve ``[start, end)`` of the file (extending it), falling back to a sparse
-    ftruncate where the filesystem cannot preallocate."""
-    if end <= start:
-        return
-    try:
-        os.posix_fallocate(fd, start, end - start)
-    except OSError as exc:
-        if exc.errno not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
-            raise
-        os.ftruncate(fd, end)
-
-
-def frame_buffer(size: int) -> bytearray:
-    """A buffer of at least ``size`` bytes for frames on their way to a ``pwrite``: one per
-    thread, reused, so a batch costs no allocation (and no page faults on a fresh one)."""
-    buf = getattr(_scratch, "buf", None)
-    if buf is not None and len(buf) >= size:
-        return buf
-    buf = bytearray(max(size, 2 * len(buf) if buf is not None else 1 << 16))
-    if len(buf) <= _SCRATCH_KEEP:
-        _scratch.buf = buf
-    return buf
-
-
-_pool = threading.local()      # free buffers of deferred writes (taken and given back on a loop)
-_POOL_MAX = 16
-
-
-_POOL_MIN = 1 << 16             # smaller buffers are plain allocations, not pooled
-
-
-def _take_buffer(size: int) -> bytearray:
-    if size < _POOL_MIN:
-        return bytearray(size)
-    free = getattr(_pool, "free", None)
-    if free:
-        for i in range(len(free) - 1, -1, -1):
-            if len(free[i]) >= size:
-                return free.pop(i)
-    return bytearray(size)
-
-
-def _give_back(buf: bytearray) -> None:
-    if len(buf) < _POOL_MIN or len(buf) > _SCRATCH_KEEP:
-        return
-    free = getattr(_pool, "free", None)
-    if free is None:
-        free = _pool.free = []
-    if len(free) < _POOL_MAX:
-        free.append(buf)
-
-
-@dataclasses.dataclass(slots=True, eq=False)
-class PendingWrite:
-    """Frames appended to a segment (and to its index) but not yet written to its file: the
-    WAL's sync job writes them, in order, just before its fdatasync (``always`` mode, see
-    wal.py). ``buf[:nbytes]`` goes at file position ``pos``."""
-    seg: Segment
-    pos: int
-    buf: bytearray
-    nbytes: int
-    first_offset: int
-    count: int
-    written: bool = False       # in the file (set by whichever thread wrote it)
-    claimed: bool = False       # taken by a write job (the WAL's write-ahead)
-
-    def done(self) -> None:
-        """The write completed (called on the loop): the file holds the frames now."""
-        self.seg.unwritten -= self.nbytes
-        _give_back(self.buf)
-        self.buf = None
-
-
-def write_pending(writes: list[PendingWrite]) -> None:
-    """Write PendingWrites in order (in a worker thread), those not written yet: one pwritev
-    per run of writes that follow each other in a segment."""
-    writes = [w for w in writes if not w.written]
-    i, n = 0, len(writes)
-    while i < n:
-        first = writes[i]
-        j, end = i + 1, first.pos + first.nbytes
-        while (j < n and j - i < 512 and writes[j].seg is first.seg
-               and writes[j].pos == end):
-            end += writes[j].nbytes
-            j += 1
-        if j == i + 1:
-            pwrite_all(first.seg.fd, first.buf, first.nbytes, first.pos)
-        else:
-            views = [memoryview(w.buf)[:w.nbytes] for w in writes[i:j]]
-            try:
-                done = os.pwritev(first.seg.fd, views, first.pos)
-                for w in writes[i:j]:          # finish a short write one buffer at a time
-                    if done < w.nbytes:
-                        pwrite_all(w.seg.fd, memoryview(w.buf)[done:w.nbytes],
-                                   w.nbytes - done, w.pos + done)
-                    done = max(0, done - w.nbytes)
-            finally:
-                for v in views:
-                    v.release()
-        for w in writes[i:j]:
-            w.written = True
-        i = j
-
-
-def pwrite_all(fd: int, buf, n: int, pos: int) -> None:
-    """Write ``buf[:n]`` at file position ``pos`` (looping over short writes)."""
-    with memoryview(buf) as view:
-        done = 0
-        while done < n:
-            wrote = os.pwrite(fd, view[done:n], pos + done)
-            if wrote <= 0:
-                raise OSError(errno.EIO, f"pwrite wrote {wrote} of {n - done} bytes")
-            done += wrote
 
 
 class Segment:
@@ -521,3 +355,6 @@ class Segment:
         return SegmentInfo(path=self.path, first_offset=self.base, last_offset=self.last_offset,
                            size=self.write_pos, created_at=self.created_at,
                            sealed_at=self.sealed_at)
+
+
+__all__ = ["PendingWrite", "STATUS_NAMES", "Segment", "SegmentInfo", "write_pending"]

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from danube.storage._walframes import (MAX_PAYLOAD, FrameError, TailCache,
+from danube.storage._tailcache import TailCache
+from danube.storage._walframes import (MAX_PAYLOAD, FrameError,
                                        encode_frames_indexed, encode_frames_into,
                                        encode_frames_packed, frame_size, last_nonzero,
                                        measure_frames, read_frames, read_frames_into,

@@ -12,7 +12,7 @@ write of every byte plus an fsync, for a second copy on the same disk that prote
 nothing the first does not (bench.tiered, session 8: while uploads ran every second the
 publish p99 was +2.1 ms with the copy, +0.00 ms with the link). The WAL never writes to a
 sealed file again; where it would (recovery trimming a tail, reopening the last segment for
-appends), it first gives the file an inode of its own (``danube.storage.segment.unshare``)."""
+appends), it first gives the file an inode of its own (``danube.storage.segment_files.unshare``)."""
 
 from __future__ import annotations
 

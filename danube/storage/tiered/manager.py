@@ -47,7 +47,7 @@ import zlib
 
 from danube.storage.durable.base import ObjectStoreConfigError, ObjectStoreError
 from danube.storage.errors import TieredStartupError
-from danube.storage.segment import parse_segment_name
+from danube.storage.segment_files import parse_segment_name
 from danube.storage.tasks import TaskSet
 from danube.storage.tiered.catalog import (DEFAULT_METADATA_PREFIX, Catalog, CatalogKeys,
                                            SegmentDescriptor, parse_object_key, segment_id,

@@ -16,7 +16,8 @@ from typing import Sequence
 
 from danube.storage._walframes import HEADER_SIZE as _HEADER, measure_frames
 from danube.storage.errors import WALClosedError
-from danube.storage.segment import Segment, SegmentInfo, write_pending
+from danube.storage.segment import Segment, SegmentInfo
+from danube.storage.segment_writes import write_pending
 from danube.storage.wal.state import OPEN as _OPEN
 
 _LINUX = sys.platform.startswith("linux")

@@ -24,7 +24,7 @@ from typing import Sequence
 
 from danube.storage.checkpoint import build_checkpoint, fsync_dir, write_checkpoint
 from danube.storage.errors import WALFailedError
-from danube.storage.segment import PendingWrite, write_pending
+from danube.storage.segment_writes import PendingWrite, write_pending
 from danube.storage.wal.config import ALWAYS, INTERVAL, NONE
 from danube.storage.wal.state import OPEN as _OPEN
 

@@ -16,11 +16,12 @@ import os
 import time
 from typing import Callable
 
-from danube.storage._walframes import TailCache
+from danube.storage._tailcache import TailCache
 from danube.storage.checkpoint import build_checkpoint
 from danube.storage.errors import WALClosedError, WALFailedError
 from danube.storage.recovery import RecoveryReport, recover, release
-from danube.storage.segment import PendingWrite, Segment, SegmentInfo
+from danube.storage.segment import Segment, SegmentInfo
+from danube.storage.segment_writes import PendingWrite
 from danube.storage.wal.append import _Appending
 from danube.storage.wal.config import ALWAYS, WALConfig
 from danube.storage.wal.group_commit import _close_active, _GroupCommit
