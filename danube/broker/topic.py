@@ -103,9 +103,9 @@ class Topic:
     async def publish(self, message, producer=None, raw=None):
         """The one publish path. ``message`` is a StreamMessage (``raw``: its bytes as the
         client sent them, when there are any) or a batch from ``producer`` (a
-        ``danube.broker._stamp.MessageBatchView``). A reliable topic stamps each message's offset and stores the whole
-        message or batch at once, or nothing of it; a non-reliable one fans each message out
-        to the subscriptions as it comes. Returns the offsets (a range) on a reliable topic,
+        ``danube.broker._stamp.MessageBatchView``). A reliable topic stamps each message's
+        offset and stores the whole message or batch at once, or nothing of it; a
+        non-reliable one fans each message out to the subscriptions as it comes. Returns the offsets (a range) on a reliable topic,
         None on a non-reliable one. ``producer``, when given, counts what it got accepted."""
         if isinstance(message, pb.StreamMessage):
             if self.delivery == RELIABLE:
