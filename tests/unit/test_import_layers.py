@@ -27,8 +27,9 @@ ALLOWED = {
     # The broker process: builds the stores, the broker and the server, and serves them.
     "danube.services.app": {"danube.codec", "danube.rpc", "danube.services", "danube.broker",
                             "danube.storage", "danube.metadata"},
-    "danube.cli": {"danube.codec", "danube.rpc", "danube.client", "danube.services", "danube.services.app",
-                   "danube.broker", "danube.storage", "danube.metadata", "danube"},
+    "danube.cli": {"danube.codec", "danube.rpc", "danube.client", "danube.services",
+                   "danube.services.app", "danube.broker", "danube.storage", "danube.metadata",
+                   "danube"},
     "danube.__main__": {"danube.cli"},
     "danube": set(),
 }
