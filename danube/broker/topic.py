@@ -105,8 +105,9 @@ class Topic:
         client sent them, when there are any) or a batch from ``producer`` (a
         ``danube.broker._stamp.MessageBatchView``). A reliable topic stamps each message's
         offset and stores the whole message or batch at once, or nothing of it; a
-        non-reliable one fans each message out to the subscriptions as it comes. Returns the offsets (a range) on a reliable topic,
-        None on a non-reliable one. ``producer``, when given, counts what it got accepted."""
+        non-reliable one fans each message out to the subscriptions as it comes. Returns the
+        offsets (a range) on a reliable topic, None on a non-reliable one. ``producer``, when
+        given, counts what it got accepted."""
         if isinstance(message, pb.StreamMessage):
             if self.delivery == RELIABLE:
                 offsets = await self._store_messages([message])
@@ -124,9 +125,9 @@ class Topic:
         return None
 
     async def _store_batch(self, batch, producer):
-        """A ``danube.broker._stamp.MessageBatchView``: msg_id (with topic_offset) and producer_name
-        are stamped by appending fields protobuf merges, all messages into one packed buffer
-        that the WAL frames as it is, so there is no Python object per message (see
+        """A ``danube.broker._stamp.MessageBatchView``: msg_id (with topic_offset) and
+        producer_name are stamped by appending fields protobuf merges, all messages into one
+        packed buffer that the WAL frames as it is, so there is no Python object per message (see
         ``MessageBatchView.stamp``; delivery merges them into canonical form)."""
         if self.closed:
             raise PublishFailed(f"topic {self.name} is closed")

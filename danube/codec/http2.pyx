@@ -130,7 +130,8 @@ cdef class FrameReader:
                     end -= pad
                 if ftype == FT_HEADERS and flags & FL_PRIORITY:
                     if end - start < 5:
-                        raise H2ConnectionError(E_FRAME_SIZE_ERROR, "HEADERS priority block truncated")
+                        raise H2ConnectionError(E_FRAME_SIZE_ERROR,
+                                                "HEADERS priority block truncated")
                     start += 5
             elif ftype == FT_CONTINUATION:
                 if sid == 0:

@@ -18,8 +18,9 @@ def encode_message_batch(payloads_seq, unsigned long long request_id,
                          unsigned long long producer_id, unsigned long long first_request_id,
                          unsigned long long publish_time, bint offsets_as_range=False):
     """A serialized danube_ext.MessageBatchRaw (identical to what protobuf encodes) of plain
-    payloads (bytes-like, or str sent as UTF-8) as StreamMessages {request_id: first_request_id + i, payload,
-    publish_time}: no msg_id or producer_name, which the broker stamps."""
+    payloads (bytes-like, or str sent as UTF-8) as StreamMessages {request_id:
+    first_request_id + i, payload, publish_time}: no msg_id or producer_name, which the
+    broker stamps."""
     cdef Py_ssize_t i, n, size = 0, w = 0, pn, mlen
     cdef uint64_t rid
     cdef Py_buffer view

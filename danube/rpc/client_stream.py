@@ -124,7 +124,8 @@ class ClientStream(StreamBase):
     def _set_status(self, code, details):
         if self.status is not None:
             return
-        self.status = StatusCode(code) if code in StatusCode._value2member_map_ else StatusCode.UNKNOWN
+        self.status = (StatusCode(code) if code in StatusCode._value2member_map_
+                       else StatusCode.UNKNOWN)
         self.details = details
         if self._timer is not None:
             self._timer.cancel()

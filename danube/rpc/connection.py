@@ -488,7 +488,8 @@ class H2Connection(asyncio.Protocol):
                 self.peer_initial_window = value
             elif ident == S_MAX_FRAME_SIZE:
                 if not 16384 <= value <= 16777215:
-                    raise H2ConnectionError(http2.E_PROTOCOL_ERROR, "invalid SETTINGS_MAX_FRAME_SIZE")
+                    raise H2ConnectionError(http2.E_PROTOCOL_ERROR,
+                                            "invalid SETTINGS_MAX_FRAME_SIZE")
                 self.peer_max_frame = value
             elif ident == S_MAX_CONCURRENT_STREAMS:
                 self.peer_max_streams = value

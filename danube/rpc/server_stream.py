@@ -320,7 +320,8 @@ class ServerStream(StreamBase):
             if self.requests:
                 data = self.requests.popleft()
                 self._inbox_bytes -= len(data) + 5
-                if self._deferred_credit and self._inbox_bytes < self.conn.config.stream_window // 2:
+                if (self._deferred_credit
+                        and self._inbox_bytes < self.conn.config.stream_window // 2):
                     credit, self._deferred_credit = self._deferred_credit, 0
                     self.credit(credit)
                     self.conn.flush()

@@ -429,8 +429,8 @@ def read_frame(buffer, Py_ssize_t pos):
 # _tailcache.pyx.)
 
 cdef uint64_t *_index_ptr(obj, Py_buffer *view, Py_ssize_t at, Py_ssize_t n) except NULL:
-    """Borrow ``obj[at:at + n]`` of a writable, contiguous uint64 array (``array('Q')`` or numpy) as a pointer.
-    The caller releases ``view``."""
+    """Borrow ``obj[at:at + n]`` of a writable, contiguous uint64 array (``array('Q')`` or
+    numpy) as a pointer. The caller releases ``view``."""
     PyObject_GetBuffer(obj, view, PyBUF_WRITABLE | PyBUF_FORMAT | PyBUF_ND)
     fmt = (<bytes>view.format).lstrip(b"<=@") if view.format != NULL else b"B"
     if view.itemsize != 8 or fmt not in (b"Q", b"L") or view.ndim != 1:
@@ -446,12 +446,12 @@ def encode_frames_indexed(out, Py_ssize_t pos, unsigned long long first_offset, 
                           index, Py_ssize_t index_at, long long index_base=-1):
     """``encode_frames_into`` that also records where each frame starts.
 
-    ``index`` is a writable 1-D uint64 array (``array('Q')`` or numpy); the header position of frame ``i`` is
-    stored at ``index[index_at + i]``: its position in ``out``, or with ``index_base >= 0``
-    its position counted from ``index_base`` at ``pos`` (for frames encoded in a buffer
-    that is then written to a file at ``index_base``). Raises ValueError, writing nothing,
-    if the index has no room for every frame or the frames do not fit in ``out``. Returns
-    the end position.
+    ``index`` is a writable 1-D uint64 array (``array('Q')`` or numpy); the header position of
+    frame ``i`` is stored at ``index[index_at + i]``: its position in ``out``, or with
+    ``index_base >= 0`` its position counted from ``index_base`` at ``pos`` (for frames
+    encoded in a buffer that is then written to a file at ``index_base``). Raises
+    ValueError, writing nothing, if the index has no room for every frame or the frames do
+    not fit in ``out``. Returns the end position.
     """
     cdef Py_buffer iv
     cdef uint64_t *ip = _index_ptr(index, &iv, index_at, 0)

@@ -6,13 +6,13 @@ the names. Frames inside a segment carry consecutive offsets (``scan_frames`` re
 so the in-memory index is just the header position of every frame in a uint64 array,
 and offset ``o`` lives at ``index[o - first_offset]``.
 
-The active segment is preallocated (``posix_fallocate``, so a full disk is an OSError when
-the segment grows rather than part way through a batch, and readers of the mapping never touch
-a hole) in chunks that double up to ``max_size`` and mapped ``MAP_SHARED`` for readers. Appends are framed in C
-(``encode_frames_indexed`` / ``encode_frames_packed``) into a reusable buffer and written with
+The active segment is preallocated (``posix_fallocate``, so a full disk is an OSError when the
+segment grows rather than part way through a batch, and readers of the mapping never touch a hole)
+in chunks that double up to ``max_size`` and mapped ``MAP_SHARED`` for readers. Appends are framed
+in C (``encode_frames_indexed`` / ``encode_frames_packed``) into a reusable buffer and written with
 one ``pwrite`` per batch; the mapping sees the data at once (both are the page cache). Sealing
-shrinks the mapping and the file to the data's end, so a sealed file holds no zero tail and
-its size is the end of its last frame.
+shrinks the mapping and the file to the data's end, so a sealed file holds no zero tail and its size
+is the end of its last frame.
 
 Why ``pwrite`` and not a copy into the mapping: a store into a ``MAP_SHARED`` page that is not
 yet mapped writable faults (ext4's ``page_mkwrite`` runs per 4 KiB page), and every

@@ -1,12 +1,12 @@
 """Per-topic write-ahead log: mmap'd segment files, group commit, a hot-tail cache, retention.
 
-One ``WAL`` owns one directory (one topic). Messages get offsets from 0 (or ``start_offset``)
-up, contiguous and never reused while the data that carried them survives. ``append`` frames
-a batch in C (``danube.storage._walframes``, no Python per message) and returns at once; the frames go to
-the active segment with ``pwrite`` (see segment.py for why not through the mapping, which
-serves reads), at once or, in mode ``always``, from the sync worker (see "Writes" below).
-Durability is a separate, shared step (``sync_to``), so one ``fdatasync`` covers every append
-made before it started ("group commit").
+One ``WAL`` owns one directory (one topic). Messages get offsets from 0 (or ``start_offset``) up,
+contiguous and never reused while the data that carried them survives. ``append`` frames a batch in
+C (``danube.storage._walframes``, no Python per message) and returns at once; the frames go to the
+active segment with ``pwrite`` (see segment.py for why not through the mapping, which serves reads),
+at once or, in mode ``always``, from the sync worker (see "Writes" below). Durability is a separate,
+shared step (``sync_to``), so one ``fdatasync`` covers every append made before it started ("group
+commit").
 
 Layout of the directory::
 

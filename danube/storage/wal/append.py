@@ -1,7 +1,7 @@
 """Appending to the WAL, and rotating its active segment.
 
-``append`` frames a batch in C (``danube.storage._walframes``, no Python per message) into the active
-segment, at once or, in mode ``always``, into a pending buffer the sync job writes (see
+``append`` frames a batch in C (``danube.storage._walframes``, no Python per message) into
+the active segment, at once or, in mode ``always``, into a pending buffer the sync job writes (see
 "Writes" in the package docstring). A batch that does not fit, or an active segment older
 than ``max_age_seconds``, seals the segment and continues in a new one.
 """
