@@ -350,10 +350,11 @@ async def test_a_slow_reader_holds_the_stream_and_cancelling_closes_the_reader(
         got = await history.read_messages(topic, n - 3, n)
         assert _offsets(got) == [n - 3, n - 2, n - 1]
         assert len(closed) == 2
-        # 4 MB of messages: the default batch of 1000 would be over grpcio's 4 MiB receive
-        # limit, so batches also stop at BATCH_BYTES.
-        batches = await history.read(topic, n - 2000, n)
-        assert len(batches) > 2 and sum(map(len, batches)) == 2000
+        # 2000 messages of 2 KB in one batch would be over grpcio's 4 MiB receive limit, so
+        # a batch also stops at BATCH_BYTES.
+        batches = await history.read(topic, n - 2000, n, max_messages=2000)
+        assert [len(b) < 2000 for b in batches] == [True, True]
+        assert sum(map(len, batches)) == 2000
     finally:
         await history.close()
         await broker.stop()
