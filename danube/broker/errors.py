@@ -97,3 +97,13 @@ class PartlyPublished(BrokerError):
         self.cause = cause
         self.published = published
         self.total = total
+
+
+class NotReliable(BrokerError):
+    """The operation needs a reliable topic (one that keeps its messages): offset-addressed
+    reads (danube_ext.TopicHistory) of a non-reliable topic."""
+
+
+class OffsetOutOfRange(BrokerError):
+    """Part of the offsets asked for is gone from every tier (local retention deleted it and
+    no durable tier holds it); the message names the missing range and the earliest kept."""

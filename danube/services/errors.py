@@ -26,6 +26,8 @@ _CODES = {
     e.StorageFailed: StatusCode.UNAVAILABLE,
     e.InvalidPolicy: StatusCode.INVALID_ARGUMENT,
     e.InvalidArgument: StatusCode.INVALID_ARGUMENT,
+    e.NotReliable: StatusCode.FAILED_PRECONDITION,
+    e.OffsetOutOfRange: StatusCode.OUT_OF_RANGE,
 }
 
 
