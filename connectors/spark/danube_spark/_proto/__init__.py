@@ -1,0 +1,1 @@
+"""Generated at build time from protocol/*.proto (see setup.py); not in git."""
