@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import sys
+import threading
 import time
 import uuid
 
@@ -42,6 +43,7 @@ def spark():
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     session = (SparkSession.builder.master("local[2]").appName("danube-spark-tests")
                .config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false")
                .config("spark.sql.shuffle.partitions", "2")
                .config("spark.sql.session.timeZone", "UTC")
                .config("spark.driver.memory", "512m")
@@ -99,8 +101,8 @@ def test_batch_read_of_a_partitioned_topic_returns_what_was_published(spark, bro
     for r in rows:
         assert r.partition == int(r.topic.rsplit("-part-", 1)[1])
         assert r.producer == f"pub-{r.partition}"
-        assert before - 5 <= r.timestamp.replace(tzinfo=None).timestamp() <= time.time() + 5 \
-            or before - 5 <= r.timestamp.timestamp() <= time.time() + 5
+        # publish_time is in milliseconds; Spark hands back a naive local datetime.
+        assert before - 5 <= r.timestamp.timestamp() <= time.time() + 5
         assert r.schema_id is None and r.schema_version is None
 
 
@@ -133,12 +135,53 @@ def test_write_then_read_round_trip(spark, broker):
     assert sorted(r.offset for r in rows) == list(range(50))
 
 
-def test_write_publishes_to_a_reliable_subscription(spark, broker):
-    """The write path alone (no TopicHistory): a reliable subscription created before the
-    write receives every row, with its key and attributes; binary values and a topic
-    column."""
-    topic = unique("spark_write")
+def received_while(broker, topic, n, write):
+    """Runs write() while a reliable subscription on `topic` (created first, at the live
+    tail) is open; returns the n messages it receives. Checks the write path without the
+    broker's TopicHistory. write() runs on this thread: Spark looks a Python data source up
+    through the thread's active session, which only the main thread has."""
+    subscribed = threading.Event()
+    result = {}
 
+    async def receive():
+        async with DanubeClient(url(broker)) as client:
+            # The topic exists as a reliable topic before the subscription, so the
+            # subscription is reliable.
+            producer = await client.create_producer(topic, "seed", reliable=True)
+            await producer.close()
+            consumer = await client.subscribe(topic, "c", "sub")
+            subscribed.set()
+            out = []
+            for _ in range(n):
+                msg = await consumer.receive(timeout=60)
+                out.append(msg)
+                await consumer.ack(msg)
+            await consumer.close()
+            return out
+
+    def run():
+        try:
+            result["messages"] = asyncio.run(receive())
+        except BaseException as exc:  # noqa: BLE001 - handed to the test's thread
+            result["error"] = exc
+        finally:
+            subscribed.set()
+
+    receiver = threading.Thread(target=run, daemon=True)
+    receiver.start()
+    assert subscribed.wait(30), "the subscription was not created"
+    if "error" in result:
+        raise result["error"]
+    write()
+    receiver.join(90)
+    if "error" in result:
+        raise result["error"]
+    return result["messages"]
+
+
+def test_write_publishes_to_a_reliable_subscription(spark, broker):
+    """Binary values, keys, attributes, and the topic from a topic column."""
+    topic = unique("spark_write")
     data = [(topic, f"k{i}", bytes([i]) * 3, {"i": str(i)}) for i in range(20)]
 
     def write():
@@ -146,26 +189,147 @@ def test_write_publishes_to_a_reliable_subscription(spark, broker):
             data, "topic string, key string, value binary, attributes map<string,string>")
         df.write.format("danube").mode("append").option("service_url", url(broker)).save()
 
-    async def subscribe_write_receive():
-        async with DanubeClient(url(broker)) as client:
-            # The topic exists as a reliable topic before the subscription, so the
-            # subscription is reliable; it starts at the live tail, before the write.
-            producer = await client.create_producer(topic, "seed", reliable=True)
-            await producer.close()
-            consumer = await client.subscribe(topic, "c", "sub")
-            await asyncio.get_running_loop().run_in_executor(None, write)
-            out = []
-            for _ in range(len(data)):
-                msg = await consumer.receive(timeout=30)
-                out.append(msg)
-                await consumer.ack(msg)
-            await consumer.close()
-            return out
-
-    msgs = asyncio.run(subscribe_write_receive())
+    msgs = received_while(broker, topic, len(data), write)
     got = sorted((m.routing_key, m.payload, dict(m.attributes)) for m in msgs)
     assert got == sorted((f"k{i}", bytes([i]) * 3, {"i": str(i)}) for i in range(20))
     assert all(m.msg_id.topic_name == topic for m in msgs)
+
+
+def test_write_stream(spark, broker, tmp_path):
+    """writeStream.format("danube"): a file stream's rows, Trigger.AvailableNow."""
+    topic = unique("spark_write_stream")
+    source = tmp_path / "in"
+    source.mkdir()
+    (source / "a.json").write_text("".join(json.dumps({"value": f"v{i}"}) + "\n"
+                                           for i in range(15)))
+
+    def write():
+        query = (spark.readStream.schema("value string").json(str(source))
+                 .writeStream.format("danube").option("service_url", url(broker))
+                 .option("topic", topic)
+                 .option("checkpointLocation", str(tmp_path / "checkpoint"))
+                 .trigger(availableNow=True).start())
+        query.awaitTermination(120)
+        assert query.exception() is None
+
+    msgs = received_while(broker, topic, 15, write)
+    assert sorted(m.payload for m in msgs) == sorted(f"v{i}".encode() for i in range(15))
+
+
+# -- the read path against the protocol alone ------------------------------------------------
+
+class FakeHistory:
+    """A grpcio server with danube_ext.TopicHistory only, answering as DanubeExt.proto says:
+    the connector's read path without the broker's implementation, including a broker that
+    streams small batches and history gone from a partition."""
+
+    TOPIC = "/default/fake"
+    LATEST = {f"/default/fake-part-{i}": 5 + i for i in range(3)}
+    EARLIEST = {"/default/fake-part-0": 0, "/default/fake-part-1": 0, "/default/fake-part-2": 2}
+
+    def __init__(self):
+        import grpc
+        from concurrent import futures
+        from danube_spark._proto import DanubeApi_pb2, DanubeExt_pb2
+
+        self.api, self.ext = DanubeApi_pb2, DanubeExt_pb2
+        self.reads = []
+        ext = DanubeExt_pb2
+        handlers = {
+            "GetOffsets": grpc.unary_unary_rpc_method_handler(
+                self.get_offsets, ext.OffsetsRequest.FromString,
+                ext.OffsetsResponse.SerializeToString),
+            "ReadRange": grpc.unary_stream_rpc_method_handler(
+                self.read_range, ext.ReadRangeRequest.FromString,
+                ext.ReadRangeBatch.SerializeToString),
+        }
+        self.server = grpc.server(futures.ThreadPoolExecutor(4))
+        self.server.add_generic_rpc_handlers(
+            [grpc.method_handlers_generic_handler("danube_ext.TopicHistory", handlers)])
+        self.port = self.server.add_insecure_port("127.0.0.1:0")
+        self.server.start()
+
+    def get_offsets(self, request, context):
+        import grpc
+        if request.topic == "/default/fake_non_reliable":
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, "non-reliable topic")
+        if request.topic != self.TOPIC:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"no topic {request.topic}")
+        return self.ext.OffsetsResponse(partitioned=True, partitions=[
+            self.ext.PartitionOffsets(topic=name, partition=i, earliest=self.EARLIEST[name],
+                                      latest=latest)
+            for i, (name, latest) in enumerate(self.LATEST.items())])
+
+    def read_range(self, request, context):
+        self.reads.append((request.topic, request.start_offset, request.end_offset))
+        out = []
+        for offset in range(request.start_offset,
+                            min(request.end_offset, self.LATEST[request.topic])):
+            msg = self.api.StreamMessage(payload=f"{request.topic}:{offset}".encode(),
+                                         publish_time=1_700_000_000_000 + offset,
+                                         producer_name="p", routing_key=f"k{offset}",
+                                         attributes={"o": str(offset)}, schema_id=3,
+                                         schema_version=1)
+            msg.msg_id.topic_offset = offset
+            out.append(msg.SerializeToString())
+            if len(out) == 2:
+                yield self.ext.ReadRangeBatch(messages=out)
+                out = []
+        if out:
+            yield self.ext.ReadRangeBatch(messages=out)
+
+
+@pytest.fixture(scope="module")
+def fake_history():
+    fake = FakeHistory()
+    yield fake
+    fake.server.stop(0)
+
+
+def read_fake(spark, fake, topic, **options):
+    reader = (spark.read.format("danube").option("service_url", f"http://127.0.0.1:{fake.port}")
+              .option("topic", topic))
+    for name, value in options.items():
+        reader = reader.option(name, value)
+    return reader.load()
+
+
+def test_read_against_the_protocol(spark, fake_history):
+    fake = fake_history
+    df = read_fake(spark, fake, fake.TOPIC)
+    assert df.rdd.getNumPartitions() == 3
+    rows = df.collect()
+    assert sorted((r.topic, r.partition, r.offset) for r in rows) == sorted(
+        (name, i, o) for i, name in enumerate(fake.LATEST)
+        for o in range(fake.EARLIEST[name], fake.LATEST[name]))
+    for r in rows:
+        assert bytes(r.value) == f"{r.topic}:{r.offset}".encode()
+        assert (r.key, r.attributes, r.producer) == (f"k{r.offset}", {"o": str(r.offset)}, "p")
+        assert (r.schema_id, r.schema_version) == (3, 1)
+        assert round(r.timestamp.timestamp() * 1000) == 1_700_000_000_000 + r.offset
+    # [0, 5), [0, 6) and [2, 7) in ranges of at most 2 offsets: 3 + 3 + 3 tasks.
+    split = read_fake(spark, fake, fake.TOPIC, maxOffsetsPerSplit=2)
+    assert split.rdd.getNumPartitions() == 9 and split.count() == len(rows)
+
+
+def test_read_of_history_gone(spark, fake_history):
+    fake = fake_history
+    start = json.dumps({"/default/fake-part-2": 0})
+    expect_error(lambda: read_fake(spark, fake, fake.TOPIC, startingOffsets=start).collect(),
+                 "offsets [0, 2) of /default/fake-part-2 are no longer available")
+    df = read_fake(spark, fake, fake.TOPIC, startingOffsets=start, failOnDataLoss="false")
+    assert df.count() == 5 + 6 + 5
+
+
+def test_errors_against_the_protocol(spark, fake_history):
+    fake = fake_history
+    expect_error(lambda: read_fake(spark, fake, "/default/elsewhere").collect(),
+                 "topic /default/elsewhere not found")
+    expect_error(lambda: read_fake(spark, fake, "/default/fake_non_reliable").collect(),
+                 "use a reliable topic", "/default/fake_non_reliable")
+    expect_error(lambda: read_fake(spark, fake, fake.TOPIC,
+                                   endingOffsets='{"/default/other-part-0": 1}').collect(),
+                 "option endingOffsets names /default/other-part-0")
 
 
 # -- errors that name the problem ------------------------------------------------------------

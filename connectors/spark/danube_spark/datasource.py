@@ -5,8 +5,8 @@ the broker."""
 
 from dataclasses import dataclass
 
-from pyspark.sql.datasource import (DataSource, DataSourceReader, DataSourceWriter,
-                                    InputPartition, WriterCommitMessage)
+from pyspark.sql.datasource import (DataSource, DataSourceReader, DataSourceStreamWriter,
+                                    DataSourceWriter, InputPartition, WriterCommitMessage)
 
 from danube_spark.errors import OptionError
 from danube_spark.messages import SCHEMA, rows
@@ -34,6 +34,13 @@ class DanubeDataSource(DataSource):
         opts = WriteOptions.parse(self.options)
         check_write_schema(schema, opts)
         return DanubeBatchWriter(opts)
+
+    def streamWriter(self, schema, overwrite):
+        # Every micro-batch appends (output mode append); its rows are published by the
+        # tasks, so there is nothing left to do at the micro-batch's commit.
+        opts = WriteOptions.parse(self.options)
+        check_write_schema(schema, opts)
+        return DanubeStreamWriter(opts)
 
 
 class DanubePartition(InputPartition):
@@ -91,26 +98,44 @@ class DanubeCommit(WriterCommitMessage):
     published: int
 
 
+def publish_rows(opts, iterator):
+    """One task's rows to the broker; the commit message counts what was published."""
+    from pyspark import TaskContext
+    from danube_spark.writing import TaskWriter
+
+    context = TaskContext.get()
+    label = f"p{context.partitionId()}a{context.attemptNumber()}" if context else "task"
+    writer = TaskWriter(opts, label)
+    try:
+        for row in iterator:
+            fields = {k.lower(): v for k, v in row.asDict().items()}
+            # The topic option wins over a topic column (a DataFrame read from Danube
+            # carries its source partition's name there), as in Kafka's sink.
+            writer.add(fields.get("value"), fields.get("key"), fields.get("attributes"),
+                       opts.topic or fields.get("topic"))
+        writer.flush()
+    finally:
+        writer.close()
+    return DanubeCommit(writer.sent)
+
+
 class DanubeBatchWriter(DataSourceWriter):
     def __init__(self, opts):
         self.opts = opts
 
     def write(self, iterator):
-        from pyspark import TaskContext
-        from danube_spark.writing import TaskWriter
+        return publish_rows(self.opts, iterator)
 
-        context = TaskContext.get()
-        label = f"p{context.partitionId()}a{context.attemptNumber()}" if context else "task"
-        writer = TaskWriter(self.opts, label)
-        try:
-            for row in iterator:
-                fields = row.asDict()
-                lower = {k.lower(): v for k, v in fields.items()}
-                # The topic option wins over a topic column (a DataFrame read from Danube
-                # carries its source partition's name there).
-                topic = self.opts.topic or lower.get("topic")
-                writer.add(lower.get("value"), lower.get("key"), lower.get("attributes"), topic)
-            writer.flush()
-        finally:
-            writer.close()
-        return DanubeCommit(writer.sent)
+
+class DanubeStreamWriter(DataSourceStreamWriter):
+    def __init__(self, opts):
+        self.opts = opts
+
+    def write(self, iterator):
+        return publish_rows(self.opts, iterator)
+
+    def commit(self, messages, batchId):
+        pass
+
+    def abort(self, messages, batchId):
+        pass

@@ -47,9 +47,9 @@ def from_rpc(exc, what, topic, service_url):
     if code == grpc.StatusCode.OUT_OF_RANGE:
         return DataLoss(f"{what} of {topic}: {details}")
     if code == grpc.StatusCode.UNIMPLEMENTED:
-        return DanubeSparkError(f"the Danube broker at {service_url} does not serve {what} "
-                                f"(danube_ext.TopicHistory): it needs a broker with "
-                                f"offset-addressed reads ({details})")
+        return DanubeSparkError(f"the Danube broker at {service_url} does not serve "
+                                f"offset-addressed reads (danube_ext.TopicHistory), needed "
+                                f"for {what} of {topic} ({details})")
     name = code.name if code is not None else type(exc).__name__
     return DanubeSparkError(f"{what} of {topic} on the Danube broker at {service_url} "
                             f"failed: {name}: {details}")
