@@ -216,6 +216,47 @@ def test_write_stream(spark, broker, tmp_path):
     assert sorted(m.payload for m in msgs) == sorted(f"v{i}".encode() for i in range(15))
 
 
+def publish_more(broker, topic, first, n, partitions):
+    async def run():
+        async with DanubeClient(url(broker)) as client:
+            producer = await client.create_producer(topic, f"more{first}",
+                                                    partitions=partitions, reliable=True)
+            for i in range(first, first + n):
+                await producer.send(f"m-{i}".encode(), key=f"k{i % 7}")
+            await producer.close()
+    asyncio.run(run())
+
+
+def test_stream_into_parquet_restarts_from_the_checkpoint(spark, broker, tmp_path):
+    """readStream with maxOffsetsPerTrigger and Trigger.AvailableNow into a Parquet sink;
+    a second run from the same checkpoint reads only what was published since: every
+    message exactly once."""
+    topic = unique("spark_stream")
+    publish_keyed(broker, topic, 30, partitions=3)
+    sink, checkpoint = tmp_path / "sink", tmp_path / "checkpoint"
+
+    def run_once():
+        query = (spark.readStream.format("danube").option("service_url", url(broker))
+                 .option("topic", topic).option("startingOffsets", "earliest")
+                 .option("maxOffsetsPerTrigger", "7").load()
+                 .selectExpr("topic", "offset", "cast(value as string) as value")
+                 .writeStream.format("parquet").option("path", str(sink))
+                 .option("checkpointLocation", str(checkpoint))
+                 .trigger(availableNow=True).start())
+        query.awaitTermination(180)
+        assert query.exception() is None
+        return [p for p in query.recentProgress if p["numInputRows"] > 0]
+
+    batches = run_once()
+    assert len(batches) >= 5 and all(p["numInputRows"] <= 7 for p in batches)
+    publish_more(broker, topic, 30, 20, partitions=3)
+    run_once()
+    rows = spark.read.parquet(str(sink)).collect()
+    assert len(rows) == 50
+    assert sorted(r.value for r in rows) == sorted(f"m-{i}" for i in range(50))
+    assert len({(r.topic, r.offset) for r in rows}) == 50
+
+
 # -- the read path against the protocol alone ------------------------------------------------
 
 class FakeHistory:

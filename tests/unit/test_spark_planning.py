@@ -127,3 +127,16 @@ def test_rows_detect_a_gap():
     with pytest.raises(DataLoss, match=r"offsets \[4, 7\) of /default/t are missing"):
         list(rows([[_raw(3)]], T, 0, 3, 7, True))
     assert [r[4] for r in rows([[_raw(3), _raw(6)]], T, 0, 3, 7, False)] == [3, 6]
+
+
+def test_max_offsets_per_trigger_is_shared_by_backlog():
+    from danube_spark.planning import cap_offsets
+    start = {"a": 0, "b": 10, "c": 5}
+    latest = {"a": 30, "b": 20, "c": 5}
+    assert cap_offsets(start, latest, None) == latest
+    assert cap_offsets(start, latest, 100) == latest
+    assert cap_offsets(start, latest, 8) == {"a": 6, "b": 12, "c": 5}
+    # Too small a limit to share still moves on, from the largest backlog.
+    assert cap_offsets(start, latest, 1) == {"a": 1, "b": 10, "c": 5}
+    # A new partition counts from where the caller starts it (its earliest offset).
+    assert cap_offsets({"a": 30, "n": 0}, {"a": 30, "n": 4}, 3) == {"a": 30, "n": 3}

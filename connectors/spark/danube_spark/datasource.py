@@ -28,6 +28,10 @@ class DanubeDataSource(DataSource):
     def reader(self, schema):
         return DanubeBatchReader(ReadOptions.parse(self.options))
 
+    def streamReader(self, schema):
+        from danube_spark.streaming import DanubeStreamReader
+        return DanubeStreamReader(ReadOptions.parse(self.options))
+
     def writer(self, schema, overwrite):
         if overwrite:
             raise OptionError("a Danube topic is append-only: use mode('append')")

@@ -116,6 +116,8 @@ class ReadOptions:
     fail_on_data_loss: bool
     batch_messages: int
     timeout: float
+    starting_given: bool = False
+    max_offsets_per_trigger: int | None = None
 
     @classmethod
     def parse(cls, options):
@@ -123,6 +125,8 @@ class ReadOptions:
         service_url = required(opts, "service_url")
         target(service_url)
         return cls(
+            starting_given=opts.get("startingoffsets") is not None,
+            max_offsets_per_trigger=_positive_int(opts, "maxOffsetsPerTrigger", None),
             service_url=service_url,
             topic=required(opts, "topic"),
             starting=parse_offsets("startingOffsets", opts.get("startingoffsets"), EARLIEST),

@@ -88,3 +88,23 @@ def splits(partition_ranges, max_offsets_per_split):
         part, start, _ = partition_ranges[0]
         out.append(Split(part.topic, part.partition, start, start))
     return out
+
+
+def cap_offsets(start, latest, max_offsets):
+    """End offsets of one micro-batch from `start` towards `latest` (both partition name ->
+    offset) reading at most `max_offsets` messages in all, shared out in proportion to each
+    partition's backlog (as Kafka's maxOffsetsPerTrigger); every micro-batch with a backlog
+    makes progress."""
+    backlog = {p: max(0, latest[p] - start.get(p, latest[p])) for p in latest}
+    total = sum(backlog.values())
+    if max_offsets is None or total <= max_offsets:
+        return dict(latest)
+    end = {p: start.get(p, latest[p]) + (backlog[p] * max_offsets) // total for p in latest}
+    left = max_offsets - sum(end[p] - start.get(p, latest[p]) for p in latest)
+    for p in sorted(latest, key=lambda name: -backlog[name]):
+        if left <= 0:
+            break
+        extra = min(left, latest[p] - end[p])
+        end[p] += extra
+        left -= extra
+    return end

@@ -1,0 +1,109 @@
+"""Streaming read (`spark.readStream.format("danube")`): the source's offset is a JSON
+object partition name -> next offset to read. Spark journals it in the checkpoint, so a
+restarted query goes on exactly where the last committed micro-batch ended; the broker
+keeps no cursor for the reader (commit has nothing to tell it)."""
+
+from pyspark.sql.datasource import DataSourceStreamReader
+
+from danube_spark.errors import DataLoss
+from danube_spark.messages import rows
+from danube_spark.options import EARLIEST, LATEST
+from danube_spark.planning import Split, cap_offsets
+from danube_spark.rpc import Broker
+
+try:
+    from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadMaxRows,
+                                                  SupportsTriggerAvailableNow)
+except ImportError:  # PySpark < 4.2: no admission control, no Trigger.AvailableNow
+    ReadAllAvailable = ReadMaxRows = None
+
+    class SupportsTriggerAvailableNow:
+        pass
+
+
+class DanubeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    def __init__(self, opts):
+        self.opts = opts
+        self._target = None        # Trigger.AvailableNow's end, fixed at the query's start
+        self._last_end = None      # for PySpark < 4.2, whose latestOffset() gets no start
+
+    def _offsets(self):
+        with Broker(self.opts.service_url, self.opts.timeout) as broker:
+            return broker.offsets(self.opts.topic)
+
+    def initialOffset(self):
+        # A new query starts at startingOffsets; its default is "latest" when streaming.
+        spec = self.opts.starting if self.opts.starting_given else LATEST
+        out = {}
+        for part in self._offsets():
+            offset = spec.get(part.topic, LATEST) if isinstance(spec, dict) else spec
+            out[part.topic] = (part.earliest if offset == EARLIEST
+                               else part.latest if offset == LATEST else offset)
+        return out
+
+    def prepareForTriggerAvailableNow(self):
+        self._target = {p.topic: p.latest for p in self._offsets()}
+
+    def getDefaultReadLimit(self):
+        if self.opts.max_offsets_per_trigger is not None and ReadMaxRows is not None:
+            return ReadMaxRows(self.opts.max_offsets_per_trigger)
+        return ReadAllAvailable() if ReadAllAvailable is not None else None
+
+    def latestOffset(self, start=None, limit=None):
+        parts = self._offsets()
+        latest = {p.topic: p.latest for p in parts}
+        if self._target is not None:
+            latest = {p: min(o, self._target.get(p, o)) for p, o in latest.items()}
+        if start is None:
+            start = self._last_end if self._last_end is not None else self.initialOffset()
+            max_offsets = self.opts.max_offsets_per_trigger
+        else:
+            max_offsets = getattr(limit, "max_rows", None)
+        # A partition added since the query started is read from its earliest offset.
+        begin = {p.topic: start.get(p.topic, p.earliest) for p in parts}
+        end = cap_offsets(begin, latest, max_offsets)
+        end = {p: max(o, begin[p]) for p, o in end.items()}
+        self._last_end = end
+        return end
+
+    def partitions(self, start, end):
+        earliest = None
+        out = []
+        for name, stop in sorted(end.items()):
+            begin = start.get(name)
+            if begin is not None and begin >= stop:
+                continue
+            if earliest is None:
+                earliest = {p.topic: p.earliest for p in self._offsets()}
+            kept = earliest.get(name, 0)
+            if begin is None:
+                begin = kept       # a partition new in this micro-batch
+            if begin < kept:
+                if self.opts.fail_on_data_loss:
+                    raise DataLoss(f"offsets [{begin}, {min(kept, stop)}) of {name} are no "
+                                   f"longer available (earliest kept: {kept}); set "
+                                   f"failOnDataLoss=false to skip them")
+                begin = min(kept, stop)
+            at = begin
+            while at < stop:
+                step = min(at + self.opts.max_offsets_per_split, stop)
+                out.append(Split(name, _partition_number(name), at, step))
+                at = step
+        from danube_spark.datasource import DanubePartition
+        return [DanubePartition(s) for s in out]
+
+    def read(self, partition):
+        split, opts = partition.split, self.opts
+        with Broker(opts.service_url, opts.timeout) as broker:
+            batches = broker.read_range(split.topic, split.start, split.end,
+                                        opts.batch_messages)
+            yield from rows(batches, split.topic, split.partition, split.start, split.end,
+                            opts.fail_on_data_loss)
+
+    def commit(self, end):
+        pass
+
+
+def _partition_number(name):
+    head, sep, tail = name.rpartition("-part-")
+    return int(tail) if sep and tail.isdigit() else 0
