@@ -428,3 +428,17 @@ def test_missing_options(spark, broker):
     df = spark.createDataFrame([("a",)], "value string")
     expect_error(lambda: df.write.format("danube").mode("append")
                  .option("service_url", url(broker)).save(), "no topic to write to")
+
+
+def test_publish_error_fails_the_write_with_the_brokers_message(spark, tmp_path):
+    config = tmp_path / "small.yml"
+    config.write_text("policies:\n  max_message_size: 1000\n")
+    small = BrokerProcess("--config-file", str(config), data_dir=tmp_path / "data").start()
+    try:
+        df = spark.createDataFrame([("x" * 2000,)], "value string")
+        expect_error(lambda: df.write.format("danube").mode("append")
+                     .option("service_url", url(small)).option("topic", unique("too_big"))
+                     .save(),
+                     "publishing 1 messages to", "exceeds max_message_size (1000 bytes)")
+    finally:
+        small.stop()

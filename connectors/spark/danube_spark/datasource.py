@@ -68,14 +68,17 @@ class DanubeBatchReader(DataSourceReader):
         return [DanubePartition(s) for s in planned]
 
     def read(self, partition):
-        split, opts = partition.split, self.opts
-        if split.start >= split.end:
-            return
-        with Broker(opts.service_url, opts.timeout) as broker:
-            batches = broker.read_range(split.topic, split.start, split.end,
-                                        opts.batch_messages)
-            yield from rows(batches, split.topic, split.partition, split.start, split.end,
-                            opts.fail_on_data_loss)
+        return read_split(self.opts, partition.split)
+
+
+def read_split(opts, split):
+    """The rows of one split, streamed from the broker over a channel of the task's own."""
+    if split.start >= split.end:
+        return
+    with Broker(opts.service_url, opts.timeout) as broker:
+        batches = broker.read_range(split.topic, split.start, split.end, opts.batch_messages)
+        yield from rows(batches, split.topic, split.partition, split.start, split.end,
+                        opts.fail_on_data_loss)
 
 
 def check_write_schema(schema, opts):

@@ -5,8 +5,8 @@ keeps no cursor for the reader (commit has nothing to tell it)."""
 
 from pyspark.sql.datasource import DataSourceStreamReader
 
+from danube_spark.datasource import DanubePartition, read_split
 from danube_spark.errors import DataLoss
-from danube_spark.messages import rows
 from danube_spark.options import EARLIEST, LATEST
 from danube_spark.planning import Split, cap_offsets
 from danube_spark.rpc import Broker
@@ -89,16 +89,10 @@ class DanubeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 step = min(at + self.opts.max_offsets_per_split, stop)
                 out.append(Split(name, _partition_number(name), at, step))
                 at = step
-        from danube_spark.datasource import DanubePartition
         return [DanubePartition(s) for s in out]
 
     def read(self, partition):
-        split, opts = partition.split, self.opts
-        with Broker(opts.service_url, opts.timeout) as broker:
-            batches = broker.read_range(split.topic, split.start, split.end,
-                                        opts.batch_messages)
-            yield from rows(batches, split.topic, split.partition, split.start, split.end,
-                            opts.fail_on_data_loss)
+        return read_split(self.opts, partition.split)
 
     def commit(self, end):
         pass
