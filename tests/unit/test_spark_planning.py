@@ -61,6 +61,11 @@ def test_read_options_required_and_case_insensitive():
     with pytest.raises(OptionError, match="option failOnDataLoss must be true or false"):
         ReadOptions.parse({"service_url": "http://h:1", "topic": T, "failOnDataLoss": "maybe"})
     assert WriteOptions.parse({"service_url": "http://h:1"}).topic is None
+    base = {"service_url": "http://h:1", "topic": T}
+    plain = ReadOptions.parse(base)
+    assert (plain.max_offsets_per_trigger, plain.starting_given) == (None, False)
+    capped = ReadOptions.parse({**base, "maxoffsetspertrigger": "7", "startingOffsets": "{}"})
+    assert (capped.max_offsets_per_trigger, capped.starting_given) == (7, True)
 
 
 def test_earliest_to_latest_is_every_partition_whole():

@@ -51,16 +51,21 @@ class DanubeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def latestOffset(self, start=None, limit=None):
         parts = self._offsets()
-        latest = {p.topic: p.latest for p in parts}
-        if self._target is not None:
-            latest = {p: min(o, self._target.get(p, o)) for p, o in latest.items()}
-        if start is None:
-            start = self._last_end if self._last_end is not None else self.initialOffset()
-            max_offsets = self.opts.max_offsets_per_trigger
-        else:
+        if start is not None:
             max_offsets = getattr(limit, "max_rows", None)
+        elif self._last_end is not None:
+            # PySpark < 4.2 passes neither start nor limit: go on from the last answer.
+            start, max_offsets = self._last_end, self.opts.max_offsets_per_trigger
+        else:
+            # ... and on its first call the checkpoint's start is unknown here: no cap.
+            start, max_offsets = self.initialOffset(), None
         # A partition added since the query started is read from its earliest offset.
         begin = {p.topic: start.get(p.topic, p.earliest) for p in parts}
+        latest = {p.topic: p.latest for p in parts}
+        if self._target is not None:
+            # Trigger.AvailableNow: nothing published after the query started, not even in
+            # a partition created since.
+            latest = {p: min(o, self._target.get(p, begin[p])) for p, o in latest.items()}
         end = cap_offsets(begin, latest, max_offsets)
         end = {p: max(o, begin[p]) for p, o in end.items()}
         self._last_end = end
