@@ -1,0 +1,219 @@
+"""bench.spark: the danube-spark connector (issue 19) against Spark's own file sources, in one
+SparkSession (local[2]) and one run.
+
+    python -m bench.spark [--quick] [--messages N] [--rate R] [--stream-seconds S]
+
+1. A standalone broker (`bench.e2e.runner.Broker`); a 4-partition reliable topic gets N
+   messages of 100 bytes (default 1,000,000) through the project's client, batched.
+2. Batch: the topic is read by the connector into a `noop` sink (every row materialized, as a
+   count cannot skip it) and into Parquet; the same rows, saved once as Parquet and as JSON
+   lines (schema given, no inference), are read the same two ways. Each timed twice, best kept.
+   The broker's CPU per message is sampled over the connector's reads.
+3. Streaming: `readStream.format("danube")` with the default trigger into a `foreachBatch`
+   sink, while a producer publishes at R msgs/s (default 10,000); latency = the time a row
+   reaches the sink minus its publish time (same clock).
+
+Reported, not asserted: targets are a topic read >= 0.5x the Parquet read and >= the JSON read,
+and a p50 publish-to-sink latency under 1 s."""
+
+import argparse
+import asyncio
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+
+from bench._proc import proc_cpu
+from bench.e2e.runner import Broker
+
+TOPIC = "/default/spark_bench"
+STREAM_TOPIC = "/default/spark_stream"
+PARTITIONS = 4
+
+
+def publish(url, topic, count, *, partitions=PARTITIONS, size=100):
+    from danube.client import DanubeClient
+
+    async def run():
+        async with DanubeClient(url) as client:
+            producer = await client.create_producer(topic, "bench", partitions=partitions,
+                                                    reliable=True)
+            payload = b"x" * size
+            sent = 0
+            while sent < count:
+                n = min(50_000, count - sent)
+                await producer.send_many([payload] * n)
+                sent += n
+            await producer.close()
+    asyncio.run(run())
+
+
+class Paced(threading.Thread):
+    """Publishes `rate` msgs/s in batches of rate/100 every 10 ms until stopped."""
+
+    def __init__(self, url, topic, rate):
+        super().__init__(daemon=True)
+        self.url, self.topic, self.rate = url, topic, rate
+        self.stop_flag = threading.Event()
+        self.ready = threading.Event()
+        self.sent = 0
+        self.error = None
+
+    def run(self):
+        try:
+            asyncio.run(self._run())
+        except Exception as exc:  # noqa: BLE001 - reported in the results
+            self.error = exc
+            self.ready.set()
+
+    async def _run(self):
+        from danube.client import DanubeClient
+        async with DanubeClient(self.url) as client:
+            producer = await client.create_producer(self.topic, "paced", partitions=PARTITIONS,
+                                                    reliable=True)
+            self.ready.set()
+            per_tick = max(1, self.rate // 100)
+            payload = b"y" * 100
+            t = time.monotonic()
+            while not self.stop_flag.is_set():
+                await producer.send_many([payload] * per_tick)
+                self.sent += per_tick
+                t += 0.01
+                await asyncio.sleep(max(0.0, t - time.monotonic()))
+            await producer.close()
+
+
+def best_of(n, fn):
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m bench.spark", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="200,000 messages, 10 s of streaming")
+    ap.add_argument("--messages", type=int, default=None)
+    ap.add_argument("--rate", type=int, default=10_000, help="streaming publish rate, msgs/s")
+    ap.add_argument("--stream-seconds", type=float, default=None)
+    args = ap.parse_args(argv)
+    count = args.messages or (200_000 if args.quick else 1_000_000)
+    stream_s = args.stream_seconds or (10.0 if args.quick else 30.0)
+
+    # Spark's Python workers run `python3` from PATH unless told: they need this
+    # environment's, which has the connector.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+    from danube_spark import DanubeDataSource
+
+    scratch = tempfile.mkdtemp(prefix="danube-spark-bench-")
+    broker = Broker(os.path.join(scratch, "data"), os.path.join(scratch, "broker.log"))
+    results = {}
+    try:
+        print(f"publishing {count:,} x 100 B to {TOPIC} ({PARTITIONS} partitions) ...",
+              flush=True)
+        t0 = time.perf_counter()
+        publish(broker.url, TOPIC, count)
+        print(f"  {count / (time.perf_counter() - t0):,.0f} msgs/s", flush=True)
+
+        spark = (SparkSession.builder.master("local[2]").appName("bench.spark")
+                 .config("spark.ui.enabled", "false")
+                 .config("spark.ui.showConsoleProgress", "false")
+                 .config("spark.sql.shuffle.partitions", "4")
+                 .config("spark.driver.memory", "2g").getOrCreate())
+        spark.sparkContext.setLogLevel("ERROR")
+        spark.dataSource.register(DanubeDataSource)
+
+        def danube():
+            return (spark.read.format("danube").option("service_url", broker.url)
+                    .option("topic", TOPIC).load())
+
+        parquet_path = os.path.join(scratch, "rows.parquet")
+        json_path = os.path.join(scratch, "rows.json")
+        danube().write.mode("overwrite").parquet(parquet_path)
+        danube().write.mode("overwrite").json(json_path)
+        schema = spark.read.parquet(parquet_path).schema
+        sources = {
+            "danube topic (connector)": danube,
+            "Parquet file": lambda: spark.read.parquet(parquet_path),
+            "JSON lines file": lambda: spark.read.schema(schema).json(json_path),
+        }
+        for label, df in sources.items():
+            print(f"[batch] {label} ...", flush=True)
+            cpu0 = proc_cpu(broker.pid)
+            rows = df().count()
+            noop = best_of(2, lambda: df().write.format("noop").mode("overwrite").save())
+            out = os.path.join(scratch, "out.parquet")
+            into_parquet = best_of(2, lambda: df().write.mode("overwrite").parquet(out))
+            cpu = proc_cpu(broker.pid) - cpu0
+            results[label] = {"rows": rows, "noop_s": noop, "parquet_s": into_parquet,
+                              "broker_cpu_s": cpu}
+
+        print(f"[stream] {args.rate:,} msgs/s for {stream_s:g} s, default trigger, "
+              f"foreachBatch ...", flush=True)
+        latencies = []
+        paced = Paced(broker.url, STREAM_TOPIC, args.rate)
+        paced.start()
+        paced.ready.wait(30)
+
+        def sink(batch_df, batch_id):
+            now = time.time()
+            latencies.extend(now - r[0].timestamp() for r in batch_df.select("timestamp")
+                             .collect())
+
+        query = (spark.readStream.format("danube").option("service_url", broker.url)
+                 .option("topic", STREAM_TOPIC).option("startingOffsets", "latest").load()
+                 .writeStream.foreachBatch(sink)
+                 .option("checkpointLocation", os.path.join(scratch, "ckpt")).start())
+        time.sleep(stream_s)
+        paced.stop_flag.set()
+        paced.join(30)
+        time.sleep(2)
+        query.stop()
+        spark.stop()
+    finally:
+        broker.stop()
+        shutil.rmtree(scratch, ignore_errors=True)
+
+    print()
+    print(f"{'source':<26} {'rows':>10} {'noop s':>8} {'rows/s':>11} {'parquet s':>10} "
+          f"{'rows/s':>11}  broker us/msg")
+    for label, r in results.items():
+        us = (f"{r['broker_cpu_s'] * 1e6 / (r['rows'] * 5):.2f}"
+              if label.startswith("danube") else "-")
+        print(f"{label:<26} {r['rows']:>10,} {r['noop_s']:>8.2f} "
+              f"{r['rows'] / r['noop_s']:>11,.0f} {r['parquet_s']:>10.2f} "
+              f"{r['rows'] / r['parquet_s']:>11,.0f}  {us}")
+    print("(each source read 5 times in the broker-CPU window: a count, and twice each timed "
+          "way; times are the best of two)")
+    d = results["danube topic (connector)"]
+    p, j = results["Parquet file"], results["JSON lines file"]
+    ratio_p = p["noop_s"] / d["noop_s"]
+    ratio_j = j["noop_s"] / d["noop_s"]
+    print()
+    print("targets:")
+    print(f"  [{'met' if ratio_p >= 0.5 else 'NOT met'}] topic read >= 0.5x Parquet read "
+          f"({ratio_p:.2f}x)")
+    print(f"  [{'met' if ratio_j >= 1.0 else 'NOT met'}] topic read >= JSON lines read "
+          f"({ratio_j:.2f}x)")
+    if latencies:
+        lat = sorted(latencies)
+        p50 = statistics.median(lat)
+        p99 = lat[min(len(lat) - 1, int(len(lat) * 0.99))]
+        print(f"  [{'met' if p50 < 1.0 else 'NOT met'}] streaming p50 publish-to-sink < 1 s "
+              f"(p50 {p50 * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms, {len(lat):,} rows of "
+              f"{paced.sent:,} sent)")
+    else:
+        print(f"  [NOT met] streaming: no rows reached the sink ({paced.error or 'no error'})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
