@@ -127,3 +127,27 @@ def topic_request(r):
 
 def namespace_request(r):
     names.validate_namespace(r.name, "name")
+
+
+# TopicHistory. Offsets are uint64 on the wire but never reach 2**63: a value there is a
+# client's -1 (or another negative number) sent unsigned.
+MAX_OFFSET = (1 << 63) - 1
+MAX_READ_BATCH = 100_000
+
+
+def offsets_request(r):
+    names.validate_topic(r.topic, "topic")
+
+
+def read_range_request(r):
+    names.validate_topic(r.topic, "topic")
+    for field in ("start_offset", "end_offset"):
+        value = getattr(r, field)
+        if value > MAX_OFFSET:
+            raise InvalidArgument(f"{field}: {value} is not an offset (more than {MAX_OFFSET}"
+                                  f"; a negative number sent unsigned?)")
+    if r.end_offset < r.start_offset:
+        raise InvalidArgument(f"end_offset {r.end_offset} is below start_offset "
+                              f"{r.start_offset}")
+    if r.max_messages > MAX_READ_BATCH:
+        raise InvalidArgument(f"max_messages: {r.max_messages} is more than {MAX_READ_BATCH}")
