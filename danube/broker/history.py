@@ -31,13 +31,6 @@ def _reliable(topic):
     return topic
 
 
-def readable_end(topic):
-    """One past the newest offset a reader may have. In durability mode `always` that is
-    what a sync covers, as for deliveries: a message a crash could take back (and give its
-    offset to another) is not handed out."""
-    return topic.dispatchable_end
-
-
 async def topic_offsets(core, name):
     """(partitioned, [(partition's topic name, N, earliest, latest)]) of ``name``: itself,
     or every partition of a partitioned topic. ``latest`` is one past the newest message."""
@@ -49,7 +42,7 @@ async def topic_offsets(core, name):
         split = names.split_partition(names.validate_topic(part_name)[1])
         index = split[1] if split is not None else 0
         log = topic.log
-        out.append((part_name, index, log.earliest, readable_end(topic)))
+        out.append((part_name, index, log.earliest, topic.dispatchable_end))
     if not out:
         raise TopicNotFound(f"Unable to find the requested topic: {name}")
     return partitioned, out
@@ -70,7 +63,8 @@ async def open_range(core, name, start, end, max_messages=0, max_bytes=BATCH_BYT
                                   f"({parts[0]} .. {parts[-1]}) one at a time")
         topic = core.get_topic(name)          # TopicNotFound
     _reliable(topic)
-    end = min(end, readable_end(topic))
+    # Readers get what deliveries may carry: in mode `always`, only what a sync covers.
+    end = min(end, topic.dispatchable_end)
     earliest = topic.log.earliest
     if start < end and start < earliest:
         raise _out_of_range(topic.name, start, min(end, earliest), earliest)
