@@ -1,8 +1,6 @@
 """Build: compiles the Cython hot paths and generates danube/proto/*_pb2.py from protocol/*.proto."""
 
-import glob
 import os
-import re
 
 from Cython.Build import cythonize
 from setuptools import Extension, setup
@@ -15,31 +13,13 @@ PROTO_OUT = os.path.join(HERE, "danube", "proto")
 
 
 def generate_protos():
-    """Run protoc (from grpcio-tools, a build-time dependency only) over protocol/*.proto."""
-    from grpc_tools import protoc
-    import grpc_tools
-
-    protos = sorted(glob.glob(os.path.join(PROTO_SRC, "*.proto")))
-    if not protos:
-        return
-    include = os.path.join(os.path.dirname(grpc_tools.__file__), "_proto")
-    args = ["protoc", f"-I{PROTO_SRC}", f"-I{include}",
-            f"--python_out={PROTO_OUT}", f"--pyi_out={PROTO_OUT}", *protos]
-    if protoc.main(args) != 0:
-        raise RuntimeError("protoc failed on " + " ".join(protos))
-    # protoc emits top-level imports between generated modules; inside a package they must
-    # be relative, or `import DanubeApi_pb2` fails at runtime.
-    local = {os.path.splitext(os.path.basename(p))[0] + "_pb2" for p in protos}
-    for path in glob.glob(os.path.join(PROTO_OUT, "*_pb2.py*")):
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-        fixed = re.sub(r"^import (\w+_pb2) as (\w+)$",
-                       lambda m: (f"from . import {m.group(1)} as {m.group(2)}"
-                                  if m.group(1) in local else m.group(0)),
-                       text, flags=re.M)
-        if fixed != text:
-            with open(path, "w", encoding="utf-8") as f:
-                f.write(fixed)
+    """danube/proto/*_pb2.py (and .pyi) from protocol/*.proto (protocol/compile_protos.py)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "danube_compile_protos", os.path.join(PROTO_SRC, "compile_protos.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.compile_protos(PROTO_OUT, pyi=True)
 
 
 class BuildPy(build_py):

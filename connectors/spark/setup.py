@@ -6,7 +6,6 @@ files nor grpcio-tools. An sdist built elsewhere carries the generated modules a
 
 import glob
 import os
-import re
 
 from setuptools import setup
 from setuptools.command.build_py import build_py
@@ -22,26 +21,13 @@ def generate_protos():
         if not glob.glob(os.path.join(PROTO_OUT, "*_pb2.py")):
             raise RuntimeError(f"no .proto files in {PROTO_SRC} and no generated modules")
         return
-    from grpc_tools import protoc
-    import grpc_tools
-
-    include = os.path.join(os.path.dirname(grpc_tools.__file__), "_proto")
-    args = ["protoc", f"-I{PROTO_SRC}", f"-I{include}", f"--python_out={PROTO_OUT}", *protos]
-    if protoc.main(args) != 0:
-        raise RuntimeError("protoc failed on " + " ".join(protos))
-    # protoc's imports between generated modules are top-level; inside a package they must
-    # be relative.
-    local = {os.path.splitext(os.path.basename(p))[0] + "_pb2" for p in protos}
-    for path in glob.glob(os.path.join(PROTO_OUT, "*_pb2.py")):
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-        fixed = re.sub(r"^import (\w+_pb2) as (\w+)$",
-                       lambda m: (f"from . import {m.group(1)} as {m.group(2)}"
-                                  if m.group(1) in local else m.group(0)),
-                       text, flags=re.M)
-        if fixed != text:
-            with open(path, "w", encoding="utf-8") as f:
-                f.write(fixed)
+    # The broker's own build uses the same generator (protocol/compile_protos.py).
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "danube_compile_protos", os.path.join(PROTO_SRC, "compile_protos.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.compile_protos(PROTO_OUT)
 
 
 class BuildPy(build_py):
