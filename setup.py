@@ -44,6 +44,7 @@ EXTENSION_MODULES = [
     "danube.codec.grpcframe",
     "danube.codec.msgbatch",
     "danube.broker._canon",
+    "danube.broker._columns",
     "danube.broker._fanout",
     "danube.broker._stamp",
     "danube.storage._walframes",

@@ -13,84 +13,14 @@ from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING, PyBytes
 from libc.stdint cimport uint8_t, uint64_t
 from libc.string cimport memcpy
 
-from danube.codec.protowire cimport (_WT_VARINT, _WT_I64, _WT_LEN, _WT_SGROUP, _WT_EGROUP,
-                                     _WT_I32, _varint_size, _put_varint, _get_varint)
+from danube.codec.protowire cimport (_WT_VARINT, _WT_LEN, _varint_size, _put_varint,
+                                     _read_field)
 
 # Wire type of StreamMessage fields 1..10; -1: not a field of ours.
 cdef int[11] _SM_WT = [-1, _WT_VARINT, _WT_LEN, _WT_LEN, _WT_VARINT, _WT_LEN, _WT_LEN,
                        _WT_LEN, _WT_VARINT, _WT_VARINT, _WT_LEN]
 cdef enum:
     _SM_FIRST_OPTIONAL = 8     # 8..10 are proto3 optional: present means sent, even if 0
-
-
-cdef bint _skip_group(const uint8_t *p, Py_ssize_t end, Py_ssize_t *pos, uint64_t field,
-                      int depth) noexcept nogil:
-    # Groups are deprecated and never ours, but protobuf accepts them as unknown fields, so
-    # a frame that protobuf parsed may hold one: skip it rather than call the frame broken.
-    cdef uint64_t tag, v
-    cdef int wt
-    if depth > 64:
-        return False
-    while True:
-        if not _get_varint(p, end, pos, &tag):
-            return False
-        wt = <int>(tag & 7)
-        if tag >> 3 == 0:
-            return False
-        if wt == _WT_EGROUP:
-            return (tag >> 3) == field
-        if wt == _WT_SGROUP:
-            if not _skip_group(p, end, pos, tag >> 3, depth + 1):
-                return False
-        elif wt == _WT_VARINT:
-            if not _get_varint(p, end, pos, &v):
-                return False
-        elif wt == _WT_LEN:
-            if not _get_varint(p, end, pos, &v) or v > <uint64_t>(end - pos[0]):
-                return False
-            pos[0] += <Py_ssize_t>v
-        elif wt == _WT_I64 or wt == _WT_I32:
-            v = 8 if wt == _WT_I64 else 4
-            if v > <uint64_t>(end - pos[0]):
-                return False
-            pos[0] += <Py_ssize_t>v
-        else:
-            return False
-
-
-cdef inline bint _read_field(const uint8_t *p, Py_ssize_t end, Py_ssize_t *pos, uint64_t *field,
-                      int *wt, uint64_t *value, Py_ssize_t *vstart) noexcept nogil:
-    """One field: its number, wire type and value (varint), or where its bytes start and
-    how many (LEN, in ``value``). Fixed-width fields and groups are skipped. False if
-    malformed."""
-    cdef uint64_t tag, n
-    if not _get_varint(p, end, pos, &tag):
-        return False
-    field[0] = tag >> 3
-    wt[0] = <int>(tag & 7)
-    if field[0] == 0 or field[0] > 0x1FFFFFFF:
-        return False
-    if wt[0] == _WT_VARINT:
-        return _get_varint(p, end, pos, value)
-    if wt[0] == _WT_LEN:
-        if not _get_varint(p, end, pos, &n) or n > <uint64_t>(end - pos[0]):
-            return False
-        vstart[0] = pos[0]
-        value[0] = n
-        pos[0] += <Py_ssize_t>n
-        return True
-    if wt[0] == _WT_SGROUP:
-        return _skip_group(p, end, pos, field[0], 1)
-    if wt[0] == _WT_I64:
-        n = 8
-    elif wt[0] == _WT_I32:
-        n = 4
-    else:
-        return False
-    if n > <uint64_t>(end - pos[0]):
-        return False
-    pos[0] += <Py_ssize_t>n
-    return True
 
 
 cdef inline bint _decode_id(const uint8_t *p, Py_ssize_t pos, Py_ssize_t end,

@@ -12,16 +12,22 @@ import asyncio
 
 from danube.broker import names
 from danube.broker._canon import canonical_stream_message
+from danube.broker._columns import columnar_batch, fitting
 from danube.broker.errors import (InvalidArgument, NotReliable, OffsetOutOfRange,
                                   StorageFailed, TopicNotFound)
 from danube.broker.topic import RELIABLE
 from danube.storage.errors import OffsetTruncatedError, WALClosedError, WALError
 
 DEFAULT_BATCH = 1000
+# Columns cost a reader nothing per message, so their batches are larger by default.
+DEFAULT_COLUMNAR_BATCH = 8192
 # A batch also stops before this many bytes of messages (it always holds one): gRPC clients
 # refuse responses over 4 MiB by default (grpcio, grpc-java), and a batch of 1000 large
 # messages would be far more.
 BATCH_BYTES = 3 << 20
+# What a message adds to a columnar batch beside its stored bytes: its offsets and fixed-width
+# values (the stored form's tags and lengths, which the columns drop, make up the rest).
+COLUMN_OVERHEAD = 40
 
 
 def _reliable(topic):
@@ -48,8 +54,10 @@ async def topic_offsets(core, name):
     return partitioned, out
 
 
-async def open_range(core, name, start, end, max_messages=0, max_bytes=BATCH_BYTES):
-    """A ``RangeReader`` of [start, min(end, latest)) of one reliable topic or partition.
+async def open_range(core, name, start, end, max_messages=0, max_bytes=BATCH_BYTES,
+                     columnar=False):
+    """A ``RangeReader`` of [start, min(end, latest)) of one reliable topic or partition,
+    whose batches are lists of messages, or serialized ReadRangeBatches when ``columnar``.
     Raises before anything is read: NotReliable, TopicNotFound, InvalidArgument (end before
     start, or a partitioned topic's base name), OffsetOutOfRange (start below the earliest
     offset kept)."""
@@ -68,8 +76,9 @@ async def open_range(core, name, start, end, max_messages=0, max_bytes=BATCH_BYT
     earliest = topic.log.earliest
     if start < end and start < earliest:
         raise _out_of_range(topic.name, start, min(end, earliest), earliest)
-    return RangeReader(topic, start, max(start, end), max_messages or DEFAULT_BATCH,
-                       max_bytes)
+    default = DEFAULT_COLUMNAR_BATCH if columnar else DEFAULT_BATCH
+    return RangeReader(topic, start, max(start, end), max_messages or default, max_bytes,
+                       columnar)
 
 
 def _out_of_range(name, start, resume, earliest):
@@ -79,39 +88,56 @@ def _out_of_range(name, start, resume, earliest):
 
 
 class RangeReader:
-    """Batches of canonical StreamMessage bytes, in offset order, until the range is read.
-    ``close`` (always: at the end, on error or cancellation) stops any durable-tier fetch."""
+    """Batches of canonical StreamMessage bytes (or, when ``columnar``, each a serialized
+    ReadRangeBatch of columns), in offset order, until the range is read. ``close`` (always: at the end,
+    on error or cancellation) stops any durable-tier fetch."""
 
-    def __init__(self, topic, start, end, max_messages, max_bytes):
+    def __init__(self, topic, start, end, max_messages, max_bytes, columnar=False):
         self.topic = topic
+        self.columnar = columnar
         self.next = start
         self.end = end
         self.max_messages = max_messages
         self.max_bytes = max_bytes
         self._ready = asyncio.Event()
         self._reader = topic.log.reader(self._ready.set)
-        self._pending = []        # (offset, stored bytes) read but not yet batched
+        self._pending = []        # (offset, stored bytes) read, batched up to _at
+        self._at = 0
 
     async def next_batch(self):
-        """The next batch (a list of bytes), or None when the range is read."""
-        out = []
-        size = 0
+        """The next batch, or None when the range is read."""
+        pairs = await self._next_pairs()
+        if not pairs:
+            return None
+        if self.columnar:
+            try:
+                return columnar_batch(pairs)
+            except ValueError as exc:
+                raise StorageFailed(f"could not read {self.topic.name}: {exc}") from None
         stamp = self.topic.delivery_stamp
+        return [canonical_stream_message(stored, stamp) for _, stored in pairs]
+
+    async def _next_pairs(self):
+        """Up to max_messages (offset, stored) pairs, in offset order, within max_bytes
+        (at least one); [] when the range is read."""
+        out = []
+        budget = self.max_bytes
+        extra = COLUMN_OVERHEAD if self.columnar else 0
         while len(out) < self.max_messages:
-            if not self._pending:
+            if self._at == len(self._pending):
                 if self.next >= self.end:
                     break
-                self._pending = await self._read(self.max_messages - len(out))
+                self._pending, self._at = await self._read(self.max_messages - len(out)), 0
                 if not self._pending:
                     break
-                self._pending.reverse()       # popped from the end, in offset order
-            offset, stored = self._pending[-1]
-            if out and size + len(stored) > self.max_bytes:
+            take, used = fitting(self._pending, self._at, self.max_messages - len(out),
+                                 budget, extra, not out)
+            out += self._pending[self._at:self._at + take]
+            self._at += take
+            budget -= used
+            if self._at < len(self._pending):     # the byte budget is spent
                 break
-            self._pending.pop()
-            out.append(canonical_stream_message(stored, stamp))
-            size += len(stored)
-        return out or None
+        return out
 
     async def _read(self, want):
         want = min(want, self.end - self.next)

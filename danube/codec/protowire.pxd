@@ -1,6 +1,7 @@
-# Protobuf wire primitives (wire types, varints) for the modules that read or write protobuf
-# bytes in C: the batch encoder here, the broker's stamping and canonical rewrite. Only
-# inline functions, so this .pxd has no module behind it: each caller compiles them in.
+# Protobuf wire primitives (wire types, varints, one field at a time) for the modules that
+# read or write protobuf bytes in C: the batch encoder here, and the broker's stamping,
+# canonical rewrite and columnar reads. Only inline functions, so this .pxd has no module
+# behind it: each caller compiles them in.
 
 from libc.stdint cimport uint8_t, uint64_t
 
@@ -48,3 +49,73 @@ cdef inline bint _get_varint(const uint8_t *p, Py_ssize_t end, Py_ssize_t *pos,
             return True
         shift += 7
     return False
+
+
+cdef inline bint _skip_group(const uint8_t *p, Py_ssize_t end, Py_ssize_t *pos,
+                             uint64_t field, int depth) noexcept nogil:
+    # Groups are deprecated and never ours, but protobuf accepts them as unknown fields, so
+    # a frame that protobuf parsed may hold one: skip it rather than call the frame broken.
+    cdef uint64_t tag, v
+    cdef int wt
+    if depth > 64:
+        return False
+    while True:
+        if not _get_varint(p, end, pos, &tag):
+            return False
+        wt = <int>(tag & 7)
+        if tag >> 3 == 0:
+            return False
+        if wt == _WT_EGROUP:
+            return (tag >> 3) == field
+        if wt == _WT_SGROUP:
+            if not _skip_group(p, end, pos, tag >> 3, depth + 1):
+                return False
+        elif wt == _WT_VARINT:
+            if not _get_varint(p, end, pos, &v):
+                return False
+        elif wt == _WT_LEN:
+            if not _get_varint(p, end, pos, &v) or v > <uint64_t>(end - pos[0]):
+                return False
+            pos[0] += <Py_ssize_t>v
+        elif wt == _WT_I64 or wt == _WT_I32:
+            v = 8 if wt == _WT_I64 else 4
+            if v > <uint64_t>(end - pos[0]):
+                return False
+            pos[0] += <Py_ssize_t>v
+        else:
+            return False
+
+
+cdef inline bint _read_field(const uint8_t *p, Py_ssize_t end, Py_ssize_t *pos,
+                             uint64_t *field, int *wt, uint64_t *value, Py_ssize_t *vstart) noexcept nogil:
+    """One field: its number, wire type and value (varint), or where its bytes start and
+    how many (LEN, in ``value``). Fixed-width fields and groups are skipped. False if
+    malformed."""
+    cdef uint64_t tag, n
+    if not _get_varint(p, end, pos, &tag):
+        return False
+    field[0] = tag >> 3
+    wt[0] = <int>(tag & 7)
+    if field[0] == 0 or field[0] > 0x1FFFFFFF:
+        return False
+    if wt[0] == _WT_VARINT:
+        return _get_varint(p, end, pos, value)
+    if wt[0] == _WT_LEN:
+        if not _get_varint(p, end, pos, &n) or n > <uint64_t>(end - pos[0]):
+            return False
+        vstart[0] = pos[0]
+        value[0] = n
+        pos[0] += <Py_ssize_t>n
+        return True
+    if wt[0] == _WT_SGROUP:
+        return _skip_group(p, end, pos, field[0], 1)
+    if wt[0] == _WT_I64:
+        n = 8
+    elif wt[0] == _WT_I32:
+        n = 4
+    else:
+        return False
+    if n > <uint64_t>(end - pos[0]):
+        return False
+    pos[0] += <Py_ssize_t>n
+    return True

@@ -261,6 +261,9 @@ def default_max_connections():
 
 
 def _serialize_message(message):
+    # A handler may answer with bytes it serialized itself (a message built in C).
+    if type(message) is bytes:
+        return message
     return message.SerializeToString()
 
 

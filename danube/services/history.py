@@ -27,7 +27,8 @@ class TopicHistoryService:
         try:
             checks.read_range_request(request)
             reader = await history.open_range(self.core, request.topic, request.start_offset,
-                                              request.end_offset, request.max_messages)
+                                              request.end_offset, request.max_messages,
+                                              columnar=request.columnar)
         except e.BrokerError as exc:
             raise to_rpc_error(exc) from None
         try:
@@ -35,7 +36,9 @@ class TopicHistoryService:
                 batch = await reader.next_batch()
                 if batch is None:
                     return
-                await context.write(ext.ReadRangeBatch(messages=batch))
+                # A columnar batch comes serialized (danube.broker._columns).
+                await context.write(batch if request.columnar
+                                    else ext.ReadRangeBatch(messages=batch))
         except e.BrokerError as exc:
             raise to_rpc_error(exc) from None
         finally:

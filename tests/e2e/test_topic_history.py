@@ -9,6 +9,7 @@ lost to local retention and the untouched subscription run in-process (tiered_ha
 the tests can force uploads and local deletion and look at the subscription's cursor."""
 
 import asyncio
+import struct
 
 import grpc
 import pytest
@@ -44,12 +45,20 @@ class HistoryClient:
             response_deserializer=ext.OffsetsResponse.FromString)(
             ext.OffsetsRequest(topic=topic), timeout=10)
 
-    def read_call(self, topic, start, end, max_messages=0):
+    def read_call(self, topic, start, end, max_messages=0, columnar=False):
         return self.channel.unary_stream(
             READ_RANGE, request_serializer=_ser,
             response_deserializer=ext.ReadRangeBatch.FromString)(
             ext.ReadRangeRequest(topic=topic, start_offset=start, end_offset=end,
-                                 max_messages=max_messages), timeout=60)
+                                 max_messages=max_messages, columnar=columnar), timeout=60)
+
+    async def read_columns(self, topic, start, end, max_messages=0):
+        """The columnar batches, each as [(offset, payload, routing key or None)]."""
+        out = []
+        async for b in self.read_call(topic, start, end, max_messages, columnar=True):
+            assert not b.messages
+            out.append(_column_rows(b.columns))
+        return out
 
     async def read(self, topic, start, end, max_messages=0):
         """The batches, each a list of raw StreamMessage bytes."""
@@ -60,6 +69,18 @@ class HistoryClient:
         raws = [m for b in batches for m in b]
         wire_walker.check_delivered(raws)
         return [pb.StreamMessage.FromString(m) for m in raws]
+
+
+def _column_rows(c):
+    n = c.count
+    offsets = struct.unpack(f"<{n}q", c.topic_offsets)
+    bounds = struct.unpack(f"<{n + 1}i", c.payload_offsets)
+    keys = struct.unpack(f"<{n + 1}i", c.routing_key_offsets)
+    valid = [not c.routing_key_validity or c.routing_key_validity[i // 8] >> (i % 8) & 1
+             for i in range(n)]
+    return [(offsets[i], c.payloads[bounds[i]:bounds[i + 1]],
+             c.routing_keys[keys[i]:keys[i + 1]].decode() if valid[i] else None)
+            for i in range(n)]
 
 
 async def _status(coro):
@@ -122,6 +143,13 @@ async def test_offsets_and_messages_of_a_plain_topic(clients):
     assert _offsets(await history.read_messages(topic, 20, 10_000)) == [20, 21, 22, 23, 24]
     assert await history.read(topic, 7, 7) == []
     assert await history.read(topic, 30, 40) == []
+
+    # Columnar: the same messages, batched the same way.
+    columns = await history.read_columns(topic, 0, 25, max_messages=10)
+    assert [len(b) for b in columns] == [10, 10, 5]
+    assert [r for b in columns for r in b] == [(m.msg_id.topic_offset, m.payload, m.routing_key)
+                                               for m in got]
+    assert await history.read_columns(topic, 30, 40) == []
 
     # More published later: the same range reads the same, and latest moved on.
     await producer.send(b"payload-25")
@@ -238,6 +266,8 @@ async def test_history_only_the_durable_tier_holds_reads_seamlessly(tmp_path):
         # A range across the tier -> WAL boundary, starting mid-segment.
         got = await history.read_messages(topic, 555, 650, max_messages=7)
         assert _offsets(got) == list(range(555, 650))
+        rows = [r for b in await history.read_columns(topic, 0, 700) for r in b]
+        assert rows == [(i, b"h%06d" % i, None) for i in range(700)]
     finally:
         await history.close()
         await broker.stop()

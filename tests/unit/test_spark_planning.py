@@ -6,11 +6,9 @@ import pytest
 pytest.importorskip("danube_spark", reason="bin/test builds and installs connectors/spark")
 
 from danube_spark.errors import DataLoss, OptionError  # noqa: E402
-from danube_spark.messages import rows  # noqa: E402
 from danube_spark.options import (EARLIEST, LATEST, ReadOptions, WriteOptions,  # noqa: E402
                                   parse_offsets, target)
 from danube_spark.planning import PartitionRange, Split, ranges, splits  # noqa: E402
-from danube_spark._proto import DanubeApi_pb2 as api  # noqa: E402
 
 T = "/default/t"
 PARTS = [PartitionRange(f"{T}-part-{i}", i, 0, 10 * (i + 1)) for i in range(3)]
@@ -107,31 +105,6 @@ def test_large_ranges_are_split_and_empty_ones_dropped():
         Split(f"{T}-part-0", 0, 20, 25)]
     # Nothing to read still plans one empty split, so Spark has a task.
     assert splits(ranges(parts, LATEST, LATEST, True, T), 10) == [Split(f"{T}-part-0", 0, 25, 25)]
-
-
-def _raw(offset, **fields):
-    msg = api.StreamMessage(payload=b"p%d" % offset, publish_time=1_700_000_000_123,
-                            producer_name="prod", **fields)
-    msg.msg_id.topic_offset = offset
-    return msg.SerializeToString()
-
-
-def test_rows_from_batches():
-    batches = [[_raw(3, routing_key="k", attributes={"a": "b"})],
-               [_raw(4, schema_id=7, schema_version=2)]]
-    out = list(rows(batches, T, 0, 3, 5, True))
-    assert [r[:5] for r in out] == [("k", b"p3", T, 0, 3), (None, b"p4", T, 0, 4)]
-    assert out[0][5].isoformat() == "2023-11-14T22:13:20.123000+00:00"
-    assert out[0][6:] == ("prod", {"a": "b"}, None, None)
-    assert out[1][7:] == ({}, 7, 2)
-
-
-def test_rows_detect_a_gap():
-    with pytest.raises(DataLoss, match=r"offsets \[4, 6\) of /default/t are missing"):
-        list(rows([[_raw(3), _raw(6)]], T, 0, 3, 7, True))
-    with pytest.raises(DataLoss, match=r"offsets \[4, 7\) of /default/t are missing"):
-        list(rows([[_raw(3)]], T, 0, 3, 7, True))
-    assert [r[4] for r in rows([[_raw(3), _raw(6)]], T, 0, 3, 7, False)] == [3, 6]
 
 
 def test_max_offsets_per_trigger_is_shared_by_backlog():

@@ -9,10 +9,11 @@ from pyspark.sql.datasource import (DataSource, DataSourceReader, DataSourceStre
                                     DataSourceWriter, InputPartition, WriterCommitMessage)
 
 from danube_spark.errors import OptionError
-from danube_spark.messages import SCHEMA, rows
+from danube_spark.columns import record_batches
 from danube_spark.options import ReadOptions, WriteOptions
 from danube_spark.planning import Split, ranges, splits
 from danube_spark.rpc import Broker
+from danube_spark.schema import SCHEMA, Projection
 
 
 class DanubeDataSource(DataSource):
@@ -26,11 +27,11 @@ class DanubeDataSource(DataSource):
         return SCHEMA
 
     def reader(self, schema):
-        return DanubeBatchReader(ReadOptions.parse(self.options))
+        return DanubeBatchReader(ReadOptions.parse(self.options), Projection(schema))
 
     def streamReader(self, schema):
         from danube_spark.streaming import DanubeStreamReader
-        return DanubeStreamReader(ReadOptions.parse(self.options))
+        return DanubeStreamReader(ReadOptions.parse(self.options), Projection(schema))
 
     def writer(self, schema, overwrite):
         if overwrite:
@@ -54,8 +55,9 @@ class DanubePartition(InputPartition):
 
 
 class DanubeBatchReader(DataSourceReader):
-    def __init__(self, opts):
+    def __init__(self, opts, projection):
         self.opts = opts
+        self.projection = projection
 
     def partitions(self):
         opts = self.opts
@@ -68,17 +70,19 @@ class DanubeBatchReader(DataSourceReader):
         return [DanubePartition(s) for s in planned]
 
     def read(self, partition):
-        return read_split(self.opts, partition.split)
+        return read_split(self.opts, self.projection, partition.split)
 
 
-def read_split(opts, split):
-    """The rows of one split, streamed from the broker over a channel of the task's own."""
+def read_split(opts, projection, split):
+    """The rows of one split as Arrow record batches, streamed from the broker over a
+    channel of the task's own."""
     if split.start >= split.end:
         return
     with Broker(opts.service_url, opts.timeout) as broker:
-        batches = broker.read_range(split.topic, split.start, split.end, opts.batch_messages)
-        yield from rows(batches, split.topic, split.partition, split.start, split.end,
-                        opts.fail_on_data_loss)
+        batches = broker.read_columns(split.topic, split.start, split.end, opts.batch_messages)
+        for batch in record_batches(batches, split.topic, split.partition, split.start,
+                                    split.end, opts.fail_on_data_loss):
+            yield projection(batch)
 
 
 def check_write_schema(schema, opts):

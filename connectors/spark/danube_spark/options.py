@@ -106,6 +106,10 @@ def required(opts, name):
     return str(value).strip()
 
 
+# Messages per ReadRange batch: each becomes one Arrow record batch.
+DEFAULT_READ_BATCH = 8192
+
+
 @dataclass(frozen=True)
 class ReadOptions:
     service_url: str
@@ -134,7 +138,7 @@ class ReadOptions:
             max_offsets_per_split=_positive_int(opts, "maxOffsetsPerSplit",
                                                 DEFAULT_MAX_OFFSETS_PER_SPLIT),
             fail_on_data_loss=_bool(opts, "failOnDataLoss", True),
-            batch_messages=_positive_int(opts, "batchMessages", 1000),
+            batch_messages=_positive_int(opts, "batchMessages", DEFAULT_READ_BATCH),
             timeout=_timeout(opts),
         )
 

@@ -8,6 +8,7 @@ from danube_spark._proto import DanubeExt_pb2 as ext
 from danube_spark.errors import from_rpc
 from danube_spark.options import target
 from danube_spark.planning import PartitionRange
+from danube_spark.wire import read_range_batch
 
 # ReadRange batches and SendMessages batches can be large; the broker bounds what it sends.
 CHANNEL_OPTIONS = [("grpc.max_receive_message_length", -1),
@@ -36,7 +37,9 @@ class Broker:
         self._read_range = ch.unary_stream(
             "/danube_ext.TopicHistory/ReadRange",
             request_serializer=ext.ReadRangeRequest.SerializeToString,
-            response_deserializer=ext.ReadRangeBatch.FromString)
+            # Raw bytes: read_range_batch reads them in read_columns, where its errors keep
+            # their message (grpcio turns a deserializer's into "Exception deserializing").
+            response_deserializer=None)
         self._create_producer = ch.unary_unary(
             "/danube.ProducerService/CreateProducer",
             request_serializer=api.ProducerRequest.SerializeToString,
@@ -68,13 +71,13 @@ class Broker:
         return [PartitionRange(p.topic, p.partition, p.earliest, p.latest)
                 for p in response.partitions]
 
-    def read_range(self, topic, start, end, max_messages):
-        """Yields lists of serialized danube.StreamMessage of [start, end) of one partition."""
+    def read_columns(self, topic, start, end, max_messages):
+        """Yields the ColumnBatches of [start, end) of one partition (as ColumnViews)."""
         request = ext.ReadRangeRequest(topic=topic, start_offset=start, end_offset=end,
-                                       max_messages=max_messages)
+                                       max_messages=max_messages, columnar=True)
         try:
-            for batch in self._read_range(request, timeout=None):
-                yield batch.messages
+            for data in self._read_range(request, timeout=None):
+                yield read_range_batch(data)
         except grpc.RpcError as exc:
             raise from_rpc(exc, f"reading offsets [{start}, {end})", topic,
                            self.service_url) from None

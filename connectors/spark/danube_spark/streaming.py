@@ -22,8 +22,9 @@ except ImportError:  # PySpark < 4.2: no admission control, no Trigger.Available
 
 
 class DanubeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    def __init__(self, opts):
+    def __init__(self, opts, projection):
         self.opts = opts
+        self.projection = projection
         self._target = None        # Trigger.AvailableNow's end, fixed at the query's start
         self._last_end = None      # for PySpark < 4.2, whose latestOffset() gets no start
 
@@ -97,7 +98,7 @@ class DanubeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return [DanubePartition(s) for s in out]
 
     def read(self, partition):
-        return read_split(self.opts, partition.split)
+        return read_split(self.opts, self.projection, partition.split)
 
     def commit(self, end):
         pass
