@@ -1,6 +1,6 @@
 # A received danube_ext.MessageBatch, indexed in C (see _stamp.pyx).
 
-from libc.stdint cimport uint8_t
+from libc.stdint cimport uint8_t, uint64_t
 
 
 cdef class MessageBatchView:
@@ -17,3 +17,6 @@ cdef class MessageBatchView:
     cdef Py_ssize_t _cap
 
     cdef int _add(self, Py_ssize_t start, Py_ssize_t length, bint has_msg_id) except -1
+    cdef void _schema_fields(self, Py_ssize_t i, bint *has_id, uint64_t *schema_id,
+                             uint64_t *version, Py_ssize_t *pstart,
+                             Py_ssize_t *plen) noexcept

@@ -142,6 +142,58 @@ cdef class MessageBatchView:
             out.append(PyBytes_FromStringAndSize(base + self._start[i], self._len[i]))
         return out
 
+    cdef void _schema_fields(self, Py_ssize_t i, bint *has_id, uint64_t *schema_id,
+                             uint64_t *version, Py_ssize_t *pstart,
+                             Py_ssize_t *plen) noexcept:
+        # The message's schema_id (8), schema_version (9) and payload (3), the last
+        # occurrence of each winning, as protobuf merges; well formed (parse_message_batch).
+        cdef const uint8_t *p = <const uint8_t *>PyBytes_AS_STRING(self.body)
+        cdef Py_ssize_t pos = self._start[i], end = pos + self._len[i], start = 0
+        cdef uint64_t field, value
+        cdef int wt
+        has_id[0] = False
+        schema_id[0] = version[0] = 0
+        pstart[0] = plen[0] = 0
+        while pos < end:
+            if not _next_field(p, end, &pos, &field, &wt, &value, &start):
+                return
+            if wt == _WT_VARINT and field == 8:
+                has_id[0] = True
+                schema_id[0] = value
+            elif wt == _WT_VARINT and field == 9:
+                version[0] = value
+            elif wt == _WT_LEN and field == 3:
+                pstart[0] = start
+                plen[0] = <Py_ssize_t>value
+
+    def schema_mismatch(self, unsigned long long schema_id):
+        """(index, its schema_id or None when it has none) of the first message whose
+        schema_id is not ``schema_id``; (-1, None) when every message carries it."""
+        cdef Py_ssize_t i, ps, pl
+        cdef bint has_id
+        cdef uint64_t sid, version
+        for i in range(self.count):
+            self._schema_fields(i, &has_id, &sid, &version, &ps, &pl)
+            if not has_id:
+                return i, None
+            if sid != schema_id:
+                return i, sid
+        return -1, None
+
+    def payloads_and_versions(self, bint payloads=True):
+        """([payload bytes] (empty unless ``payloads``), [schema_version, 0 when absent])."""
+        cdef Py_ssize_t i, ps, pl
+        cdef bint has_id
+        cdef uint64_t sid, version
+        cdef const char *base = PyBytes_AS_STRING(self.body)
+        cdef list out = [], versions = []
+        for i in range(self.count):
+            self._schema_fields(i, &has_id, &sid, &version, &ps, &pl)
+            versions.append(version)
+            if payloads:
+                out.append(PyBytes_FromStringAndSize(base + ps, pl))
+        return out, versions
+
     def stamp(self, unsigned long long first_offset, bytes msg_id_fields,
               bytes own_id_fields=b"", bytes extra=b""):
         """Every message with ``extra`` (serialized top-level fields, e.g. producer_name)

@@ -107,3 +107,17 @@ class NotReliable(BrokerError):
 class OffsetOutOfRange(BrokerError):
     """Part of the offsets asked for is gone from every tier (local retention deleted it and
     no durable tier holds it); the message names the missing range and the earliest kept."""
+
+
+class SchemaNotFound(BrokerError):
+    """No such schema subject, schema id or version in the registry."""
+
+
+class SchemaIncompatible(BrokerError):
+    """A new schema version breaks the subject's compatibility mode with a version it
+    keeps; the message lists each rule it breaks."""
+
+
+class SchemaRejected(BrokerError):
+    """A message refused by its topic's schema validation (policy enforce): wrong or missing
+    schema_id, unknown schema_version, or a payload the schema does not accept."""

@@ -57,6 +57,7 @@ class Topic:
         self.log = None               # its TopicLog, for reliable topics
         self.durability = None
         self._delivery_stamp = None
+        self.schema = None            # its SchemaGate, once bound to a schema subject
 
     @property
     def dispatchable_end(self):
@@ -108,6 +109,12 @@ class Topic:
         non-reliable one fans each message out to the subscriptions as it comes. Returns the
         offsets (a range) on a reliable topic, None on a non-reliable one. ``producer``, when
         given, counts what it got accepted."""
+        gate = self.schema
+        if gate is not None and gate.policy != "none":
+            if isinstance(message, pb.StreamMessage):
+                await gate.check_message(message)
+            else:
+                await gate.check_batch(message)
         if isinstance(message, pb.StreamMessage):
             if self.delivery == RELIABLE:
                 offsets = await self._store_messages([message])

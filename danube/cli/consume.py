@@ -95,6 +95,7 @@ async def _consume(args):
     except DanubeError as exc:
         print(f"danube consume: error: {exc}", file=sys.stderr)
         return 1
+    schemas = Schemas(client)
     try:
         async with asyncio.timeout(args.timeout):
             consumer = await client.subscribe(args.topic, args.consumer, args.subscription,
@@ -103,7 +104,7 @@ async def _consume(args):
                   f"{args.sub_type}); press Ctrl+C to stop", file=sys.stderr, flush=True)
             while args.count is None or printer.received < args.count:
                 msg = await consumer.receive()
-                printer.show(msg)
+                printer.show(msg, await schemas.of(msg))
                 try:
                     await consumer.ack(msg)
                 except DanubeError as exc:
@@ -130,12 +131,15 @@ class Printer:
         self.total_bytes = 0
         self.last_offset = 0
 
-    def show(self, msg):
+    def show(self, msg, schema=None):
         self.received += 1
         size = len(msg.payload)
         self.total_bytes += size
         if self.as_json:
-            print(json.dumps(self._json(msg, size)))
+            obj = self._json(msg, size)
+            if schema is not None:
+                obj.update(schema.describe(msg.payload))
+            print(json.dumps(obj))
             return
         offset = msg.msg_id.topic_offset
         try:
@@ -154,6 +158,8 @@ class Printer:
                   f"Size: {size} bytes, Total received: {self.total_bytes} bytes")
         if msg.attributes:
             print("Attributes: " + ", ".join(f"{k}={v}" for k, v in sorted(msg.attributes.items())))
+        if schema is not None:
+            schema.show(msg.payload)
         self.last_offset = offset
 
     @staticmethod
@@ -170,3 +176,81 @@ class Printer:
         if msg.HasField("routing_key"):
             obj["routing_key"] = msg.routing_key
         return obj
+
+
+class Schemas:
+    """The schema of each message's (schema_id, schema_version), fetched once from the
+    registry (upstream's consume does the same)."""
+
+    def __init__(self, client):
+        self.client = client
+        self._known = {}
+
+    async def of(self, msg):
+        if not msg.HasField("schema_id"):
+            return None
+        version = msg.schema_version if msg.HasField("schema_version") else None
+        key = (msg.schema_id, version)
+        if key not in self._known:
+            self._known[key] = await self._fetch(msg.schema_id, version)
+        return self._known[key]
+
+    async def _fetch(self, schema_id, version):
+        from danube.proto import SchemaRegistry_pb2 as sr
+        from danube.rpc import RpcError
+        request = sr.GetSchemaRequest(schema_id=schema_id)
+        if version is not None:
+            request.version = version
+        try:
+            resp = await self.client.pool.stub(self.client.service_url).get_schema(
+                request, timeout=self.client.rpc_timeout)
+        except RpcError as exc:
+            print(f"⚠️  schema {schema_id} (version {version}) not fetched: {exc.details}",
+                  file=sys.stderr)
+            return None
+        return MessageSchema(resp)
+
+
+class MessageSchema:
+    def __init__(self, resp):
+        self.subject, self.version, self.type = resp.subject, resp.version, resp.schema_type
+        self.validator = None
+        if self.type == "json_schema":
+            from danube.schema.formats import from_definition_json
+            from danube.schema.validate import validator_for
+            try:
+                self.validator = validator_for(from_definition_json(
+                    resp.schema_definition.decode()))
+            except ValueError:
+                self.validator = None
+
+    def _problem(self, payload):
+        from danube.schema.validate import PayloadInvalid
+        try:
+            self.validator.check(payload)
+        except PayloadInvalid as exc:
+            return str(exc)
+        return None
+
+    def describe(self, payload):
+        out = {"schema_subject": self.subject, "schema_version": self.version,
+               "schema_type": self.type}
+        if self.validator is not None:
+            problem = self._problem(payload)
+            out["schema_valid"] = problem is None
+            if problem:
+                out["schema_error"] = problem
+        return out
+
+    def show(self, payload):
+        print(f"Schema: {self.subject} v{self.version} ({self.type})")
+        if self.type != "json_schema":
+            return
+        try:
+            print(json.dumps(json.loads(payload), indent=2, ensure_ascii=False))
+        except ValueError:
+            pass
+        if self.validator is not None:
+            problem = self._problem(payload)
+            print("✅ Valid against the schema" if problem is None
+                  else f"⚠️  Does not match the schema: {problem}")

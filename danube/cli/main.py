@@ -7,6 +7,7 @@ import sys
 from danube import __version__
 from danube.cli.consume import add_parser as _add_consume
 from danube.cli.produce import add_parser as _add_produce
+from danube.cli.schema import add_parser as _add_schema
 
 
 def _add_broker(sub):
@@ -97,6 +98,7 @@ def build_parser():
     _add_broker(sub)
     _add_produce(sub)
     _add_consume(sub)
+    _add_schema(sub)
     return parser
 
 

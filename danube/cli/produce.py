@@ -148,11 +148,20 @@ async def _produce(args, payload, schema_definition):
         if schema_definition is not None:
             # Upstream's auto-register: subject = topic without the leading "/", "/" -> "-".
             subject = args.topic.lstrip("/").replace("/", "-")
-            await register_schema(client, subject, args.schema_type, schema_definition)
+            report.say(f"📤 Auto-registering schema for subject '{subject}' "
+                       f"(type: {args.schema_type})...")
+            registered = await register_schema(client, subject, args.schema_type,
+                                               schema_definition)
+            report.say(f"✅ Schema registered with ID: {registered.schema_id}")
             schema = schema_reference(subject)
         elif args.schema_subject:
             schema = schema_reference(args.schema_subject, args.schema_version,
                                       args.schema_min_version)
+            pinned = (f"pinned to version {args.schema_version}"
+                      if args.schema_version is not None else
+                      f"minimum version {args.schema_min_version}"
+                      if args.schema_min_version is not None else "latest version")
+            report.say(f"📋 Using schema subject: {args.schema_subject} ({pinned})")
         producer = await client.create_producer(
             args.topic, args.producer_name, partitions=args.partitions,
             reliable=args.reliable, schema=schema)
@@ -206,6 +215,10 @@ class Report:
         self.sent = self.failed = 0
         self.started = None
         self.bar = ProgressBar(self.count) if self.count > 1 and sys.stderr.isatty() else None
+
+    def say(self, text):
+        """A status line: stdout in text mode (upstream's), stderr with --output json."""
+        print(text, file=sys.stderr if self.json else sys.stdout, flush=True)
 
     def start(self):
         self.started = time.monotonic()

@@ -69,6 +69,18 @@ class BrokerStub:
                                    sr.GetLatestSchemaRequest, sr.GetSchemaResponse)
         self.get_schema = m(channel, "/danube_schema.SchemaRegistry/GetSchema",
                             sr.GetSchemaRequest, sr.GetSchemaResponse)
+        self.list_versions = m(channel, "/danube_schema.SchemaRegistry/ListVersions",
+                               sr.ListVersionsRequest, sr.ListVersionsResponse)
+        self.check_compatibility = m(channel, "/danube_schema.SchemaRegistry/CheckCompatibility",
+                                     sr.CheckCompatibilityRequest, sr.CheckCompatibilityResponse)
+        self.list_subjects = m(channel, "/danube_schema.SchemaRegistry/ListSubjects",
+                               sr.ListSubjectsRequest, sr.ListSubjectsResponse)
+        self.configure_topic_schema = m(
+            channel, "/danube_schema.SchemaRegistry/ConfigureTopicSchema",
+            sr.ConfigureTopicSchemaRequest, sr.ConfigureTopicSchemaResponse)
+        self.delete_schema_version = m(
+            channel, "/danube_schema.SchemaRegistry/DeleteSchemaVersion",
+            sr.DeleteSchemaVersionRequest, sr.DeleteSchemaVersionResponse)
 
 
 def pool_key(url):

@@ -14,7 +14,7 @@ from danube.config import GRPC_LIMIT_KEYS
 from danube.metadata.embedded import EmbeddedStore
 from danube.rpc.config import TransportConfig
 from danube.rpc.server import Server
-from danube.services import admin, client_api, ext, health, history
+from danube.services import admin, client_api, ext, health, history, schema
 from danube.services.metrics import MetricsExporter
 
 log = logging.getLogger("danube.broker")
@@ -106,6 +106,9 @@ class Broker:
         ext.register(self.client_server, self.core)
         history.register(self.client_server, self.core)
         admin.register(self.admin_server, self.core)
+        # Both ports, as upstream (reference a.0): clients on 6650, danube-admin on 50051.
+        schema.register(self.client_server, self.core)
+        schema.register(self.admin_server, self.core)
         tls = server_ssl_context(cfg) if cfg.auth_mode == "tls" else None
         self.client_port = await self.client_server.start(cfg.host, cfg.client_port, ssl=tls)
         log.info("client gRPC (danube.*) listening on %s:%d%s", cfg.host, self.client_port,

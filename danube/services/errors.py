@@ -28,6 +28,9 @@ _CODES = {
     e.InvalidArgument: StatusCode.INVALID_ARGUMENT,
     e.NotReliable: StatusCode.FAILED_PRECONDITION,
     e.OffsetOutOfRange: StatusCode.OUT_OF_RANGE,
+    e.SchemaNotFound: StatusCode.NOT_FOUND,
+    e.SchemaIncompatible: StatusCode.FAILED_PRECONDITION,
+    e.SchemaRejected: StatusCode.PERMISSION_DENIED,
 }
 
 

@@ -21,15 +21,18 @@ ALLOWED = {
     "danube.rpc": {"danube.codec"},
     "danube.metadata": set(),
     "danube.storage": {"danube.codec"},
-    "danube.broker": {"danube.codec", "danube.storage", "danube.metadata"},
+    "danube.broker": {"danube.codec", "danube.storage", "danube.metadata", "danube.schema"},
     "danube.services": {"danube.codec", "danube.rpc", "danube.broker"},
     "danube.client": {"danube.codec", "danube.rpc"},
+    # Schema formats, compatibility and payload validation: pure functions, used by the
+    # registry, the publish path and the CLI alike.
+    "danube.schema": set(),
     # The broker process: builds the stores, the broker and the server, and serves them.
     "danube.services.app": {"danube.codec", "danube.rpc", "danube.services", "danube.broker",
                             "danube.storage", "danube.metadata"},
     "danube.cli": {"danube.codec", "danube.rpc", "danube.client", "danube.services",
                    "danube.services.app", "danube.broker", "danube.storage", "danube.metadata",
-                   "danube"},
+                   "danube.schema", "danube"},
     "danube.__main__": {"danube.cli"},
     "danube": set(),
 }

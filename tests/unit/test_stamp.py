@@ -125,3 +125,28 @@ def test_stamp_of_an_empty_batch():
     assert (data, list(ends)) == (b"", [])
     with pytest.raises(ValueError):
         parse_message_batch(b"\x1a\x00\x1a\x00").stamp(2**64 - 1, b"")
+
+
+def _batch_of(*messages):
+    return parse_message_batch(ext.MessageBatch(producer_id=1, messages=list(messages))
+                               .SerializeToString())
+
+
+def test_schema_fields_of_a_batch():
+    ok = pb.StreamMessage(payload=b"a", schema_id=7, schema_version=2)
+    latest = pb.StreamMessage(payload=b"bb", schema_id=7)
+    batch = _batch_of(ok, latest, ok)
+    assert batch.schema_mismatch(7) == (-1, None)
+    assert batch.payloads_and_versions() == ([b"a", b"bb", b"a"], [2, 0, 2])
+    assert batch.payloads_and_versions(False) == ([], [2, 0, 2])
+    # The first message without the id, or with another, is named.
+    assert _batch_of(ok, pb.StreamMessage(payload=b"x"), ok).schema_mismatch(7) == (1, None)
+    assert _batch_of(ok, ok, pb.StreamMessage(schema_id=8)).schema_mismatch(7) == (2, 8)
+    # schema_id 0 is present (proto3 optional), not absent.
+    assert _batch_of(pb.StreamMessage(schema_id=0)).schema_mismatch(0) == (-1, None)
+    # The last occurrence of a field wins, as protobuf merges.
+    merged = ok.SerializeToString() + pb.StreamMessage(payload=b"z", schema_id=9) \
+        .SerializeToString()
+    raw = ext.MessageBatchRaw(producer_id=1, messages=[merged]).SerializeToString()
+    assert parse_message_batch(raw).schema_mismatch(9) == (-1, None)
+    assert parse_message_batch(raw).payloads_and_versions() == ([b"z"], [2])

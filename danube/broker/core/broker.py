@@ -5,8 +5,8 @@ to status codes.
 
 The core is one object whose methods are grouped by job, one module per group (a mixin each,
 sharing the core's tables and lock): topics.py (namespaces, topics, partitioned topics,
-lookup, the retention sweep), producers.py, and subscriptions.py (subscriptions, consumers,
-cursors, dead-letter, the idle reaper)."""
+lookup, the retention sweep), producers.py, subscriptions.py (subscriptions, consumers,
+cursors, dead-letter, the idle reaper), and schemas.py (topics' schema bindings)."""
 
 import asyncio
 import concurrent.futures
@@ -15,9 +15,11 @@ import os
 import secrets
 
 from danube.broker.core.producers import Producers
+from danube.broker.core.schemas import TopicSchemas
 from danube.broker.core.subscriptions import IDLE_SUBSCRIPTION_GRACE, Subscriptions
 from danube.broker.core.topics import SYSTEM_TOPIC, Topics
 from danube.broker.errors import BrokerShuttingDown
+from danube.broker.schemas.registry import SchemaRegistry
 from danube.broker.topic import NON_RELIABLE
 from danube.failure_policy import FailurePolicy
 from danube.metadata import keys
@@ -28,11 +30,12 @@ log = logging.getLogger("danube.broker")
 SHUTDOWN_UPLOAD_TIMEOUT = 30.0
 
 
-class BrokerCore(Topics, Producers, Subscriptions):
+class BrokerCore(Topics, Producers, Subscriptions, TopicSchemas):
     def __init__(self, cfg, store, registry, loop=None):
         self.cfg = cfg
         self.store = store
         self.registry = registry
+        self.schemas = SchemaRegistry(store)
         self.loop = loop or asyncio.get_event_loop()
         self.topics = {}                  # name -> Topic
         self.producers = {}               # producer_id -> Producer

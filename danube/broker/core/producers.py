@@ -18,8 +18,7 @@ class Producers:
             raise InvalidArgument(f"dispatch_strategy: unknown value {delivery}")
         if schema_subject:
             # Before the topic is auto-created: a refused producer creates nothing.
-            raise DispatchMismatch(f"schema subject {names.quote(schema_subject)} is not "
-                                   f"registered")
+            await self.check_producer_subject(schema_subject)
         topic = self.topics.get(topic_name)
         created = None
         if topic is None:
@@ -31,6 +30,8 @@ class Producers:
                     await self._check_partition_conflict(topic_name)
                     topic = created = await self._create_topic(topic_name, delivery)
         try:
+            if schema_subject:
+                await self.bind_producer_subject(topic, schema_subject)
             return await self._add_producer(topic, producer_name, delivery, access_mode)
         except BaseException:
             if created is not None and not created.producers and not created.subscriptions:

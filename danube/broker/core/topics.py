@@ -41,6 +41,7 @@ class Topics:
             delivery = await self.store.get(keys.topic_delivery(name))
             topic = Topic(self, name, RELIABLE if delivery == "Reliable" else NON_RELIABLE)
             topic.policies = await self.policies_for(name)
+            await self._load_topic_schema(topic)
             await self.store.delete_prefix(keys.topic_producers_prefix(name))
             if topic.delivery == RELIABLE:
                 await self._open_log(topic)

@@ -119,7 +119,7 @@ async def wait_all(predicate, timeout=10.0, step=0.01):
 
 
 def msg_dict(m):
-    return {
+    out = {
         "payload": m.payload.decode("utf-8", "replace"),
         "payload_b64": base64.b64encode(m.payload).decode("ascii"),
         "attributes": dict(m.attributes),
@@ -130,6 +130,12 @@ def msg_dict(m):
         "producer_name": m.producer_name,
         "routing_key": m.routing_key if m.HasField("routing_key") else None,
     }
+    # Only when set, so scenarios without schemas see the dict they always saw.
+    if m.HasField("schema_id"):
+        out["schema_id"] = m.schema_id
+    if m.HasField("schema_version"):
+        out["schema_version"] = m.schema_version
+    return out
 
 
 async def health(url, client_type, client_id):
