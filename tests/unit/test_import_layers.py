@@ -24,6 +24,9 @@ ALLOWED = {
     "danube.broker": {"danube.codec", "danube.storage", "danube.metadata"},
     "danube.services": {"danube.codec", "danube.rpc", "danube.broker"},
     "danube.client": {"danube.codec", "danube.rpc"},
+    # Schema formats, compatibility and payload validation: pure functions, used by the
+    # registry, the publish path and the CLI alike.
+    "danube.schema": set(),
     # The broker process: builds the stores, the broker and the server, and serves them.
     "danube.services.app": {"danube.codec", "danube.rpc", "danube.services", "danube.broker",
                             "danube.storage", "danube.metadata"},

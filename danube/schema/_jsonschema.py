@@ -1,0 +1,31 @@
+"""JSON Schema text to its parsed value, checked against its metaschema (see formats)."""
+
+import json
+
+import jsonschema
+import jsonschema.exceptions
+import jsonschema.validators
+
+from danube.schema.errors import SchemaError
+
+
+def load(text):
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise SchemaError(f"json_schema is not JSON: {exc}") from None
+    if not isinstance(value, (dict, bool)):
+        raise SchemaError(f"json_schema must be a JSON object or boolean, not "
+                          f"{type(value).__name__}")
+    try:
+        cls = jsonschema.validators.validator_for(value)
+        cls.check_schema(value)
+    except jsonschema.exceptions.SchemaError as exc:
+        where = "/".join(str(p) for p in exc.absolute_path) or "(root)"
+        raise SchemaError(f"json_schema does not match its metaschema at {where}: "
+                          f"{exc.message}") from None
+    return value
+
+
+def canonical(value):
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
