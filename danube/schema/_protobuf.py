@@ -28,6 +28,11 @@ class ProtoSchema:
     #: full name of the message payloads are checked against: the file's first.
     top: str
 
+    def file_messages(self):
+        """Full names of the schema file's own top-level messages."""
+        prefix = "." + self.file.package if self.file.package else ""
+        return [f"{prefix}.{m.name}" for m in self.file.message_type]
+
 
 def load(text):
     from google.protobuf import descriptor_pb2
