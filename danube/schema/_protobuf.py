@@ -27,6 +27,8 @@ class ProtoSchema:
     messages: dict
     #: full name of the message payloads are checked against: the file's first.
     top: str
+    #: the FileDescriptorProtos of the file and its imports, imports first.
+    files: tuple = ()
 
     def file_messages(self):
         """Full names of the schema file's own top-level messages."""
@@ -64,7 +66,8 @@ def load(text):
         prefix = "." + f.package if f.package else ""
         _collect(f.message_type, prefix, messages)
     prefix = "." + mine.package if mine.package else ""
-    return ProtoSchema(mine, messages, f"{prefix}.{mine.message_type[0].name}")
+    ordered = tuple(f for f in files if f is not mine) + (mine,)
+    return ProtoSchema(mine, messages, f"{prefix}.{mine.message_type[0].name}", ordered)
 
 
 def _collect(types, prefix, out):
