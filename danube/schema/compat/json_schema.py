@@ -94,10 +94,10 @@ class _Ctx:
             return self.alternatives(r, r_alts, w, path)
         self.types(r, w, path)
         self.values(r, w, path)
-        wt = _types(w)
-        if "object" in _types(r, wt) and (wt is None or "object" in wt):
+        rt, wt = _types(r), _types(w)
+        if _may_be(rt, "object") and _may_be(wt, "object"):
             self.objects(r, w, path)
-        if "array" in _types(r, wt) and (wt is None or "array" in wt) and not _tuple(r):
+        if _may_be(rt, "array") and _may_be(wt, "array") and not _tuple(r):
             if "items" in r or "items" in w:
                 self.sub(r.get("items", True), w.get("items", True), f"{path}[]")
 
@@ -215,13 +215,16 @@ class _Ctx:
         return node
 
 
-def _types(node, default=None):
-    if not isinstance(node, dict):
-        return default
-    t = node.get("type")
+def _types(node):
+    """The set of JSON types `node` allows, None for any."""
+    t = node.get("type") if isinstance(node, dict) else None
     if t is None:
-        return default
+        return None
     return {t} if isinstance(t, str) else set(t)
+
+
+def _may_be(types, name):
+    return types is None or name in types
 
 
 def _in_category(category, types):
