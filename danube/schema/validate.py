@@ -2,8 +2,9 @@
 
 - bytes: anything; string: UTF-8; number: 4 or 8 bytes (upstream's NumberValidator);
 - json_schema: JSON text valid under the schema, by code fastjsonschema generates (drafts 4,
-  6 and 7; a schema it cannot compile falls back to `jsonschema`); defaults are not applied
-  and remote `$ref`s are never fetched;
+  6 and 7); a schema using 2019-09/2020-12 keywords, or one fastjsonschema cannot compile,
+  is validated by `jsonschema` instead (slower). Defaults are not applied and remote `$ref`s
+  are never fetched;
 - avro: exactly one Avro binary datum (no container header, no trailing bytes), decoded by
   fastavro's schemaless reader; a batch is decoded from one buffer, each datum having to end
   where its payload does;
@@ -94,14 +95,26 @@ def _no_remote(uri):
     raise fastjsonschema.JsonSchemaDefinitionException(f"remote $ref {uri} is not fetched")
 
 
+#: Keywords of drafts 2019-09 and 2020-12, which fastjsonschema (drafts 4 to 7) would ignore.
+_NEWER_KEYWORDS = frozenset((
+    "prefixItems", "dependentRequired", "dependentSchemas", "unevaluatedProperties",
+    "unevaluatedItems", "minContains", "maxContains", "$anchor", "$dynamicRef",
+    "$dynamicAnchor", "$recursiveRef", "$recursiveAnchor"))
+
+
 class _Json(Validator):
     def __init__(self, defn):
         schema = loaded(defn)
-        try:
-            self._validate = fastjsonschema.compile(
-                schema, handlers={"http": _no_remote, "https": _no_remote}, use_default=False)
-            self._error = fastjsonschema.JsonSchemaValueException
-        except Exception:  # a draft or keyword fastjsonschema lacks: jsonschema validates it
+        self._validate = None
+        if not _uses(schema, _NEWER_KEYWORDS):
+            try:
+                self._validate = fastjsonschema.compile(
+                    schema, handlers={"http": _no_remote, "https": _no_remote},
+                    use_default=False)
+                self._error = fastjsonschema.JsonSchemaValueException
+            except Exception:  # a construct fastjsonschema cannot compile
+                self._validate = None
+        if self._validate is None:
             import jsonschema.validators
             slow = jsonschema.validators.validator_for(schema)(schema)
             self._validate = slow.validate
@@ -117,15 +130,26 @@ class _Json(Validator):
         except self._error as exc:
             raise PayloadInvalid(f"payload does not match schema: {_json_message(exc)}") \
                 from None
+        except Exception as exc:  # e.g. a $ref that cannot be resolved (never fetched)
+            raise PayloadInvalid(f"payload cannot be validated: {type(exc).__name__}: "
+                                 f"{exc}") from None
 
     def check_many(self, payloads):
-        loads, validate, error = json.loads, self._validate, self._error
+        loads, validate = json.loads, self._validate
         for i, payload in enumerate(payloads):
             try:
                 validate(loads(payload))
-            except (ValueError, TypeError, error):
+            except Exception:  # not JSON, not valid, or not checkable: as check() says
                 return i
         return None
+
+
+def _uses(node, words):
+    if isinstance(node, dict):
+        return any(k in words for k in node) or any(_uses(v, words) for v in node.values())
+    if isinstance(node, list):
+        return any(_uses(v, words) for v in node)
+    return False
 
 
 def _json_message(exc):
