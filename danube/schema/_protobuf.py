@@ -30,6 +30,16 @@ class ProtoSchema:
     #: the FileDescriptorProtos of the file and its imports, imports first.
     files: tuple = ()
 
+    #: message full name -> {number: FieldDescriptorProto}, filled as the checks ask.
+    _fields: dict = dataclasses.field(default_factory=dict)
+
+    def fields(self, name):
+        """The fields of message `name` by number (built once: the checks ask per pair)."""
+        hit = self._fields.get(name)
+        if hit is None:
+            hit = self._fields[name] = {f.number: f for f in self.messages[name].field}
+        return hit
+
     def file_messages(self):
         """Full names of the schema file's own top-level messages."""
         prefix = "." + self.file.package if self.file.package else ""

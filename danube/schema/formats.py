@@ -11,7 +11,8 @@ Choices, against upstream's danube-schema (Rust):
   after the PCF, so that adding a default makes a new version instead of matching the old
   one. Upstream hashes its own re-serialisation, which also keeps them.
 - JSON Schema: must be a JSON object or boolean and pass its metaschema (`jsonschema`,
-  draft chosen by `$schema`, 2020-12 by default). The fingerprint is sha256 over the
+  draft chosen by `$schema`, draft 7 when it names none: the draft payloads are validated
+  by). The fingerprint is sha256 over the
   canonical dump (sorted keys, no whitespace), as upstream's serde_json dump of a Value.
 - Protobuf: compiled by protoc (grpcio-tools, in process) so that a malformed or
   inconsistent file is refused with protoc's message; upstream stores the text unchecked.
@@ -107,7 +108,7 @@ def loaded(defn):
     if defn.schema_type == "avro":
         parsed = _avro.load(defn.raw)
     elif defn.schema_type == "json_schema":
-        parsed = _jsonschema.load(defn.raw)
+        parsed = _jsonschema.load(defn.raw, check=False)
     elif defn.schema_type == "protobuf":
         parsed = _protobuf.load(defn.raw)
     else:

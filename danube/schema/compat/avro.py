@@ -100,12 +100,15 @@ class _Ctx:
         self.seen.add(key)
         by_name = {f["name"]: f for f in w.get("fields", ())}
         for rf in r.get("fields", ()):
-            fpath = f"{path}.{rf['name']}" if path else rf["name"]
             wf = by_name.get(rf["name"])
+            fpath = f"{path}.{rf['name']}" if path else rf["name"]
             if wf is None:
                 wf = next((by_name[a] for a in rf.get("aliases", ()) if a in by_name), None)
             if wf is not None:
-                self.resolve(rf["type"], wf["type"], fpath)
+                rt, wt = rf["type"], wf["type"]
+                if rt == wt and _plain(rt):
+                    continue  # the common unchanged field: nothing to resolve
+                self.resolve(rt, wt, fpath)
             elif "default" not in rf:
                 self.fail(fpath, f"the {self.r} schema has no default for it and the "
                                  f"{self.w} schema lacks it")
@@ -146,6 +149,18 @@ def kind(node, names):
         if isinstance(t, str) and (t in PRIMITIVES or t in _COMPLEX):
             return t, (node if t in _COMPLEX else None)
         node = t
+
+
+def _plain(node):
+    """Whether `node` is a primitive, or a union of primitives, whose equality settles it."""
+    if type(node) is str:
+        return node in PRIMITIVES
+    if type(node) is not list:
+        return False
+    for branch in node:  # a loop: this runs for every field of every version checked
+        if type(branch) is not str or branch not in PRIMITIVES:
+            return False
+    return True
 
 
 def names_match(r, w):

@@ -67,11 +67,11 @@ class _Ctx:
                 self.fail(path, f"the {self.W} schema writes message {wname.lstrip('.')} "
                                 f"where the {self.R} schema reads {rname.lstrip('.')}")
             return
-        rfields = {f.number: f for f in rm.field}
-        wfields = {f.number: f for f in wm.field}
+        rfields, wfields = self.reader.fields(rname), self.writer.fields(wname)
         old, new_fields = (wm, rfields) if self.R == "new" else (rm, wfields)
-        for number, f in sorted(new_fields.items()):
-            if any(r.start <= number < r.end for r in old.reserved_range):
+        reserved = [(r.start, r.end) for r in old.reserved_range]
+        for number, f in sorted(new_fields.items()) if reserved else ():
+            if any(start <= number < end for start, end in reserved):
                 self.fail(f"{path}.{f.name} (field {number})",
                           f"the new schema uses number {number}, which the old schema "
                           f"reserves")
@@ -83,6 +83,8 @@ class _Ctx:
                               f"required in the {self.R} schema, absent from the {self.W} "
                               f"schema")
                 continue
+            if rf.type == wf.type and rf.label == wf.label and not rf.type_name:
+                continue  # the common unchanged scalar: nothing to compare
             self.field(rf, wf, f"{path}.{rf.name}")
 
     def field(self, rf, wf, path):
