@@ -649,3 +649,12 @@ def test_checking_against_a_hundred_versions_reuses_parsed_forms():
                 for v in range(100)]
     new = parse("avro", rec(*fields, *[f(f"x{j}", "int", default=0) for j in range(101)]))
     assert all(check(old, new, "full") == [] for old in versions)
+
+
+def test_stored_definitions_are_checked_like_fresh_ones():
+    from danube.schema import from_definition_json
+    old = from_definition_json(parse("json_schema", BASE).definition_json)
+    new = parse("json_schema", obj({"name": S, "email": S}, ["name", "email"]))
+    assert check(old, new, "backward") == [
+        "backward: field 'email': added required field 'email' without a default: the new "
+        "schema requires it, with no default, and data written with the old schema may lack it"]

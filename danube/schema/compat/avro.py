@@ -44,13 +44,12 @@ class _Ctx:
         self.problems.append(f"{where}: {text}")
 
     def resolve(self, reader, writer, path):
-        rk, rnode = kind(reader, self.rnames)
         wk, wnode = kind(writer, self.wnames)
         if wk == "union":
             for branch in wnode:
                 self.resolve_one(reader, branch, path, in_union=True)
-            return
-        self.resolve_one(reader, writer, path)
+        else:
+            self.resolve_one(reader, writer, path)
 
     def resolve_one(self, reader, writer, path, in_union=False):
         rk, rnode = kind(reader, self.rnames)
@@ -70,6 +69,8 @@ class _Ctx:
                 return
             return self.mismatch(path, rk, rnode, wk, wnode)
         if rk != wk and not (rk in ("record", "error") and wk in ("record", "error")):
+            return self.mismatch(path, rk, rnode, wk, wnode)
+        if rk not in _COMPLEX:  # a name neither schema defines: fastavro refuses those
             return self.mismatch(path, rk, rnode, wk, wnode)
         if rk in ("record", "error", "enum", "fixed") and not names_match(rnode, wnode):
             return self.fail(path, f"the {self.r} schema reads {describe(rk, rnode)} but the "
