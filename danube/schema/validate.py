@@ -47,7 +47,8 @@ def validator_for(defn):
 
 class Validator:
     """`check(payload)` raises PayloadInvalid naming what failed; `check_many(payloads)` is
-    the index of the first invalid payload, or None."""
+    the index of the first invalid payload, or None. Payloads are any bytes-like objects
+    (bytes, bytearray, memoryview of bytes)."""
 
     def check(self, payload):
         raise NotImplementedError
@@ -121,6 +122,8 @@ class _Json(Validator):
             self._error = jsonschema.exceptions.ValidationError
 
     def check(self, payload):
+        if type(payload) is not bytes:
+            payload = bytes(payload)  # json.loads takes no memoryview
         try:
             value = json.loads(payload)
         except (ValueError, TypeError) as exc:
@@ -137,6 +140,8 @@ class _Json(Validator):
     def check_many(self, payloads):
         loads, validate = json.loads, self._validate
         for i, payload in enumerate(payloads):
+            if type(payload) is not bytes:
+                payload = bytes(payload)  # json.loads takes no memoryview
             try:
                 validate(loads(payload))
             except Exception:  # not JSON, not valid, or not checkable: as check() says

@@ -150,3 +150,20 @@ def test_validators_are_cached_by_fingerprint():
     again = validator_for(parse("json", json.dumps(json.loads(JSON_USER), indent=2)))
     assert again is first
     assert validator_for(parse("json", '{"type": "string"}')) is not first
+
+
+@pytest.mark.parametrize("kind, schema, good, bad", [
+    ("string", "", b"ok", b"\xff"),
+    ("number", "", b"1234", b"12"),
+    ("json_schema", JSON_USER, b'{"name": "a"}', b'{"name": 1}'),
+    ("avro", AVRO_USER, GOOD_AVRO, GOOD_AVRO[:-1]),
+    ("protobuf", PROTO_USER, b"\x10\x01", b"\x0a\x09a"),
+])
+def test_payloads_may_be_memoryviews_or_bytearrays(kind, schema, good, bad):
+    v = validator_for(parse(kind, schema))
+    v.check(memoryview(good))
+    v.check(bytearray(good))
+    with pytest.raises(PayloadInvalid):
+        v.check(memoryview(bad))
+    assert v.check_many([memoryview(good), memoryview(bad)]) == 1
+    assert v.check_many([bytearray(good), memoryview(good)]) is None
