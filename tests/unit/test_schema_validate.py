@@ -68,6 +68,7 @@ def test_json_valid_payload_passes():
     (b'{"name": "a", "age": -1}', r"data\.age must be bigger than or equal to 0"),
     (b'{"name": "a", "tags": ["x", 1]}', r"data\.tags\[1\] must be string"),
     (b'{"name": ', r"payload is not JSON: "),
+    (b'{"name": "a", "age": NaN}', r"payload is not JSON: "),
     (b"\xff", r"payload is not JSON: "),
 ])
 def test_json_invalid_payload_names_the_path_and_rule(payload, match):
