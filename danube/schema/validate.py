@@ -2,10 +2,10 @@
 
 - bytes: anything; string: UTF-8; number: 4 or 8 bytes (upstream's NumberValidator);
 - json_schema: JSON text (parsed by orjson: RFC 8259, so NaN and Infinity are refused, as
-  upstream's serde_json refuses them) valid under the schema, by code fastjsonschema generates (drafts 4,
-  6 and 7); a schema using 2019-09/2020-12 keywords, or one fastjsonschema cannot compile,
-  is validated by `jsonschema` instead (slower). Defaults are not applied and remote `$ref`s
-  are never fetched;
+  upstream's serde_json refuses them) valid under the schema, by code fastjsonschema
+  generates (drafts 4, 6 and 7); a schema using 2019-09/2020-12 keywords, or one
+  fastjsonschema cannot compile, is validated by `jsonschema` instead (slower). Defaults
+  are not applied and remote `$ref`s are never fetched;
 - avro: exactly one Avro binary datum (no container header, no trailing bytes), decoded by
   fastavro's schemaless reader; a batch is decoded from one buffer, each datum having to end
   where its payload does;
