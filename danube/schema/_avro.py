@@ -33,6 +33,8 @@ def load(text):
         value = json.loads(text)
     except ValueError as exc:
         raise SchemaError(f"avro schema is not JSON: {exc}") from None
+    except RecursionError:
+        raise SchemaError("avro schema nests too deeply") from None
     _check_records(value)
     names = {}
     try:

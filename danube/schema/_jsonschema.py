@@ -16,6 +16,8 @@ def load(text, check=True):
         value = json.loads(text)
     except ValueError as exc:
         raise SchemaError(f"json_schema is not JSON: {exc}") from None
+    except RecursionError:
+        raise SchemaError("json_schema nests too deeply") from None
     if not isinstance(value, (dict, bool)):
         raise SchemaError(f"json_schema must be a JSON object or boolean, not "
                           f"{type(value).__name__}")
@@ -26,6 +28,9 @@ def load(text, check=True):
         # knows drafts 4 to 7), and its metaschema checks several times faster than 2020-12's.
         cls = jsonschema.validators.validator_for(value, default=jsonschema.Draft7Validator)
         cls.check_schema(value)
+    except RecursionError:
+        raise SchemaError("json_schema nests too deeply to check against its metaschema") \
+            from None
     except jsonschema.exceptions.SchemaError as exc:
         where = "/".join(str(p) for p in exc.absolute_path) or "(root)"
         raise SchemaError(f"json_schema does not match its metaschema at {where}: "

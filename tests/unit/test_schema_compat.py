@@ -663,3 +663,20 @@ def test_stored_definitions_are_checked_like_fresh_ones():
     assert check(old, new, "backward") == [
         "backward: field 'email': added required field 'email' without a default: the new "
         "schema requires it, with no default, and data written with the old schema may lack it"]
+
+
+def test_json_schema_recursion_and_boolean_branches_terminate():
+    tree = json.dumps({"type": "object", "properties": {
+        "value": I, "children": {"type": "array", "items": {"$ref": "#"}},
+        "next": {"anyOf": [{"type": "null"}, {"$ref": "#"}, True]}}})
+    assert check(parse("json", tree), parse("json", tree.replace('"integer"', '"number"')),
+                 "backward") == []
+    deep = S
+    for _ in range(300):
+        deep = {"type": "object", "properties": {"a": deep}}
+    with pytest.raises(SchemaError, match="nests too deeply"):
+        parse("json", json.dumps(deep))
+    from danube.schema.compat import json_schema
+    problems = json_schema.can_read(deep, json.loads(json.dumps(deep)))
+    assert problems == ["field '" + ".".join(["a"] * 151) + "': schemas nest too deeply to "
+                        "compare"]

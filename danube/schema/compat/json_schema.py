@@ -24,6 +24,8 @@ See docs/schema-compatibility.md for the table of rules and their tests."""
 import json
 
 _ROLES = {"backward": ("new", "old"), "forward": ("old", "new")}
+#: Nesting beyond this is reported rather than followed (Python's recursion limit).
+_MAX_DEPTH = 150
 _LOWER = ("minimum", "exclusiveMinimum", "minLength", "minItems", "minProperties")
 _UPPER = ("maximum", "exclusiveMaximum", "maxLength", "maxItems", "maxProperties")
 _EQUAL = ("pattern", "format")
@@ -61,6 +63,8 @@ class _Ctx:
         key = (id(r), id(w))
         if key in self.seen:
             return  # a recursive schema already being compared higher up
+        if len(self.seen) > _MAX_DEPTH:
+            return self.fail(path, "schemas nest too deeply to compare")
         self.seen.add(key)
         try:
             self.compare(r, w, path)
@@ -74,7 +78,7 @@ class _Ctx:
             return self.fail(path, f"the {self.R} schema accepts no value here")
         if w is True:
             w = {}
-        for ref_side, node in (("R", r), ("W", w)):
+        for node in (r, w):
             if "$ref" in node and not node["$ref"].startswith("#"):
                 if r.get("$ref") != w.get("$ref"):
                     return self.fail(path, f"$ref {node['$ref']!r} cannot be followed; "
@@ -269,10 +273,16 @@ def _number(v):
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def _merge(base, extra):
-    if not isinstance(base, dict):
-        return base if not extra else {**extra}
-    return {**base, **extra}
+def _merge(a, b):
+    """Both of schemas `a` and `b` (their keywords side by side; b's win a clash), keeping
+    the very object when one side adds nothing, so recursion guards still recognise it."""
+    if a is False or b is False:
+        return False
+    if a is True or a == {}:
+        return b
+    if b is True or b == {}:
+        return a
+    return {**a, **b}
 
 
 def _pointer(root, pointer):
