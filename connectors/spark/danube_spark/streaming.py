@@ -3,10 +3,11 @@ object partition name -> next offset to read. Spark journals it in the checkpoin
 restarted query goes on exactly where the last committed micro-batch ended; the broker
 keeps no cursor for the reader (commit has nothing to tell it)."""
 
+import pyspark
 from pyspark.sql.datasource import DataSourceStreamReader
 
 from danube_spark.datasource import DanubePartition, read_split
-from danube_spark.errors import DataLoss
+from danube_spark.errors import DataLoss, OptionError
 from danube_spark.options import EARLIEST, LATEST
 from danube_spark.planning import Split, cap_offsets
 from danube_spark.rpc import Broker
@@ -16,6 +17,10 @@ try:
                                                   SupportsTriggerAvailableNow)
 except ImportError:  # PySpark < 4.2: no admission control, no Trigger.AvailableNow
     ReadAllAvailable = ReadMaxRows = None
+    # Spark wraps this source for Trigger.AvailableNow itself (one latestOffset() call at
+    # the start) only with spark.sql.streaming.triggerAvailableNowWrapper.enabled; without
+    # it, it falls back to Trigger.Once. The trigger is not visible from here, so it cannot
+    # be refused as maxOffsetsPerTrigger is.
 
     class SupportsTriggerAvailableNow:
         pass
@@ -23,6 +28,13 @@ except ImportError:  # PySpark < 4.2: no admission control, no Trigger.Available
 
 class DanubeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, opts, projection):
+        if opts.max_offsets_per_trigger is not None and ReadMaxRows is None:
+            # Before 4.2 Spark passes a Python source no read limit, and capping on our own
+            # cannot work: the first latestOffset() of a restarted query is not told where
+            # the checkpoint starts, so its micro-batch would take the whole backlog.
+            raise OptionError(f"option maxOffsetsPerTrigger needs PySpark >= 4.2 (this is "
+                              f"{pyspark.__version__}, which gives a Python streaming source "
+                              f"no read limit)")
         self.opts = opts
         self.projection = projection
         self._target = None        # Trigger.AvailableNow's end, fixed at the query's start
@@ -52,14 +64,12 @@ class DanubeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def latestOffset(self, start=None, limit=None):
         parts = self._offsets()
-        if start is not None:
-            max_offsets = getattr(limit, "max_rows", None)
-        elif self._last_end is not None:
-            # PySpark < 4.2 passes neither start nor limit: go on from the last answer.
-            start, max_offsets = self._last_end, self.opts.max_offsets_per_trigger
-        else:
-            # ... and on its first call the checkpoint's start is unknown here: no cap.
-            start, max_offsets = self.initialOffset(), None
+        max_offsets = getattr(limit, "max_rows", None)
+        if start is None:
+            # PySpark < 4.2 passes neither start nor limit (and maxOffsetsPerTrigger was
+            # refused): go on from the last answer, so an offset never goes back; on the
+            # first call the checkpoint's start is unknown here.
+            start = self._last_end if self._last_end is not None else self.initialOffset()
         # A partition added since the query started is read from its earliest offset.
         begin = {p.topic: start.get(p.topic, p.earliest) for p in parts}
         latest = {p.topic: p.latest for p in parts}
