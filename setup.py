@@ -48,6 +48,7 @@ EXTENSION_MODULES = [
     "danube.broker._fanout",
     "danube.broker._stamp",
     "danube.storage._walframes",
+    "danube.schema._avrocheck",
     "danube.storage._tailcache",
 ]
 extensions = [

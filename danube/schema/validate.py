@@ -31,6 +31,7 @@ except ImportError:  # pragma: no cover - orjson is a dependency; json is the fa
 #: json.loads takes no memoryview; orjson takes any buffer without a copy.
 _JSON_TAKES_BUFFERS = _json_loads is not json.loads
 
+from danube.schema._avrocheck import AvroChecker
 from danube.schema.errors import PayloadInvalid
 from danube.schema.formats import loaded
 
@@ -175,13 +176,33 @@ def _json_message(exc):
 
 
 class _Avro(Validator):
+    """Valid: exactly one datum. Checked in C by ``_avrocheck.AvroChecker``, which walks the
+    bytes without building values (about 0.25 us a message, against 19 us for fastavro's
+    reader, which builds a dict per record); fastavro's reader words the error of a payload
+    the checker refused. The checker holds to the specification where fastavro is lenient:
+    a boolean byte must be 0 or 1, an int at most 5 bytes."""
+
     def __init__(self, defn):
         # parse_schema's default (write hint on) marks the result parsed, so the reader does
         # not parse it again for every payload.
-        self._schema = fastavro.parse_schema(json.loads(defn.raw))
+        raw = json.loads(defn.raw)
+        self._schema = fastavro.parse_schema(raw)
         self._name = loaded(defn).name
+        try:
+            self._checker = AvroChecker(raw)
+        except (ValueError, KeyError, TypeError):   # a schema it does not model: fastavro
+            self._checker = None
 
     def check(self, payload):
+        if self._checker is not None:
+            if self._checker.valid(bytes(payload)):
+                return
+            self._fastavro_check(payload)
+            raise PayloadInvalid(self._message("not one datum of the schema (a boolean byte "
+                                               "other than 0 or 1, or an over-long int)"))
+        self._fastavro_check(payload)
+
+    def _fastavro_check(self, payload):
         buf = io.BytesIO(payload)
         try:
             fastavro.schemaless_reader(buf, self._schema, None)
@@ -192,6 +213,10 @@ class _Avro(Validator):
             raise PayloadInvalid(self._message(f"{left} bytes left after the datum"))
 
     def check_many(self, payloads):
+        if self._checker is not None:
+            bad = self._checker.first_invalid(payloads if isinstance(payloads, list)
+                                              else list(payloads))
+            return None if bad < 0 else bad
         # Datums delimit themselves: read them from one buffer and require each to end where
         # its payload ends (a short datum would read into the next payload and miss it).
         buf = io.BytesIO(b"".join(payloads))
