@@ -85,8 +85,19 @@ def _topic_metrics(core):
                                      "Messages blocked by the Block poison policy",
                                      labels=s_labels),
     }
+    checked = CounterMetricFamily("danube_schema_validation",
+                                  "Messages checked by a topic's schema validation (upstream)",
+                                  labels=["topic", "policy"])
+    failed = CounterMetricFamily("danube_schema_validation_failures",
+                                 "Messages that failed schema validation, refused (enforce) or "
+                                 "logged (warn) (upstream)", labels=["topic", "reason"])
     for topic in list(core.topics.values()):
         name = topic.name
+        gate = topic.schema
+        if gate is not None:
+            checked.add_metric([name, gate.policy], gate.checked)
+            for reason, count in gate.failures.items():
+                failed.add_metric([name, reason], count)
         msgs_in.add_metric([name], topic.messages_in)
         bytes_in.add_metric([name], topic.bytes_in)
         producers.add_metric([name], len(topic.producers))
@@ -118,7 +129,7 @@ def _topic_metrics(core):
                 dropped.add_metric(labels, c.outbox.dropped)
         consumers.add_metric([name], active)
     yield from (msgs_in, bytes_in, producers, consumers, subs, sub_consumers, sent, out_msgs,
-                out_bytes, dropped, unroutable, *reliable.values())
+                out_bytes, dropped, unroutable, *reliable.values(), checked, failed)
 
 
 def _storage_metrics(tiered):

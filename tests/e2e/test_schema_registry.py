@@ -68,9 +68,21 @@ def js(obj):
 
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory):
-    proc = BrokerProcess(data_dir=tmp_path_factory.mktemp("schema") / "data").start()
+    proc = BrokerProcess("--prom-exporter", "127.0.0.1:0",
+                         data_dir=tmp_path_factory.mktemp("schema") / "data").start()
     yield proc
     proc.stop()
+
+
+def metric(broker, name, **labels):
+    import re
+    import urllib.request
+    body = urllib.request.urlopen(f"http://127.0.0.1:{broker.prom_port}/metrics",
+                                  timeout=10).read().decode()
+    for line in body.splitlines():
+        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            return float(re.split(r"\s+", line)[-1])
+    return None
 
 
 @pytest.fixture
@@ -403,6 +415,11 @@ async def test_warn_accepts_and_none_ignores(reg, broker):
         await plain.send(b"no schema at all")
         assert any("schema validation (warn)" in line and topic in line
                    for line in broker.lines)
+        assert metric(broker, "danube_schema_validation_failures_total", topic=topic,
+                      reason="payload_invalid") == 1
+        assert metric(broker, "danube_schema_validation_failures_total", topic=topic,
+                      reason="missing_schema_id") == 1
+        assert metric(broker, "danube_schema_validation_total", topic=topic, policy="warn") == 2
         await reg.UpdateTopicValidationPolicy(sr.UpdateTopicValidationPolicyRequest(
             topic_name=topic, validation_policy="none"))
         await plain.send(b"fine")

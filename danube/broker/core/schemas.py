@@ -32,6 +32,10 @@ class TopicSchemas:
     async def _save_topic_schema(self, topic, gate):
         await self.store.put(keys.topic_schema_config(topic.name), gate.config())
         await self.store.put(keys.topic_schema_subject(topic.name), gate.subject)
+        old = topic.schema
+        if old is not None:
+            # The counters are the topic's (Prometheus counters), not the configuration's.
+            gate.checked, gate.failures = old.checked, old.failures
         topic.schema = gate
 
     async def _schema_topics(self, name):
