@@ -50,9 +50,9 @@ def load(text):
     from google.protobuf import descriptor_pb2
     try:
         from grpc_tools import _protoc_compiler
-    except ImportError:
-        raise SchemaError("protobuf schemas need grpcio-tools installed (it holds protoc)") \
-            from None
+    except ImportError as exc:
+        raise SchemaError(f"protobuf schemas need grpcio-tools installed (it holds protoc): "
+                          f"{exc}") from None
     include = os.path.join(os.path.dirname(_protoc_compiler.__file__), "_proto")
     with tempfile.TemporaryDirectory(prefix="danube-proto-") as tmp:
         with open(os.path.join(tmp, _FILE), "w", encoding="utf-8") as f:
