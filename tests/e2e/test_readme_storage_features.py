@@ -38,7 +38,13 @@ def payload(i):
 def segments(broker):
     """The topic's WAL segment files, oldest first: {first offset: size}."""
     wal = broker.data_dir / "wal" / "default" / "retained"
-    return {int(p.name.split(".")[1]): p.stat().st_size for p in sorted(wal.glob("wal.*.log"))}
+    out = {}
+    for p in sorted(wal.glob("wal.*.log")):
+        try:
+            out[int(p.name.split(".")[1])] = p.stat().st_size
+        except FileNotFoundError:       # retention deleted it between the listing and now
+            pass
+    return out
 
 
 def sealed_bytes(broker):
