@@ -27,14 +27,27 @@ class TopicAdmin:
     @maps_errors(_ADMIN_CODES)
     async def CreateTopic(self, request, context):
         checks.new_topic_request(request)
+        subject = await self._schema_subject(request)
         await self.core.create_topic(request.name, _delivery(request.dispatch_strategy))
+        if subject:
+            await self.core.configure_topic_schema(request.name, subject, "none", False)
         return pb.TopicResponse(success=True)
+
+    async def _schema_subject(self, request):
+        # Checked before the topic is created, so a bad subject creates nothing.
+        subject = request.schema_subject if request.HasField("schema_subject") else ""
+        if subject:
+            await self.core.schemas.subject(subject, "schema_subject")   # else NOT_FOUND
+        return subject
 
     @maps_errors(_ADMIN_CODES)
     async def CreatePartitionedTopic(self, request, context):
         checks.partitioned_topic_request(request)
+        subject = await self._schema_subject(request)
         await self.core.create_partitioned_topic(request.base_name, request.partitions,
                                                  _delivery(request.dispatch_strategy))
+        if subject:
+            await self.core.configure_topic_schema(request.base_name, subject, "none", False)
         return pb.TopicResponse(success=True)
 
     @maps_errors(_ADMIN_CODES)

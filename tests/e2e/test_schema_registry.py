@@ -461,3 +461,35 @@ def test_official_client_registers_fetches_and_produces(broker):
     assert [json.loads(m["payload"])["id"] for m in received] == [1, 2]
     assert {(m["schema_id"], m["schema_version"]) for m in received} == {(first, 2)}
     assert result["refused"] and "never-registered" in result["refused"]
+
+
+async def test_admin_create_topic_binds_its_schema_subject(reg, broker):
+    from danube.proto import DanubeAdmin_pb2 as adm
+    name = subject("admin")
+    await reg.RegisterSchema(sr.RegisterSchemaRequest(subject=name, schema_type="string"))
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{broker.admin_port}")
+    try:
+        def call(method, request):
+            return channel.unary_unary(
+                f"/danube_admin.TopicAdmin/{method}",
+                request_serializer=lambda m: m.SerializeToString(),
+                response_deserializer=adm.TopicResponse.FromString)(request, timeout=10)
+        plain = f"/default/{subject('admin-plain')}"
+        assert (await call("CreateTopic", adm.NewTopicRequest(
+            name=plain, schema_subject=name))).success
+        parted = f"/default/{subject('admin-parts')}"
+        assert (await call("CreatePartitionedTopic", adm.PartitionedTopicRequest(
+            base_name=parted, partitions=2, schema_subject=name))).success
+        for topic in (plain, f"{parted}-part-0", f"{parted}-part-1"):
+            cfg = await reg.GetTopicSchemaConfig(sr.GetTopicSchemaConfigRequest(
+                topic_name=topic))
+            assert cfg.schema_subject == name, topic
+        missing = f"/default/{subject('admin-missing')}"
+        code, details = await status_of(call("CreateTopic", adm.NewTopicRequest(
+            name=missing, schema_subject="no-such-subject")))
+        assert code == grpc.StatusCode.NOT_FOUND and "no-such-subject" in details
+        code, _ = await status_of(reg.GetTopicSchemaConfig(sr.GetTopicSchemaConfigRequest(
+            topic_name=missing)))
+        assert code == grpc.StatusCode.NOT_FOUND         # nothing was created
+    finally:
+        await channel.close()

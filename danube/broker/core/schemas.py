@@ -50,7 +50,7 @@ class TopicSchemas:
     async def check_producer_subject(self, subject):
         """A producer's schema_ref must name a registered subject (before anything is
         created for it)."""
-        if await self.schemas.find_subject(subject) is None:
+        if await self.schemas.find_subject(subject, "schema_ref.subject") is None:
             raise DispatchMismatch(f"schema subject {names.quote(subject)} is not registered; "
                                    f"register it first")
 
@@ -67,7 +67,7 @@ class TopicSchemas:
 
     async def configure_topic_schema(self, name, subject, policy, payloads):
         policy = normalize_policy(policy)
-        if await self.schemas.find_subject(subject) is None:
+        if await self.schemas.find_subject(subject, "schema_subject") is None:
             raise SchemaNotFound(f"schema subject {subject!r} not found in the registry")
         topics = await self._schema_topics(name)
         for topic in topics:

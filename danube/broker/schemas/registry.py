@@ -73,18 +73,19 @@ class SchemaRegistry:
 
     # -- reading --------------------------------------------------------------------------
 
-    async def subject(self, subject):
-        """The subject's document, or SchemaNotFound."""
-        doc = await self.store.get(keys.schema_metadata(validate_subject(subject)))
+    async def subject(self, subject, field="subject"):
+        """The subject's document, or SchemaNotFound (InvalidArgument, naming ``field``, for
+        a name no subject can have)."""
+        doc = await self.store.get(keys.schema_metadata(validate_subject(subject, field)))
         if doc is None or "versions" not in doc:       # absent, or being deleted
             raise SchemaNotFound(f"schema subject {subject!r} not found")
         self._remember(doc)
         return doc
 
-    async def find_subject(self, subject):
+    async def find_subject(self, subject, field="subject"):
         """The subject's document, or None."""
         try:
-            return await self.subject(subject)
+            return await self.subject(subject, field)
         except SchemaNotFound:
             return None
 
