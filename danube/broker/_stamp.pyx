@@ -20,44 +20,10 @@ from libc.stdint cimport uint8_t, uint64_t
 from libc.string cimport memcpy
 import array as _array
 
-from danube.codec.protowire cimport (_WT_VARINT, _WT_LEN, _WT_I64, _WT_I32, _varint_size,
-                                     _put_varint, _get_varint)
+from danube.codec.protowire cimport (_WT_VARINT, _WT_LEN, _varint_size, _put_varint,
+                                     _read_plain_field)
 
 cdef _carray.array _U64_ARRAY = _array.array("Q")
-
-cdef inline bint _next_field(const uint8_t *p, Py_ssize_t end, Py_ssize_t *pos,
-                             uint64_t *field, int *wt, uint64_t *value,
-                             Py_ssize_t *start) noexcept nogil:
-    """Read one field of a protobuf message: its number, wire type, and its value (varint)
-    or the start and length (in ``value``) of its bytes (LEN). Fixed-width fields are
-    skipped. False on anything malformed (groups included: no message of ours has one)."""
-    cdef uint64_t tag, n
-    if not _get_varint(p, end, pos, &tag):
-        return False
-    field[0] = tag >> 3
-    wt[0] = <int>(tag & 7)
-    if field[0] == 0 or field[0] > 0x1FFFFFFF:
-        return False
-    if wt[0] == _WT_VARINT:
-        return _get_varint(p, end, pos, value)
-    if wt[0] == _WT_LEN:
-        if not _get_varint(p, end, pos, &n) or n > <uint64_t>(end - pos[0]):
-            return False
-        start[0] = pos[0]
-        value[0] = n
-        pos[0] += <Py_ssize_t>n
-        return True
-    if wt[0] == _WT_I64:
-        n = 8
-    elif wt[0] == _WT_I32:
-        n = 4
-    else:
-        return False
-    if n > <uint64_t>(end - pos[0]):
-        return False
-    pos[0] += <Py_ssize_t>n
-    return True
-
 
 cdef bint _walk_fields(const uint8_t *p, Py_ssize_t pos, Py_ssize_t end) noexcept nogil:
     """True if p[pos:end] is a sequence of well-formed fields."""
@@ -65,7 +31,7 @@ cdef bint _walk_fields(const uint8_t *p, Py_ssize_t pos, Py_ssize_t end) noexcep
     cdef int wt
     cdef Py_ssize_t start
     while pos < end:
-        if not _next_field(p, end, &pos, &field, &wt, &value, &start):
+        if not _read_plain_field(p, end, &pos, &field, &wt, &value, &start):
             return False
     return True
 
@@ -81,7 +47,7 @@ cdef bint _walk_stream_message(const uint8_t *p, Py_ssize_t pos, Py_ssize_t end,
     payload_len[0] = 0
     has_msg_id[0] = False
     while pos < end:
-        if not _next_field(p, end, &pos, &field, &wt, &value, &start):
+        if not _read_plain_field(p, end, &pos, &field, &wt, &value, &start):
             return False
         if wt == _WT_LEN:
             if field == 2:
@@ -155,7 +121,7 @@ cdef class MessageBatchView:
         schema_id[0] = version[0] = 0
         pstart[0] = plen[0] = 0
         while pos < end:
-            if not _next_field(p, end, &pos, &field, &wt, &value, &start):
+            if not _read_plain_field(p, end, &pos, &field, &wt, &value, &start):
                 return
             if wt == _WT_VARINT and field == 8:
                 has_id[0] = True
@@ -179,6 +145,20 @@ cdef class MessageBatchView:
             if sid != schema_id:
                 return i, sid
         return -1, None
+
+    def distinct_versions(self):
+        """The schema_versions the messages carry (0: none), each once."""
+        cdef Py_ssize_t i, ps, pl
+        cdef bint has_id
+        cdef uint64_t sid, version, last = 0
+        out = set()
+        for i in range(self.count):
+            self._schema_fields(i, &has_id, &sid, &version, &ps, &pl)
+            # Batches mostly carry one version: a set entry only where it changes.
+            if i == 0 or version != last:
+                out.add(version)
+                last = version
+        return out
 
     def payloads_and_versions(self, bint payloads=True):
         """([payload bytes] (empty unless ``payloads``), [schema_version, 0 when absent])."""
@@ -261,7 +241,7 @@ def parse_message_batch(data):
     cdef bint has_msg_id
     v.body = body
     while pos < end:
-        if not _next_field(p, end, &pos, &field, &wt, &value, &start):
+        if not _read_plain_field(p, end, &pos, &field, &wt, &value, &start):
             raise ValueError(f"malformed MessageBatch at byte {pos}")
         if wt == _WT_VARINT:
             if field == 1:

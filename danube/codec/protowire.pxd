@@ -86,11 +86,11 @@ cdef inline bint _skip_group(const uint8_t *p, Py_ssize_t end, Py_ssize_t *pos,
             return False
 
 
-cdef inline bint _read_field(const uint8_t *p, Py_ssize_t end, Py_ssize_t *pos,
-                             uint64_t *field, int *wt, uint64_t *value, Py_ssize_t *vstart) noexcept nogil:
+cdef inline bint _field(const uint8_t *p, Py_ssize_t end, Py_ssize_t *pos, uint64_t *field,
+                        int *wt, uint64_t *value, Py_ssize_t *vstart, bint groups) noexcept nogil:
     """One field: its number, wire type and value (varint), or where its bytes start and
-    how many (LEN, in ``value``). Fixed-width fields and groups are skipped. False if
-    malformed."""
+    how many (LEN, in ``value``). Fixed-width fields are skipped, and groups when ``groups``
+    (else a group is malformed). False if malformed."""
     cdef uint64_t tag, n
     if not _get_varint(p, end, pos, &tag):
         return False
@@ -108,7 +108,7 @@ cdef inline bint _read_field(const uint8_t *p, Py_ssize_t end, Py_ssize_t *pos,
         pos[0] += <Py_ssize_t>n
         return True
     if wt[0] == _WT_SGROUP:
-        return _skip_group(p, end, pos, field[0], 1)
+        return groups and _skip_group(p, end, pos, field[0], 1)
     if wt[0] == _WT_I64:
         n = 8
     elif wt[0] == _WT_I32:
@@ -119,3 +119,18 @@ cdef inline bint _read_field(const uint8_t *p, Py_ssize_t end, Py_ssize_t *pos,
         return False
     pos[0] += <Py_ssize_t>n
     return True
+
+
+cdef inline bint _read_field(const uint8_t *p, Py_ssize_t end, Py_ssize_t *pos,
+                             uint64_t *field, int *wt, uint64_t *value,
+                             Py_ssize_t *vstart) noexcept nogil:
+    # Messages others wrote (stored frames): protobuf accepts groups as unknown fields, so
+    # they are skipped.
+    return _field(p, end, pos, field, wt, value, vstart, True)
+
+
+cdef inline bint _read_plain_field(const uint8_t *p, Py_ssize_t end, Py_ssize_t *pos,
+                                   uint64_t *field, int *wt, uint64_t *value,
+                                   Py_ssize_t *vstart) noexcept nogil:
+    # Requests in our own batch format, where no message has a group: one is malformed.
+    return _field(p, end, pos, field, wt, value, vstart, False)

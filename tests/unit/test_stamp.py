@@ -150,3 +150,21 @@ def test_schema_fields_of_a_batch():
     raw = ext.MessageBatchRaw(producer_id=1, messages=[merged]).SerializeToString()
     assert parse_message_batch(raw).schema_mismatch(9) == (-1, None)
     assert parse_message_batch(raw).payloads_and_versions() == ([b"z"], [2])
+
+
+def test_distinct_versions_of_a_batch():
+    msgs = [pb.StreamMessage(schema_id=1, schema_version=v) for v in (2, 2, 3, 2)]
+    assert _batch_of(*msgs).distinct_versions() == {2, 3}
+    assert _batch_of(pb.StreamMessage(schema_id=1)).distinct_versions() == {0}
+    assert _batch_of().distinct_versions() == set()
+
+
+def test_groups_are_malformed_in_a_batch_but_skipped_in_stored_frames():
+    group = b"\xab\x06\x08\x01\xac\x06"          # field 101, a group holding a varint
+    raw = ext.MessageBatchRaw(producer_id=1,
+                              messages=[pb.StreamMessage(payload=b"a").SerializeToString()
+                                        + group]).SerializeToString()
+    with pytest.raises(ValueError, match="malformed StreamMessage 0"):
+        parse_message_batch(raw)
+    stored = pb.StreamMessage(payload=b"a").SerializeToString() + group
+    assert pb.StreamMessage.FromString(canonical_stream_message(stored)).payload == b"a"

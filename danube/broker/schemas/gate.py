@@ -21,6 +21,10 @@ from danube.schema.validate import PayloadInvalid, validator_for
 log = logging.getLogger("danube.schema")
 
 POLICIES = ("none", "warn", "enforce")
+# A version the subject lacked is looked up again at most this often (seconds), and at most
+# this many such versions are remembered.
+ABSENT_RETRY = 1.0
+MAX_ABSENT = 1024
 # How the topic's config key spells them (keys.topic_schema_config), as upstream's serde does.
 STORED_POLICY = {"none": "None", "warn": "Warn", "enforce": "Enforce"}
 
@@ -34,6 +38,9 @@ class SchemaGate:
         self.payloads = payloads
         self.schema_id = None
         self._doc = None               # the subject's document, as last read
+        # version -> when a re-read of the subject last failed to find it: a producer
+        # stamping a version that does not exist must not cost a metadata read per message.
+        self._absent = {}
         self.checked = 0
         self.failures = {}             # reason -> count
         self._last_warning = 0.0
@@ -53,17 +60,28 @@ class SchemaGate:
         return self._doc
 
     async def _entry(self, version):
-        """The subject's version entry (latest for 0), refreshing once for a version
-        registered since the last read; None if the subject has no such version."""
+        """The subject's version entry (latest for 0), re-reading the subject for a version
+        registered since the last read (at most once per ABSENT_RETRY per version); None if
+        the subject has no such version."""
         doc = await self._subject_doc()
-        for refresh in (False, True):
-            if refresh:
-                doc = await self._subject_doc(refresh=True)
-            try:
-                return self.registry.version_of(doc, version or None)
-            except SchemaNotFound:
-                continue
-        return None
+        try:
+            return self.registry.version_of(doc, version or None)
+        except SchemaNotFound:
+            pass
+        now = time.monotonic()
+        last = self._absent.get(version)
+        if last is not None and now - last < ABSENT_RETRY:
+            return None
+        doc = await self._subject_doc(refresh=True)
+        try:
+            entry = self.registry.version_of(doc, version or None)
+        except SchemaNotFound:
+            if len(self._absent) >= MAX_ABSENT:
+                self._absent.clear()
+            self._absent[version] = now
+            return None
+        self._absent.pop(version, None)
+        return entry
 
     # -- checks ---------------------------------------------------------------------------
 
@@ -107,7 +125,15 @@ class SchemaGate:
                                   f"{self.subject!r} (schema_id {self.schema_id})")
             return self._fail("subject_mismatch", f"message {index} of the batch: "
                               f"{self._mismatch(found)}")
-        payloads, versions = batch.payloads_and_versions(self.payloads)
+        if not self.payloads:
+            # Only the versions matter: no Python object per message.
+            for version in batch.distinct_versions():
+                if await self._entry(version) is None:
+                    index = batch.payloads_and_versions(False)[1].index(version)
+                    return self._fail("unknown_version", f"message {index} of the batch: "
+                                      f"{self._unknown_version(version)}")
+            return None
+        payloads, versions = batch.payloads_and_versions()
         by_version = {}
         for i, version in enumerate(versions):
             by_version.setdefault(version, []).append(i)
@@ -116,8 +142,6 @@ class SchemaGate:
             if entry is None:
                 return self._fail("unknown_version", f"message {indices[0]} of the batch: "
                                   f"{self._unknown_version(version)}")
-            if not self.payloads:
-                continue
             validator = validator_for(self.registry.definition(entry))
             group = payloads if len(indices) == len(payloads) else [payloads[i] for i in indices]
             bad = validator.check_many(group)
