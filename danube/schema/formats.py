@@ -20,13 +20,12 @@ Choices, against upstream's danube-schema (Rust):
   name is upstream's fixed "DefaultMessage"; the checks use the first message of the file.
 """
 
-import collections
 import dataclasses
 import hashlib
 import json
-import threading
 
 from danube.schema import _avro, _jsonschema, _protobuf
+from danube.schema._lru import LRU
 from danube.schema.errors import SchemaError
 
 #: Normalised type names, in upstream's order.
@@ -99,12 +98,9 @@ def from_definition_json(text):
 
 def loaded(defn):
     """The parsed form of `defn` (format-specific), parsed once per fingerprint."""
-    key = (defn.schema_type, defn.fingerprint)
-    with _lock:
-        hit = _parsed.get(key)
-        if hit is not None:
-            _parsed.move_to_end(key)
-            return hit
+    hit = _parsed.get((defn.schema_type, defn.fingerprint))
+    if hit is not None:
+        return hit
     if defn.schema_type == "avro":
         parsed = _avro.load(defn.raw)
     elif defn.schema_type == "json_schema":
@@ -119,16 +115,11 @@ def loaded(defn):
 
 # Bounded: a registry holds few schemas, but a long-lived broker must not grow without end.
 _PARSED_MAX = 4096
-_parsed = collections.OrderedDict()
-_lock = threading.Lock()
+_parsed = LRU(_PARSED_MAX)
 
 
 def _remember(defn, parsed):
-    with _lock:
-        _parsed[(defn.schema_type, defn.fingerprint)] = parsed
-        _parsed.move_to_end((defn.schema_type, defn.fingerprint))
-        while len(_parsed) > _PARSED_MAX:
-            _parsed.popitem(last=False)
+    _parsed.put((defn.schema_type, defn.fingerprint), parsed)
 
 
 def _simple(kind):

@@ -14,10 +14,8 @@
   protobuf payloads unvalidated (its validator is unimplemented).
 """
 
-import collections
 import io
 import json
-import threading
 
 import fastavro
 import fastjsonschema
@@ -32,27 +30,22 @@ except ImportError:  # pragma: no cover - orjson is a dependency; json is the fa
 _JSON_TAKES_BUFFERS = _json_loads is not json.loads
 
 from danube.schema._avrocheck import AvroChecker
+from danube.schema._lru import LRU
 from danube.schema.errors import PayloadInvalid
 from danube.schema.formats import loaded
 
 _CACHE_MAX = 256
-_cache = collections.OrderedDict()
-_lock = threading.Lock()
+_cache = LRU(_CACHE_MAX)
 
 
 def validator_for(defn):
     """The Validator of `defn` (a formats.Definition), built once per fingerprint."""
     key = (defn.schema_type, defn.fingerprint)
-    with _lock:
-        hit = _cache.get(key)
-        if hit is not None:
-            _cache.move_to_end(key)
-            return hit
+    hit = _cache.get(key)
+    if hit is not None:
+        return hit
     validator = _BUILDERS[defn.schema_type](defn)
-    with _lock:
-        _cache[key] = validator
-        while len(_cache) > _CACHE_MAX:
-            _cache.popitem(last=False)
+    _cache.put(key, validator)
     return validator
 
 

@@ -168,3 +168,13 @@ def test_payloads_may_be_memoryviews_or_bytearrays(kind, schema, good, bad):
         v.check(memoryview(bad))
     assert v.check_many([memoryview(good), memoryview(bad)]) == 1
     assert v.check_many([bytearray(good), memoryview(good)]) is None
+
+
+def test_the_shared_lru_is_bounded_and_keeps_the_recently_used():
+    from danube.schema._lru import LRU
+    cache = LRU(3)
+    for k in "abc":
+        cache.put(k, k.upper())
+    assert cache.get("a") == "A"          # a is now the most recent
+    cache.put("d", "D")
+    assert len(cache) == 3 and cache.get("b") is None and cache.get("a") == "A"
