@@ -385,6 +385,10 @@ async def test_a_slow_reader_holds_the_stream_and_cancelling_closes_the_reader(
         batches = await history.read(topic, n - 2000, n, max_messages=2000)
         assert [len(b) < 2000 for b in batches] == [True, True]
         assert sum(map(len, batches)) == 2000
+        # Columnar batches stop there too (their columns counted with the bytes).
+        columns = await history.read_columns(topic, n - 2000, n, max_messages=2000)
+        assert len(columns) >= 2 and all(len(b) < 2000 for b in columns)
+        assert [r[0] for b in columns for r in b] == list(range(n - 2000, n))
     finally:
         await history.close()
         await broker.stop()
