@@ -24,12 +24,14 @@ import time
 
 from danube.broker.errors import InvalidArgument, SchemaIncompatible, SchemaNotFound
 from danube.metadata import keys
+from danube.schema._lru import LRU
 from danube.schema.compat import check as compat_check
 from danube.schema.formats import SchemaError, normalize_type, parse
 
 MODES = ("none", "backward", "forward", "full")
 DEFAULT_MODE = "backward"
 MAX_SUBJECT_BYTES = 256
+DEFINITIONS_KEPT = 4096
 # How often a register/delete/set-mode retries when another writer changed the subject
 # between its read and its compare-and-swap.
 _CAS_ATTEMPTS = 64
@@ -65,7 +67,8 @@ class SchemaRegistry:
     def __init__(self, store, clock=time.time):
         self.store = store
         self.clock = clock
-        self._definitions = {}          # fingerprint -> parsed Definition
+        # fingerprint -> parsed Definition, bounded: deleted versions must not stay forever.
+        self._definitions = LRU(DEFINITIONS_KEPT)
         # subject -> schema_id, and back: the publish path asks these on every message
         # whose topic validates, so they are kept here (ids never change once given).
         self._ids = {}
@@ -124,8 +127,8 @@ class SchemaRegistry:
         fp = entry["fingerprint"]
         found = self._definitions.get(fp)
         if found is None:
-            found = self._definitions[fp] = parse(entry["schema_type"],
-                                                  entry["raw"].encode())
+            found = parse(entry["schema_type"], entry["raw"].encode())
+            self._definitions.put(fp, found)
         return found
 
     async def subjects(self):
@@ -197,7 +200,7 @@ class SchemaRegistry:
                 if version == 1:
                     await self.store.put(keys.schema_by_id(doc["id"]),
                                          {"schema_id": doc["id"], "subject": subject})
-                self._definitions.setdefault(new.fingerprint, new)
+                self._definitions.put(new.fingerprint, new)
                 self._remember(doc)
                 return doc["id"], version, True, new.fingerprint
             # A new subject that lost the race leaves its allocated id unused: ids only have
