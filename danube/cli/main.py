@@ -5,6 +5,7 @@ import logging
 import sys
 
 from danube import __version__
+from danube.cli.admin import add_parser as _add_admin
 from danube.cli.consume import add_parser as _add_consume
 from danube.cli.produce import add_parser as _add_produce
 from danube.cli.schema import add_parser as _add_schema
@@ -99,6 +100,7 @@ def build_parser():
     _add_produce(sub)
     _add_consume(sub)
     _add_schema(sub)
+    _add_admin(sub)
     return parser
 
 
