@@ -121,3 +121,15 @@ class SchemaIncompatible(BrokerError):
 class SchemaRejected(BrokerError):
     """A message refused by its topic's schema validation (policy enforce): wrong or missing
     schema_id, unknown schema_version, or a payload the schema does not accept."""
+
+
+class BrokerNotFound(BrokerError):
+    """No broker with this id is registered in the cluster."""
+
+
+class ClusterRequired(BrokerError):
+    """The operation moves topics to another broker, and this cluster has only one."""
+
+
+class TopicUnloaded(BrokerError):
+    """The topic was unloaded by an admin; its clients look it up and connect again."""

@@ -120,11 +120,11 @@ class Broker:
                  self.admin_port)
         # Port 0 means "pick one": what clients are told must be the port actually bound.
         cfg.client_port, cfg.admin_port = self.client_port, self.admin_port
-        await self.core.register()
         if cfg.prom_port is not None:
             self.metrics = MetricsExporter(self, cfg.prom_host, cfg.prom_port)
-            port = self.metrics.start()
+            cfg.prom_port = port = self.metrics.start()
             log.info("prometheus exporter listening on http://%s:%d/metrics", cfg.prom_host, port)
+        await self.core.register()
         log.info("broker ready: mode=%s broker_url=%s connect_url=%s data_dir=%s", cfg.mode,
                  cfg.advertised_broker_url, cfg.advertised_connect_url, cfg.data_dir)
 

@@ -129,6 +129,42 @@ def namespace_request(r):
     names.validate_namespace(r.name, "name")
 
 
+def subscription_request(r):
+    """SubscriptionRequest and the Get/Set failure-policy and dispatch-config requests:
+    ``topic`` and ``subscription``."""
+    names.validate_topic(r.topic, "topic")
+    names.validate_client_name(r.subscription, "subscription")
+
+
+_BACKOFF = frozenset(admin_pb.SubscriptionBackoffStrategy.values())
+_POISON = frozenset(admin_pb.SubscriptionPoisonPolicy.values())
+
+
+def failure_policy_request(r):
+    subscription_request(r)
+    if not r.HasField("failure_policy"):
+        raise InvalidArgument("failure_policy must be provided")
+    policy = r.failure_policy
+    enum(policy.backoff_strategy, _BACKOFF, "failure_policy.backoff_strategy",
+         "SubscriptionBackoffStrategy")
+    enum(policy.poison_policy, _POISON, "failure_policy.poison_policy",
+         "SubscriptionPoisonPolicy")
+    if policy.HasField("dead_letter_topic") and policy.dead_letter_topic:
+        names.validate_topic(policy.dead_letter_topic, "failure_policy.dead_letter_topic")
+
+
+def dispatch_config_request(r):
+    subscription_request(r)
+    if not r.HasField("dispatch_config"):
+        raise InvalidArgument("dispatch_config is required")
+
+
+def broker_id(value, field="broker_id"):
+    _bounded_text(value, field, 64)
+    if "/" in value:
+        raise InvalidArgument(f"{field} {quote(value)} must not contain '/'")
+
+
 # TopicHistory. Offsets are uint64 on the wire but never reach 2**63: a value there is a
 # client's -1 (or another negative number) sent unsigned.
 MAX_OFFSET = (1 << 63) - 1

@@ -31,6 +31,9 @@ _CODES = {
     e.SchemaNotFound: StatusCode.NOT_FOUND,
     e.SchemaIncompatible: StatusCode.FAILED_PRECONDITION,
     e.SchemaRejected: StatusCode.PERMISSION_DENIED,
+    e.BrokerNotFound: StatusCode.NOT_FOUND,
+    e.ClusterRequired: StatusCode.FAILED_PRECONDITION,
+    e.TopicUnloaded: StatusCode.UNAVAILABLE,
 }
 
 

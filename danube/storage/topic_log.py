@@ -118,6 +118,24 @@ class TopicLog:
     def closed(self) -> bool:
         return self.wal.closed
 
+    def stats(self) -> dict:
+        """Where the log's messages are, for operators: offset ranges are [start, end), with
+        the names of danube_ext.LogStats (the durable tier's all zero without one)."""
+        segments = [] if self.wal.closed else self.wal.segments()
+        stats = {"end_offset": self.wal.next_offset,
+                 "synced_end_offset": self.wal.durable_offset + 1,
+                 "wal_start_offset": self.wal.first_offset,
+                 "wal_bytes": sum(s.size for s in segments), "wal_segments": len(segments),
+                 "tiered": self.tier is not None}
+        if self.tier is not None:
+            catalog = self.tier.catalog
+            first = catalog.first_offset
+            stats.update(tier_start_offset=0 if first is None else first,
+                         tier_end_offset=catalog.end_offset + 1,
+                         tier_bytes=sum(d.size for d in catalog.segments),
+                         tier_objects=len(catalog.segments))
+        return stats
+
     # -- reading every tier --------------------------------------------------------------
 
     def reader(self, on_ready: Callable[[], None]) -> TopicLogReader:

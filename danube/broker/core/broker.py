@@ -6,7 +6,8 @@ to status codes.
 The core is one object whose methods are grouped by job, one module per group (a mixin each,
 sharing the core's tables and lock): topics.py (namespaces, topics, partitioned topics,
 lookup, the retention sweep), producers.py, subscriptions.py (subscriptions, consumers,
-cursors, dead-letter, the idle reaper), and schemas.py (topics' schema bindings)."""
+cursors, dead-letter, the idle reaper), schemas.py (topics' schema bindings) and admin.py
+(brokers, describing, unloading, unsubscribing, live policy changes, statistics)."""
 
 import asyncio
 import concurrent.futures
@@ -14,6 +15,7 @@ import logging
 import os
 import secrets
 
+from danube.broker.core.admin import Admin
 from danube.broker.core.producers import Producers
 from danube.broker.core.schemas import TopicSchemas
 from danube.broker.core.subscriptions import IDLE_SUBSCRIPTION_GRACE, Subscriptions
@@ -30,7 +32,7 @@ log = logging.getLogger("danube.broker")
 SHUTDOWN_UPLOAD_TIMEOUT = 30.0
 
 
-class BrokerCore(Topics, Producers, Subscriptions, TopicSchemas):
+class BrokerCore(Topics, Producers, Subscriptions, TopicSchemas, Admin):
     def __init__(self, cfg, store, registry, loop=None):
         self.cfg = cfg
         self.store = store
@@ -43,6 +45,7 @@ class BrokerCore(Topics, Producers, Subscriptions, TopicSchemas):
         self.broker_id = None
         self._reaper = None
         self._retention = None
+        self._sampler = None
         self._lock = asyncio.Lock()       # serialises topic creation and deletion
         self.idle_subscription_grace = IDLE_SUBSCRIPTION_GRACE
         # Blocking WAL work (recovery, syncs) of every reliable topic shares these threads.
@@ -66,6 +69,7 @@ class BrokerCore(Topics, Producers, Subscriptions, TopicSchemas):
             await self._create_topic(SYSTEM_TOPIC, NON_RELIABLE)
         self._reaper = self.loop.create_task(self._reap_idle_subscriptions())
         self._retention = self.loop.create_task(self._enforce_retention())
+        self._sampler = self.loop.create_task(self._sample_rates())
 
     async def _start_tiered(self):
         # Imported here: a broker without tiered storage never loads the cloud SDKs.
@@ -97,10 +101,12 @@ class BrokerCore(Topics, Producers, Subscriptions, TopicSchemas):
             "broker_url": self.cfg.advertised_broker_url,
             "connect_url": self.cfg.advertised_connect_url,
             "admin_addr": f"http://{self.cfg.admin_host}:{self.cfg.admin_port}",
+            **({"prom_exporter": f"{self.cfg.prom_host}:{self.cfg.prom_port}"}
+               if self.cfg.prom_port is not None else {}),
         })
 
     async def stop(self):
-        for task in (self._reaper, self._retention):
+        for task in (self._reaper, self._retention, self._sampler):
             if task is not None:
                 task.cancel()
                 try:

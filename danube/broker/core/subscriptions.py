@@ -157,7 +157,10 @@ class Subscriptions:
             await self.store.put(keys.subscription_cursor(topic_name, sub_name), value)
 
         async def dead_letter(delivery, attempts, reason):
-            await self.dead_letter(topic, sub, policy, delivery, attempts, reason)
+            # The dispatcher's policy, not the one it started with: the admin API may set
+            # another on the live subscription.
+            await self.dead_letter(topic, sub, sub.dispatcher.policy, delivery, attempts,
+                                   reason)
 
         sub.dispatcher = ReliableDispatcher(
             sub, topic, cursor, policy, window, loop=self.loop,

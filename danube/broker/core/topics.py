@@ -37,21 +37,27 @@ class Topics:
             # /namespaces/{ns}/topics/{ns}/{topic}
             if len(parts) != 6 or parts[3] != "topics":
                 continue
-            name = f"/{parts[4]}/{parts[5]}"
-            delivery = await self.store.get(keys.topic_delivery(name))
-            topic = Topic(self, name, RELIABLE if delivery == "Reliable" else NON_RELIABLE)
-            topic.policies = await self.policies_for(name)
-            await self._load_topic_schema(topic)
-            await self.store.delete_prefix(keys.topic_producers_prefix(name))
-            if topic.delivery == RELIABLE:
-                await self._open_log(topic)
-                await self._restore_subscriptions(topic)
-            else:
-                await self.store.delete_prefix(keys.topic_subscriptions_prefix(name))
-            self.topics[name] = topic
-            await self.store.put(keys.cluster_broker_topic(self.broker_id, name), None)
+            await self._load_topic(f"/{parts[4]}/{parts[5]}")
         if self.topics:
             log.info("serving %d topics from metadata", len(self.topics))
+
+    async def _load_topic(self, name):
+        """Serve a topic recorded in metadata: its policies, schema binding, log and reliable
+        subscriptions (at their cursors); its producers and non-reliable subscriptions are
+        forgotten, their clients create them again."""
+        delivery = await self.store.get(keys.topic_delivery(name))
+        topic = Topic(self, name, RELIABLE if delivery == "Reliable" else NON_RELIABLE)
+        topic.policies = await self.policies_for(name)
+        await self._load_topic_schema(topic)
+        await self.store.delete_prefix(keys.topic_producers_prefix(name))
+        if topic.delivery == RELIABLE:
+            await self._open_log(topic)
+            await self._restore_subscriptions(topic)
+        else:
+            await self.store.delete_prefix(keys.topic_subscriptions_prefix(name))
+        self.topics[name] = topic
+        await self.store.put(keys.cluster_broker_topic(self.broker_id, name), None)
+        return topic
 
     async def _open_log(self, topic):
         # Not validate_topic: a topic recorded before a name rule tightened is still served.

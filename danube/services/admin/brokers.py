@@ -1,0 +1,51 @@
+"""danube_admin.BrokerAdmin (reference a.3). A standalone broker is a cluster of one: it
+lists itself as Cluster_Leader, reports a balanced cluster, has nothing to rebalance, and
+refuses to unload itself (there is no other broker to take its topics)."""
+
+from danube.proto import DanubeAdmin_pb2 as pb
+from danube.services import checks
+from danube.services.admin.codes import ADMIN_CODES
+from danube.services.errors import maps_errors
+
+
+class BrokerAdmin:
+    def __init__(self, core):
+        self.core = core
+
+    @maps_errors(ADMIN_CODES)
+    async def ListBrokers(self, request, context):
+        return pb.BrokerListResponse(brokers=[pb.BrokerInfo(**b)
+                                              for b in await self.core.list_brokers()])
+
+    async def GetLeaderBroker(self, request, context):
+        return pb.BrokerResponse(leader=self.core.leader_id)
+
+    @maps_errors(ADMIN_CODES)
+    async def ListNamespaces(self, request, context):
+        return pb.NamespaceListResponse(namespaces=await self.core.list_namespaces())
+
+    @maps_errors(ADMIN_CODES)
+    async def UnloadBroker(self, request, context):
+        checks.broker_id(request.broker_id)
+        await self.core.unload_broker(request.broker_id)
+        return pb.UnloadBrokerResponse()       # not reached: one broker refuses
+
+    @maps_errors(ADMIN_CODES)
+    async def ActivateBroker(self, request, context):
+        checks.broker_id(request.broker_id)
+        await self.core.activate_broker(request.broker_id, request.reason)
+        return pb.ActivateBrokerResponse(success=True)
+
+    @maps_errors(ADMIN_CODES)
+    async def GetClusterBalance(self, request, context):
+        balance = self.core.cluster_balance()
+        brokers = [pb.BrokerLoadInfo(**b) for b in balance.pop("brokers")]
+        return pb.ClusterBalanceResponse(brokers=brokers, **balance)
+
+    @maps_errors(ADMIN_CODES)
+    async def TriggerRebalance(self, request, context):
+        # Upstream's answer for a cluster under its imbalance threshold.
+        return pb.RebalanceResponse(
+            success=True, moves_executed=0,
+            error_message="Cluster is balanced (CV: 0.000): a single broker has no topic "
+                          "to move")
