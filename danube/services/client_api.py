@@ -1,5 +1,6 @@
 """danube.ProducerService, danube.ConsumerService and danube.Discovery on the client port."""
 
+import asyncio
 import logging
 
 from danube.broker import errors as e
@@ -12,6 +13,8 @@ from danube.services.errors import maps_errors, to_rpc_error
 from danube.services.limits import SEND_MESSAGE, limit_send_message
 
 log = logging.getLogger("danube.broker.services")
+
+UNLOADED_STREAM_PAUSE = 0.5
 
 
 class ProducerService:
@@ -68,6 +71,12 @@ class ConsumerService:
             while consumer.must_wait(client):
                 await consumer.turn()
                 consumer = self.core.consumer(request.consumer_id)   # removed meanwhile?
+        except e.TopicUnloaded as exc:
+            # The official clients reopen a failed stream at once, without backoff, until
+            # their health check (every 5 s) tells them to subscribe again: answering after
+            # a pause keeps that from being thousands of calls.
+            await asyncio.sleep(UNLOADED_STREAM_PAUSE)
+            raise to_rpc_error(exc) from None
         except e.BrokerError as exc:
             raise to_rpc_error(exc) from None
         sink = StreamSink(context)

@@ -13,6 +13,7 @@ import grpc
 import pytest
 
 from broker_process import BrokerProcess
+from official_client import broker_url, run_scenario
 from danube.client import DanubeClient
 from danube.client import errors
 from danube.client.admin import AdminClient
@@ -481,3 +482,23 @@ async def test_unsubscribe_frees_the_backlog_for_retention(retention_broker):
         topic = await eventually(trimmed)
         assert topic, "retention kept the unsubscribed backlog"
         assert topic.log.end_offset == 300
+
+
+def test_official_clients_carry_on_through_an_unload(broker):
+    """The official Python client keeps producing and consuming across UnloadTopic: the
+    producer's sends meet UNAVAILABLE (retried, then it looks the topic up and is created
+    again), the consumer subscribes again at its cursor; nothing is lost or repeated."""
+    name = topic_name("official-unload")
+    asyncio.run(_create_reliable(broker, name))
+    result = run_scenario("through_unload.py", {
+        "url": broker_url(broker), "admin_addr": broker.admin_addr, "topic": name,
+        "count": 60}, timeout=90)
+    assert result["unload_error"] is None
+    assert result["send_errors"] == []
+    assert result["received"] == [f"m{i}" for i in range(60)]
+    assert broker.wait_for_log(f"topic {name} unloaded and loaded again")
+
+
+async def _create_reliable(broker, name):
+    async with AdminClient(f"http://{broker.admin_addr}") as admin:
+        await create(admin, name)

@@ -42,6 +42,7 @@ class BrokerCore(Topics, Producers, Subscriptions, TopicSchemas, Admin):
         self.topics = {}                  # name -> Topic
         self.producers = {}               # producer_id -> Producer
         self.consumers = {}               # consumer_id -> Consumer
+        self.unloaded_ids = {}            # (kind, id) -> (topic, until): see Admin.unload_topic
         self.broker_id = None
         self._reaper = None
         self._retention = None

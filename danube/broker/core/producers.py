@@ -76,5 +76,6 @@ class Producers:
     def producer(self, producer_id):
         producer = self.producers.get(producer_id)
         if producer is None:
+            self.check_unloaded("producer", producer_id)
             raise ProducerNotFound(f"The producer with id {producer_id} does not exist")
         return producer

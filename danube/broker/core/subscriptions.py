@@ -138,6 +138,7 @@ class Subscriptions:
     def consumer(self, consumer_id):
         consumer = self.consumers.get(consumer_id)
         if consumer is None or consumer.subscription.topic.closed:
+            self.check_unloaded("consumer", consumer_id)
             raise ConsumerNotFound(f"The consumer with id {consumer_id} does not exist")
         return consumer
 

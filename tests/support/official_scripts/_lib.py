@@ -174,10 +174,16 @@ def _varint(n):
 async def admin_delete_topic(admin_addr, topic):
     """danube_admin.TopicAdmin/DeleteTopic (the official client has no admin stubs: the
     TopicRequest{name = 1} is encoded by hand). Returns None or an error string."""
+    return await admin_topic_call(admin_addr, "DeleteTopic", topic)
+
+
+async def admin_topic_call(admin_addr, method, topic):
+    """A danube_admin.TopicAdmin method taking a TopicRequest (DeleteTopic, UnloadTopic).
+    Returns None or an error string."""
     data = topic.encode()
     request = b"\x0a" + _varint(len(data)) + data
     async with grpc.aio.insecure_channel(admin_addr) as channel:
-        call = channel.unary_unary("/danube_admin.TopicAdmin/DeleteTopic")
+        call = channel.unary_unary(f"/danube_admin.TopicAdmin/{method}")
         try:
             await call(request, timeout=10)
         except grpc.aio.AioRpcError as exc:
