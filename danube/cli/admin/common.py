@@ -6,6 +6,7 @@ line on stderr and exit status 1, never a traceback."""
 import argparse
 import asyncio
 import functools
+import os
 import sys
 
 from danube.client.admin import DEFAULT_ENDPOINT, ENDPOINT_ENV
@@ -119,6 +120,10 @@ def run(handler, args):
         return asyncio.run(_call(handler, args)) or 0
     except (DanubeError, CommandError) as exc:
         return fail(exc, getattr(exc, "exit_status", 1))
+    except BrokenPipeError:
+        # the reader (`| head`) left: no message, and none when Python flushes at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except OSError as exc:
         what = f"cannot read {exc.filename}" if exc.filename else "I/O error"
         return fail(f"{what}: {exc.strerror or exc}")
