@@ -585,3 +585,50 @@ def test_scripts_run_as_processes(broker, tmp_path):
     r = subprocess.run([str(script), "topics", "list"], capture_output=True, text=True,
                        env=env, timeout=60, cwd=tmp_path)
     assert r.returncode == 2 and "one of the arguments --namespace --broker" in r.stderr
+
+
+@pytest.fixture(scope="module")
+def tls_broker(tmp_path_factory):
+    import trustme
+
+    d = tmp_path_factory.mktemp("admin-tls")
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1", "localhost")
+    cert.private_key_pem.write_to_path(str(d / "key.pem"))
+    cert.cert_chain_pems[0].write_to_path(str(d / "cert.pem"))
+    ca.cert_pem.write_to_path(str(d / "ca.pem"))
+    config = d / "secure.yml"
+    config.write_text(f"""
+broker: {{host: 127.0.0.1, ports: {{client: 0, admin: 0}}}}
+meta_store: {{data_dir: "{d}/meta"}}
+admin_tls: true
+auth:
+  mode: tls
+  tls: {{cert_file: "{d}/cert.pem", key_file: "{d}/key.pem", ca_file: "{d}/ca.pem"}}
+""")
+    b = BrokerProcess(data_dir=d / "data")
+    b.args = ["--mode", "standalone", "--data-dir", str(d / "data"), "--config-file",
+              str(config), "--insecure-allow-unauthenticated"]
+    b.start()
+    b.ca_file = str(d / "ca.pem")
+    yield b
+    b.stop()
+
+
+def test_tls_settings_from_upstreams_environment(cli, tls_broker, monkeypatch):
+    https = f"https://{tls_broker.admin_addr}"
+    failed(cli("brokers", "leader-broker", "--endpoint", https), 1,
+           "UNAVAILABLE", "certificate verify failed")          # the CA is not trusted yet
+    monkeypatch.setenv("DANUBE_ADMIN_CA", tls_broker.ca_file)
+    monkeypatch.setenv("DANUBE_ADMIN_TOKEN", "not-checked-by-this-build")
+    assert ok(cli("brokers", "leader-broker", "--endpoint", https)).out.startswith(
+        "Leader Broker: ")
+    # DANUBE_ADMIN_TLS=true turns TLS on for a URL without https://, as upstream
+    monkeypatch.setenv("DANUBE_ADMIN_TLS", "true")
+    plain = tls_broker.admin_addr
+    ok(cli("brokers", "leader-broker", "--endpoint", plain))
+    monkeypatch.setenv("DANUBE_ADMIN_DOMAIN", "elsewhere.example")
+    failed(cli("brokers", "leader-broker", "--endpoint", plain), 1, "elsewhere.example")
+    monkeypatch.setenv("DANUBE_ADMIN_CA", "/nonexistent/ca.pem")
+    failed(cli("brokers", "leader-broker", "--endpoint", https), 1,
+           "DANUBE_ADMIN_CA: no such file: /nonexistent/ca.pem")

@@ -12,7 +12,9 @@ import sys
 from danube.client.admin import DEFAULT_ENDPOINT, ENDPOINT_ENV
 
 PROG = "danube admin"
-ENV_NOTE = f"env:\n  {ENDPOINT_ENV} (default {DEFAULT_ENDPOINT})"
+ENV_NOTE = (f"env:\n  {ENDPOINT_ENV} (default {DEFAULT_ENDPOINT})\n"
+            "  DANUBE_ADMIN_TOKEN, DANUBE_ADMIN_TLS, DANUBE_ADMIN_DOMAIN, DANUBE_ADMIN_CA, "
+            "DANUBE_ADMIN_CERT, DANUBE_ADMIN_KEY")
 
 
 class CommandError(Exception):
@@ -132,10 +134,34 @@ def run(handler, args):
 
 
 async def _call(handler, args):
-    from danube.client.admin import AdminClient
+    from danube.client.admin import AdminClient, endpoint_from_env
 
-    async with AdminClient(getattr(args, "endpoint", None)) as admin:
+    endpoint = endpoint_from_env(getattr(args, "endpoint", None))
+    ssl, domain = _tls(endpoint)
+    token = os.environ.get("DANUBE_ADMIN_TOKEN") or os.environ.get("DANUBE_ADMIN_API_KEY")
+    async with AdminClient(endpoint, ssl=ssl, token=token) as admin:
+        if ssl is not None:
+            # upstream verifies the broker's certificate for this name, "localhost" unless set
+            admin.channel.server_hostname = domain
         return await handler(admin, args)
+
+
+def _tls(endpoint):
+    """upstream's TLS settings: on for https:// or DANUBE_ADMIN_TLS=true; DANUBE_ADMIN_CA,
+    DANUBE_ADMIN_CERT with DANUBE_ADMIN_KEY (mTLS) and DANUBE_ADMIN_DOMAIN."""
+    from danube.rpc.client import client_ssl_context
+
+    env = os.environ
+    if not (endpoint.startswith("https://") or env.get("DANUBE_ADMIN_TLS") == "true"):
+        return None, None
+    for name in ("DANUBE_ADMIN_CA", "DANUBE_ADMIN_CERT", "DANUBE_ADMIN_KEY"):
+        if env.get(name) and not os.path.isfile(env[name]):
+            raise CommandError(f"{name}: no such file: {env[name]}")
+    cert, key = env.get("DANUBE_ADMIN_CERT"), env.get("DANUBE_ADMIN_KEY")
+    ssl = client_ssl_context(ca_file=env.get("DANUBE_ADMIN_CA") or None,
+                             cert_file=cert if cert and key else None,
+                             key_file=key if cert and key else None)
+    return ssl, env.get("DANUBE_ADMIN_DOMAIN") or "localhost"
 
 
 def fail(message, status=1):
