@@ -59,6 +59,7 @@ class Topic:
         self._delivery_stamp = None
         self.schema = None            # its SchemaGate, once bound to a schema subject
         self.close_reason = None      # a BrokerError publishes get once it is closed, if set
+        self.rate_window = None       # its recent counters, for rates (danube.broker.stats)
 
     @property
     def dispatchable_end(self):
