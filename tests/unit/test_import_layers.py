@@ -30,7 +30,10 @@ ALLOWED = {
     # The broker process: builds the stores, the broker and the server, and serves them.
     "danube.services.app": {"danube.codec", "danube.rpc", "danube.services", "danube.broker",
                             "danube.storage", "danube.metadata"},
-    "danube.cli": {"danube.codec", "danube.rpc", "danube.client", "danube.services",
+    # The web console of `danube admin serve`: reaches the broker through the client only.
+    "danube.console": {"danube.client", "danube.rpc", "danube.codec"},
+    "danube.cli": {"danube.codec", "danube.rpc", "danube.client", "danube.console",
+                   "danube.services",
                    "danube.services.app", "danube.broker", "danube.storage", "danube.metadata",
                    "danube.schema", "danube"},
     "danube.__main__": {"danube.cli"},
