@@ -4,6 +4,7 @@ lists, so the templates and the JSON endpoints share one shape. List answers are
 the TTL; writes clear the cache, so a created topic shows on the next page."""
 
 import asyncio
+import json
 
 from danube.client import errors
 from danube.proto import DanubeAdmin_pb2 as adm
@@ -145,7 +146,7 @@ class Backend:
         return {"subject": subject, "versions": rows, "schema": {
             "version": schema.version, "schema_id": schema.schema_id,
             "schema_type": schema.schema_type,
-            "definition": schema.schema_definition.decode("utf-8", "replace"),
+            "definition": readable_definition(schema.schema_definition),
             "description": schema.description, "fingerprint": schema.fingerprint,
             "compatibility_mode": schema.compatibility_mode, "tags": list(schema.tags),
             "created_by": schema.created_by, "created_at": schema.created_at}}
@@ -239,6 +240,29 @@ def policy_dict(p):
         "dead_letter_topic": p.dead_letter_topic if p.HasField("dead_letter_topic") else None,
         "poison_policy": POISON.get(p.poison_policy, str(p.poison_policy)),
     }
+
+
+def readable_definition(raw):
+    """The schema text inside GetSchemaResponse.schema_definition, which is upstream's
+    serde-JSON SchemaDefinition ({"JsonSchema": {"raw_schema": ...}}, "String", ...); a JSON
+    schema text (Avro, JSON Schema) indented for reading."""
+    text = raw.decode("utf-8", "replace")
+    try:
+        wrapped = json.loads(text)
+    except ValueError:
+        return text
+    if isinstance(wrapped, str):
+        return f"({wrapped.lower()}: no definition)"
+    if not isinstance(wrapped, dict) or len(wrapped) != 1:
+        return text
+    inner = next(iter(wrapped.values()))
+    body = inner.get("raw_schema", inner.get("raw_proto")) if isinstance(inner, dict) else None
+    if body is None:
+        return text
+    try:
+        return json.dumps(json.loads(body), indent=2)
+    except ValueError:
+        return body
 
 
 def totals(rows):
