@@ -11,7 +11,7 @@ from danube.client import errors
 
 from danube.console import forms, listing
 from danube.console.backend import totals
-from danube.console.render import broker_status, render
+from danube.console.render import broker_status, render, topic_path
 
 
 def routes():
@@ -86,7 +86,7 @@ async def unsubscribe(request):
         await _backend(request).unsubscribe(name, sub)
     except errors.DanubeError as exc:
         return await _topic_with_error(request, name, str(exc), exc)
-    return _see(_topic_url(name), f"subscription {sub} removed")
+    return _see(topic_path(name), f"subscription {sub} removed")
 
 
 async def set_failure_policy(request):
@@ -102,7 +102,7 @@ async def set_failure_policy(request):
         info = await backend.subscription(name, sub)
         return render(request, "subscription.html", status, sub=info, notice=None,
                       error=str(exc), form=form)
-    return _see(f"{_topic_url(name)}/subscriptions/{quote(sub, safe='')}",
+    return _see(f"{topic_path(name)}/subscriptions/{quote(sub, safe='')}",
                 "failure policy saved")
 
 
@@ -123,7 +123,7 @@ async def create_topic(request):
     notice = f"topic {fields['name']} created"
     if fields["partitions"]:
         notice += f" with {fields['partitions']} partitions"
-    return _see(_topic_url(fields["name"]), notice)
+    return _see(topic_path(fields["name"]), notice)
 
 
 async def schemas(request):
@@ -144,10 +144,6 @@ async def _topic_with_error(request, name, message, exc):
     info = await _backend(request).topic(name)
     return render(request, "topic.html", broker_status(exc), topic=info, notice=None,
                   error=message)
-
-
-def _topic_url(name):
-    return "/topics/" + "/".join(quote(p, safe="") for p in name.strip("/").split("/"))
 
 
 def _see(url, notice):

@@ -56,9 +56,9 @@ def _quote(value):
     return quote(str(value), safe="")
 
 
-def _topic_path(name):
+def topic_path(name):
     """/ns/topic -> the console path of its page (each part quoted)."""
     return "/topics/" + "/".join(quote(p, safe="") for p in name.strip("/").split("/"))
 
 
-FILTERS = {"num": _num, "rate": _rate, "size": _size, "q": _quote, "path": _topic_path}
+FILTERS = {"num": _num, "rate": _rate, "size": _size, "q": _quote, "path": topic_path}

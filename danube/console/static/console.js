@@ -1,6 +1,6 @@
 // Live refresh: every element marked data-live is re-rendered by the server every 2 s
 // (the same URL with ?live=1 answers the fragment alone) and swapped in place. Paused while
-// the tab is hidden or while a control inside the fragment has the focus.
+// the tab is hidden or while a field inside the fragment is being typed in.
 (function () {
   "use strict";
   var PERIOD_MS = 2000;
@@ -33,8 +33,9 @@
   function refresh() {
     if (busy || document.hidden || !regions.length) return;
     var focused = document.activeElement;
+    var typing = focused && /^(INPUT|SELECT|TEXTAREA)$/.test(focused.tagName);
     for (var i = 0; i < regions.length; i++) {
-      if (focused && focused !== document.body && regions[i].contains(focused)) return;
+      if (typing && regions[i].contains(focused)) return;
     }
     busy = true;
     fetch(liveUrl(), { cache: "no-store", headers: { "Accept": "text/html" } })
