@@ -310,6 +310,16 @@ async def test_set_the_failure_policy_through_the_form(page, console, admin, cli
     await consumer.close()
 
 
+async def test_a_non_reliable_subscription_has_no_policy_form(page, console, admin, client):
+    name = f"/default/{unique('plain')}"
+    await create(admin, name, reliable=False)
+    consumer = await client.subscribe(name, "c1", "live", sub_type="shared")
+    await page.goto(console.url + f"/topics{name}/subscriptions/live")
+    await expect(page.locator("#policy-not-applicable")).to_contain_text("NonReliable")
+    await expect(page.locator("#policy-form")).to_have_count(0)
+    await consumer.close()
+
+
 async def test_a_missing_topic_is_a_404_page(page, console):
     response = await page.goto(console.url + "/topics/default/no-such-topic")
     assert response.status == 404

@@ -223,3 +223,17 @@ async def test_forms_post_from_the_console_only():
 async def test_an_unknown_page_is_a_404_page():
     status, _, body = await call(build_app(FakeBackend()), "GET", "/nowhere")
     assert status == 404 and "no such page: /nowhere" in body
+
+
+async def test_cors_lets_the_named_origin_read_the_api():
+    app = build_app(FakeBackend(rows(3)), cors_allow_origin="http://dash.example")
+    _, headers, _ = await call(app, "GET", "/api/namespaces/ns/topics",
+                               headers=[(b"origin", b"http://dash.example")])
+    assert headers[b"access-control-allow-origin"] == b"http://dash.example"
+    _, headers, _ = await call(app, "GET", "/api/namespaces/ns/topics",
+                               headers=[(b"origin", b"http://other.example")])
+    assert b"access-control-allow-origin" not in headers
+    _, headers, _ = await call(build_app(FakeBackend(rows(3))), "GET",
+                               "/api/namespaces/ns/topics",
+                               headers=[(b"origin", b"http://dash.example")])
+    assert b"access-control-allow-origin" not in headers
