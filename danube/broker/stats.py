@@ -41,7 +41,7 @@ class RateWindow:
 
 
 def _meter(obj):
-    meter = getattr(obj, "rate_window", None)
+    meter = obj.rate_window
     if meter is None:
         meter = obj.rate_window = RateWindow()
     return meter

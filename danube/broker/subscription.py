@@ -40,6 +40,7 @@ class Subscription:
             self.fanout = ActiveFanout()
         self.idle_since = time.monotonic()
         self.dispatcher = None       # ReliableDispatcher on a reliable topic
+        self.rate_window = None      # its recent counters, for rates (danube.broker.stats)
 
     @property
     def type_name(self):

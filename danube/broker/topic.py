@@ -58,6 +58,8 @@ class Topic:
         self.durability = None
         self._delivery_stamp = None
         self.schema = None            # its SchemaGate, once bound to a schema subject
+        self.close_reason = None      # a BrokerError publishes get once it is closed, if set
+        self.rate_window = None       # its recent counters, for rates (danube.broker.stats)
 
     @property
     def dispatchable_end(self):
@@ -137,7 +139,7 @@ class Topic:
         packed buffer that the WAL frames as it is, so there is no Python object per message (see
         ``MessageBatchView.stamp``; delivery merges them into canonical form)."""
         if self.closed:
-            raise PublishFailed(f"topic {self.name} is closed")
+            raise self.closed_error()
         self._check_size(batch.max_payload)
         data, ends = batch.stamp(self.log.next_offset, *producer.batch_stamp)
         return await self._store(data, batch.payload_bytes, ends)
@@ -146,7 +148,7 @@ class Topic:
         """StreamMessages with their offsets stamped in msg_id.topic_offset. Messages are
         all checked first, so a batch is taken whole or not at all."""
         if self.closed:
-            raise PublishFailed(f"topic {self.name} is closed")
+            raise self.closed_error()
         for msg in messages:
             self._check_size(len(msg.payload))
         first = self.log.next_offset
@@ -173,6 +175,11 @@ class Topic:
             sub.dispatcher.notify()
         return range(first, last + 1)
 
+    def closed_error(self):
+        """What a publish to the closed topic is refused with: the reason it was closed
+        (e.g. unloaded: clients retry and look it up again), or PublishFailed."""
+        return self.close_reason or PublishFailed(f"topic {self.name} is closed")
+
     @property
     def delivery_name(self):
         return DELIVERY_NAMES[self.delivery]
@@ -189,7 +196,7 @@ class Topic:
             raw = msg.SerializeToString()
         key = msg.routing_key if msg.HasField("routing_key") else msg.producer_name
         if self.closed:
-            raise PublishFailed(f"topic {self.name} is closed")
+            raise self.closed_error()
         payload_len = len(msg.payload)
         self._check_size(payload_len)
         self.messages_in += 1

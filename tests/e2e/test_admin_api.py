@@ -499,6 +499,19 @@ def test_official_clients_carry_on_through_an_unload(broker):
     assert broker.wait_for_log(f"topic {name} unloaded and loaded again")
 
 
+def test_sends_in_flight_during_an_unload_are_retried(broker):
+    """Bursts of concurrent sends, one of them racing the unload: every message arrives (at
+    least once) and no send fails."""
+    name = topic_name("unload-burst")
+    asyncio.run(_create_reliable(broker, name))
+    result = run_scenario("through_unload.py", {
+        "url": broker_url(broker), "admin_addr": broker.admin_addr, "topic": name,
+        "count": 200, "burst": 10, "pause": 0.01}, timeout=90)
+    assert result["unload_error"] is None
+    assert result["send_errors"] == []
+    assert set(result["received"]) == {f"m{i}" for i in range(200)}
+
+
 async def _create_reliable(broker, name):
     async with AdminClient(f"http://{broker.admin_addr}") as admin:
         await create(admin, name)

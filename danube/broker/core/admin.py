@@ -121,9 +121,11 @@ class Admin:
             for topic in await self._targets(name):
                 del self.topics[topic.name]
                 self._remember_unloaded(topic)
+                reason = TopicUnloaded(f"topic {topic.name} was unloaded; look it up and "
+                                       "connect again")
+                topic.close_reason = reason
                 try:
-                    await self._unload(topic, TopicUnloaded(f"topic {topic.name} was unloaded; "
-                                                            "look it up and connect again"))
+                    await self._unload(topic, reason)
                 finally:
                     await self._load_topic(topic.name)
                 log.info("topic %s unloaded and loaded again", topic.name)
