@@ -2,13 +2,16 @@
 and the URL printed is the real one), uvicorn on the running uvloop loop, and a clean stop on
 Ctrl-C or SIGTERM."""
 
+import asyncio
 import contextlib
 import signal
 import socket
+import sys
 import threading
 
 import uvicorn
 
+from danube.client import errors
 from danube.client.admin import AdminClient
 from danube.console.app import build_app
 from danube.console.backend import Backend
@@ -53,9 +56,29 @@ async def serve(sock, endpoint, *, request_timeout, cache_ttl, cors_allow_origin
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",
                             timeout_graceful_shutdown=3)
     server = _Server(config)
-    if on_ready is not None:
-        server.on_ready = lambda: on_ready(url_of(sock))
-    await server.serve(sockets=[sock])
+    probes = []
+
+    def ready():
+        if on_ready is not None:
+            on_ready(url_of(sock))
+        probes.append(asyncio.create_task(_probe(admin)))
+    server.on_ready = ready
+    try:
+        await server.serve(sockets=[sock])
+    finally:
+        for task in probes:
+            task.cancel()
+
+
+async def _probe(admin):
+    """One call at start-up, so a wrong --broker-endpoint shows in the terminal too, not
+    only on the pages."""
+    try:
+        await admin.call("BrokerAdmin", "GetLeaderBroker", what="first contact")
+    except errors.DanubeError as exc:
+        print(f"danube admin serve: warning: the broker's admin API at {admin.endpoint} does "
+              f"not answer yet ({exc}); the pages say so until it does",
+              file=sys.stderr, flush=True)
 
 
 class _Server(uvicorn.Server):

@@ -346,6 +346,11 @@ def test_an_unreachable_broker_is_a_page_naming_it():
         assert status == 503 and json.loads(body)["endpoint"] == dead
     finally:
         assert console.stop() == 0
+    output = []
+    while (line := console.lines.get(timeout=5)) is not None:
+        output.append(line)
+    assert any("does not answer yet" in line and dead in line
+               for line in output), output
 
 
 def test_cross_site_form_posts_are_refused(console):
