@@ -237,3 +237,19 @@ async def test_cors_lets_the_named_origin_read_the_api():
                                "/api/namespaces/ns/topics",
                                headers=[(b"origin", b"http://dash.example")])
     assert b"access-control-allow-origin" not in headers
+
+
+@pytest.mark.parametrize("argv, env, endpoint", [
+    (["admin", "serve"], None, "http://127.0.0.1:50051"),
+    (["admin", "serve"], "http://env:1", "http://env:1"),
+    (["admin", "--endpoint", "http://global:2", "serve"], "http://env:1", "http://global:2"),
+    (["admin", "--endpoint", "http://global:2", "serve", "--broker-endpoint", "http://b:3"],
+     None, "http://b:3")])
+def test_the_console_s_broker_endpoint(monkeypatch, argv, env, endpoint):
+    from danube.cli.admin.serve import broker_endpoint
+    from danube.cli.main import build_parser
+    if env:
+        monkeypatch.setenv("DANUBE_ADMIN_ENDPOINT", env)
+    else:
+        monkeypatch.delenv("DANUBE_ADMIN_ENDPOINT", raising=False)
+    assert broker_endpoint(build_parser().parse_args(argv)) == endpoint

@@ -19,8 +19,7 @@ def add_parser(groups):
         description="Serve the web console: dashboard, topics with live statistics, "
                     "subscriptions and their failure policies, schemas. It has write "
                     "actions and no authentication, so it listens on 127.0.0.1 by default; "
-                    "expose it on another address only behind something that authenticates.",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+                    "expose it on another address only behind something that authenticates.")
     p.add_argument("--listen", "--listen-addr", dest="listen", metavar="HOST:PORT",
                    default=None,
                    help=f"address to serve on (env {LISTEN_ENV}, default {DEFAULT_LISTEN}; "
@@ -74,7 +73,7 @@ def run(args):
         host, port = server.parse_listen(listen)
     except ValueError as exc:
         return _fail(str(exc), 2)
-    endpoint = endpoint_from_env(args.broker_endpoint or args.endpoint)
+    endpoint = broker_endpoint(args)
     try:
         sock = server.bind(host, port)
     except OSError as exc:
@@ -94,6 +93,11 @@ def run(args):
         sock.close()
     print("danube admin console stopped", flush=True)
     return 0
+
+
+def broker_endpoint(args):
+    """--broker-endpoint, else the admin command's --endpoint, else the environment."""
+    return endpoint_from_env(args.broker_endpoint or getattr(args, "endpoint", None))
 
 
 def _fail(message, status):
