@@ -48,10 +48,12 @@ def url_of(sock):
 
 
 async def serve(sock, endpoint, *, request_timeout, cache_ttl, cors_allow_origin=None,
-                on_ready=None):
+                on_ready=None, ssl=None, server_hostname=None, token=None):
     """Serve the console on ``sock`` until a signal; ``on_ready(url)`` once it accepts."""
-    admin = AdminClient(endpoint, timeout=request_timeout,
+    admin = AdminClient(endpoint, timeout=request_timeout, ssl=ssl, token=token,
                         connect_timeout=min(request_timeout, 5.0))
+    if server_hostname:
+        admin.channel.server_hostname = server_hostname
     app = build_app(Backend(admin, cache_ttl), cors_allow_origin=cors_allow_origin)
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",
                             timeout_graceful_shutdown=3)

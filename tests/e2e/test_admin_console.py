@@ -372,3 +372,55 @@ def test_serve_refuses_what_it_cannot_do():
     out = serve("--listen-addr", "nonsense")
     assert out.returncode == 2 and "HOST:PORT" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+@pytest.fixture(scope="module")
+def tls_broker(tmp_path_factory):
+    import trustme
+
+    d = tmp_path_factory.mktemp("console-tls")
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1", "localhost")
+    cert.private_key_pem.write_to_path(str(d / "key.pem"))
+    cert.cert_chain_pems[0].write_to_path(str(d / "cert.pem"))
+    ca.cert_pem.write_to_path(str(d / "ca.pem"))
+    config = d / "secure.yml"
+    config.write_text(f"""
+broker: {{host: 127.0.0.1, ports: {{client: 0, admin: 0}}}}
+meta_store: {{data_dir: "{d}/meta"}}
+admin_tls: true
+auth:
+  mode: tls
+  tls: {{cert_file: "{d}/cert.pem", key_file: "{d}/key.pem", ca_file: "{d}/ca.pem"}}
+""")
+    b = BrokerProcess(data_dir=d / "data")
+    b.args = ["--mode", "standalone", "--data-dir", str(d / "data"), "--config-file",
+              str(config), "--insecure-allow-unauthenticated"]
+    b.start()
+    b.ca_file = str(d / "ca.pem")
+    yield b
+    b.stop()
+
+
+def test_the_console_reaches_a_broker_over_tls(tls_broker):
+    https = f"https://{tls_broker.admin_addr}"
+    untrusted = Console("--broker-endpoint", https)
+    try:
+        status, body = get(untrusted.url + "/")
+        assert status == 503 and "certificate verify failed" in body
+    finally:
+        assert untrusted.stop() == 0
+    trusted = Console("--broker-endpoint", https, "--grpc-ca", tls_broker.ca_file)
+    try:
+        status, body = get(trusted.url + "/")
+        assert status == 200 and "Cluster_Leader" in body
+    finally:
+        assert trusted.stop() == 0
+    # --grpc-enable-tls for an endpoint without https://; the name checked is --grpc-domain
+    wrong_name = Console("--broker-endpoint", tls_broker.admin_addr, "--grpc-enable-tls",
+                         "--grpc-ca", tls_broker.ca_file, "--grpc-domain", "elsewhere.example")
+    try:
+        status, body = get(wrong_name.url + "/")
+        assert status == 503 and "elsewhere.example" in body
+    finally:
+        assert wrong_name.stop() == 0

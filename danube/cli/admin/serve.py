@@ -35,6 +35,18 @@ def add_parser(groups):
                    help=f"what to serve (env {MODE_ENV}, default ui); only ui is built")
     p.add_argument("--cors-allow-origin", metavar="ORIGIN",
                    help="let pages from this origin read the /api/ JSON endpoints")
+    tls = p.add_argument_group(
+        "TLS to the broker", "as upstream's serve; each falls back to the environment "
+        "`danube admin` reads (DANUBE_ADMIN_TLS, _DOMAIN, _CA, _CERT, _KEY; the token from "
+        "DANUBE_ADMIN_TOKEN or DANUBE_ADMIN_API_KEY). An https:// endpoint turns TLS on")
+    tls.add_argument("--grpc-enable-tls", nargs="?", const="true", metavar="true|false",
+                     help="TLS to the broker's admin API")
+    tls.add_argument("--grpc-domain", metavar="NAME",
+                     help="the name the broker's certificate is checked for (default "
+                          "localhost)")
+    tls.add_argument("--grpc-ca", metavar="FILE", help="CA bundle for the broker's certificate")
+    tls.add_argument("--grpc-cert", metavar="FILE", help="client certificate (mTLS)")
+    tls.add_argument("--grpc-key", metavar="FILE", help="client key (mTLS)")
     p.set_defaults(func=run)
 
 
@@ -75,6 +87,10 @@ def run(args):
         return _fail(str(exc), 2)
     endpoint = broker_endpoint(args)
     try:
+        tls = tls_settings(args, endpoint)
+    except ValueError as exc:
+        return _fail(str(exc), 2)
+    try:
         sock = server.bind(host, port)
     except OSError as exc:
         return _fail(f"cannot listen on {listen}: {exc.strerror or exc}", 1)
@@ -86,7 +102,8 @@ def run(args):
     try:
         uvloop.run(server.serve(sock, endpoint, request_timeout=args.request_timeout_ms / 1000,
                                 cache_ttl=args.cache_ttl_ms / 1000,
-                                cors_allow_origin=args.cors_allow_origin, on_ready=ready))
+                                cors_allow_origin=args.cors_allow_origin, on_ready=ready,
+                                **tls))
     except errors.DanubeError as exc:
         return _fail(str(exc), 2)
     finally:
@@ -98,6 +115,35 @@ def run(args):
 def broker_endpoint(args):
     """--broker-endpoint, else the admin command's --endpoint, else the environment."""
     return endpoint_from_env(args.broker_endpoint or getattr(args, "endpoint", None))
+
+
+def tls_settings(args, endpoint):
+    """{ssl, server_hostname, token} for the AdminClient: the --grpc-* flags, else upstream's
+    DANUBE_ADMIN_* environment."""
+    env = os.environ
+    token = env.get("DANUBE_ADMIN_TOKEN") or env.get("DANUBE_ADMIN_API_KEY") or None
+    enabled = (args.grpc_enable_tls or env.get("DANUBE_ADMIN_TLS") or "").lower()
+    if enabled not in ("", "true", "false"):
+        raise ValueError(f"--grpc-enable-tls {enabled!r}: true or false")
+    if not (endpoint.startswith("https://") or enabled == "true"):
+        return {"ssl": None, "server_hostname": None, "token": token}
+    files = {}
+    for flag, name in (("grpc_ca", "DANUBE_ADMIN_CA"), ("grpc_cert", "DANUBE_ADMIN_CERT"),
+                       ("grpc_key", "DANUBE_ADMIN_KEY")):
+        path = getattr(args, flag) or env.get(name)
+        if path and not os.path.isfile(path):
+            raise ValueError(f"--{flag.replace('_', '-')} ({name}): no such file: {path}")
+        files[flag] = path or None
+    if bool(files["grpc_cert"]) != bool(files["grpc_key"]):
+        raise ValueError("--grpc-cert and --grpc-key go together (mTLS)")
+    from danube.rpc.client import client_ssl_context
+    try:
+        ssl = client_ssl_context(ca_file=files["grpc_ca"], cert_file=files["grpc_cert"],
+                                 key_file=files["grpc_key"])
+    except OSError as exc:
+        raise ValueError(f"TLS files: {exc}") from None
+    domain = args.grpc_domain or env.get("DANUBE_ADMIN_DOMAIN") or "localhost"
+    return {"ssl": ssl, "server_hostname": domain, "token": token}
 
 
 def _fail(message, status):
