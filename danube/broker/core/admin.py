@@ -173,7 +173,9 @@ class Admin:
             latest = self.schemas.version_of(doc)
             info.update(schema_id=doc["id"], schema_version=latest["version"],
                         schema_type=latest["schema_type"],
-                        compatibility_mode=doc["compatibility_mode"])
+                        # Upper case here, as upstream's DescribeTopic (the registry's
+                        # own calls answer lower case, as upstream's do).
+                        compatibility_mode=doc["compatibility_mode"].upper())
         return info
 
     def _subscription(self, topic, sub_name):

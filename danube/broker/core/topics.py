@@ -215,7 +215,9 @@ class Topics:
         consumers are disconnected, and HealthCheck answers CLOSE for them."""
         ns, topic_part = names.validate_topic(name)
         if names.split_partition(topic_part) is not None and name in self.topics:
-            raise InvalidTopicName(f"delete the partitioned topic, not its partition {name}")
+            raise InvalidTopicName(
+                f"Cannot delete individual partition '{name}'. Delete the base topic instead "
+                f"(e.g., if partition is '/default/mytopic-part-0', delete '/default/mytopic').")
         async with self._lock:
             targets = [name] if name in self.topics else await self.partitions(name)
             if not targets:
