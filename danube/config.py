@@ -64,7 +64,7 @@ class BrokerConfig:
     bootstrap_namespaces: list = dataclasses.field(default_factory=lambda: ["default"])
     auto_create_topics: bool = True
     auth_mode: str = "none"
-    jwt: dict | None = None                     # auth.jwt (not enforced in this build)
+    jwt: dict | None = None                     # auth.jwt (danube/security/tokens.py)
     super_admins: list = dataclasses.field(default_factory=list)   # auth.super_admins
     # --insecure-allow-unauthenticated (ours): serve auth.mode tls without token checks.
     insecure_allow_unauthenticated: bool = False
@@ -132,14 +132,16 @@ class BrokerConfig:
         if self.auth_mode == "tls" and not (self.tls_cert_file and self.tls_key_file):
             raise ConfigError("auth.mode tls needs auth.tls.cert_file and auth.tls.key_file")
         if self.auth_mode == "tls" and not self.insecure_allow_unauthenticated:
-            # Upstream's tls mode means a JWT on every call. Serving TLS while accepting
-            # calls without a token would leave an operator who copied upstream's secure
-            # file believing every call is authenticated: fail closed instead.
-            raise ConfigError(
-                "auth.mode tls requires a JWT on every call, but token authentication is "
-                "not available in this build, so the broker would accept unauthenticated "
-                "calls; refusing to start. Use auth.mode none, or pass "
-                "--insecure-allow-unauthenticated to serve TLS without authentication")
+            # Upstream's tls mode means a JWT on every call: with no key to check one
+            # against, fail closed rather than serve unauthenticated calls.
+            jwt = self.jwt or {}
+            if not (jwt.get("secret_key") or jwt.get("public_key_file")):
+                raise ConfigError(
+                    "auth.mode tls requires a JWT on every call, but neither "
+                    "auth.jwt.secret_key nor auth.jwt.public_key_file is set, so no token "
+                    "could be checked; refusing to start. Set one of them, use auth.mode "
+                    "none, or pass --insecure-allow-unauthenticated to serve TLS without "
+                    "authentication")
         if self.policies.max_message_size < 1:
             raise ConfigError("policies.max_message_size must be at least 1 byte")
         if not self.grpc_max_message_size_set:
@@ -254,7 +256,8 @@ def load_config(path: str | None) -> BrokerConfig:
     cfg.tls_ca_file = _get(tree, "auth.tls.ca_file")
     jwt = _get(tree, "auth.jwt")
     if jwt is not None and not isinstance(jwt, dict):
-        raise ConfigError("auth.jwt: expected a mapping (secret_key, issuer, expiration_time)")
+        raise ConfigError("auth.jwt: expected a mapping (secret_key, issuer, expiration_time, "
+                          "public_key_file, leeway_seconds)")
     cfg.jwt = jwt
     admins = _get(tree, "auth.super_admins") or []
     if not isinstance(admins, list):

@@ -14,6 +14,9 @@ from danube.config import GRPC_LIMIT_KEYS
 from danube.metadata.embedded import EmbeddedStore
 from danube.rpc.config import TransportConfig
 from danube.rpc.server import Server
+from danube.security.guard import Guard
+from danube.security.rbac import Rbac
+from danube.security.tokens import TokenVerifier, weak_secret_warning
 from danube.services import admin, client_api, ext, health, history, schema
 from danube.services.metrics import MetricsExporter
 
@@ -80,6 +83,14 @@ class Broker:
         self.client_server = Server(transport)
         self.admin_server = Server(transport)
         health.register(self.client_server, self.registry)
+        # Built here, before anything is opened, so that a bad key setting stops the start
+        # at once (tokens.KeyConfigError). None: no authentication (auth.mode none, or the
+        # explicit --insecure-allow-unauthenticated).
+        self.verifier = None
+        if cfg.auth_mode == "tls" and not cfg.insecure_allow_unauthenticated:
+            self.verifier = TokenVerifier.from_config(cfg.jwt)
+        self.rbac = None
+        self.guard = None
         self.store = None
         self.core = None
         self.metrics = None
@@ -102,13 +113,26 @@ class Broker:
         self.store = await EmbeddedStore.open(os.path.join(cfg.data_dir, "metadata"))
         self.core = BrokerCore(cfg, self.store, self.registry)
         await self.core.start()
+        # Roles and bindings are kept (SecurityAdmin) whatever the mode; enforced in tls mode.
+        self.rbac = Rbac(self.store, cfg.super_admins)
+        await self.rbac.start()
         client_api.register(self.client_server, self.core)
         ext.register(self.client_server, self.core)
         history.register(self.client_server, self.core)
-        admin.register(self.admin_server, self.core)
+        admin.register(self.admin_server, self.core, self.rbac)
         # Both ports, as upstream (reference a.0): clients on 6650, danube-admin on 50051.
         schema.register(self.client_server, self.core)
         schema.register(self.admin_server, self.core)
+        if self.verifier is not None:
+            self.guard = Guard(self.verifier, self.rbac, self.core)
+            self.guard.protect(self.client_server)
+            self.guard.protect(self.admin_server)
+            warning = weak_secret_warning(cfg.jwt)
+            if warning:
+                log.warning("%s", warning)
+            log.info("authentication on: a JWT (%s) on every call of both ports; RBAC with "
+                     "default deny; super admins: %s", ", ".join(self.verifier.algorithms),
+                     ", ".join(cfg.super_admins) or "none")
         tls = server_ssl_context(cfg) if cfg.auth_mode == "tls" else None
         self.client_port = await self.client_server.start(cfg.host, cfg.client_port, ssl=tls)
         log.info("client gRPC (danube.*) listening on %s:%d%s", cfg.host, self.client_port,
@@ -133,6 +157,8 @@ class Broker:
         if self.core is not None:
             await self.core.stop()
         await asyncio.gather(self.client_server.stop(grace), self.admin_server.stop(grace))
+        if self.rbac is not None:
+            await self.rbac.stop()
         if self.store is not None:
             await self.store.close()
         if self.metrics is not None:
