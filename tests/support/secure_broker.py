@@ -59,6 +59,7 @@ class Caller:
     """grpcio over TLS to one port; `call` returns the response or raises grpc.RpcError."""
 
     def __init__(self, addr, certs):
+        self.certs = certs
         creds = grpc.ssl_channel_credentials(root_certificates=certs.ca_pem)
         self.channel = grpc.secure_channel(addr, creds)
 
