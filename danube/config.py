@@ -71,6 +71,8 @@ class BrokerConfig:
     tls_cert_file: str | None = None
     tls_key_file: str | None = None
     tls_ca_file: str | None = None
+    # auth.tls.require_client_cert (ours): mTLS, client certificates checked against ca_file.
+    tls_require_client_cert: bool = False
     admin_tls: bool = False
     policies: Policies = dataclasses.field(default_factory=Policies)
     max_unacked_messages: int = 10
@@ -131,6 +133,9 @@ class BrokerConfig:
             raise ConfigError(f"auth.mode: expected none or tls, got {self.auth_mode!r}")
         if self.auth_mode == "tls" and not (self.tls_cert_file and self.tls_key_file):
             raise ConfigError("auth.mode tls needs auth.tls.cert_file and auth.tls.key_file")
+        if self.tls_require_client_cert and not self.tls_ca_file:
+            raise ConfigError("auth.tls.require_client_cert needs auth.tls.ca_file, the CA "
+                              "client certificates are checked against")
         if self.auth_mode == "tls" and not self.insecure_allow_unauthenticated:
             # Upstream's tls mode means a JWT on every call: with no key to check one
             # against, fail closed rather than serve unauthenticated calls.
@@ -254,6 +259,10 @@ def load_config(path: str | None) -> BrokerConfig:
     cfg.tls_cert_file = _get(tree, "auth.tls.cert_file")
     cfg.tls_key_file = _get(tree, "auth.tls.key_file")
     cfg.tls_ca_file = _get(tree, "auth.tls.ca_file")
+    mtls = _get(tree, "auth.tls.require_client_cert")
+    if mtls is not None and not isinstance(mtls, bool):
+        raise ConfigError(f"auth.tls.require_client_cert: expected true or false, got {mtls!r}")
+    cfg.tls_require_client_cert = bool(mtls)
     jwt = _get(tree, "auth.jwt")
     if jwt is not None and not isinstance(jwt, dict):
         raise ConfigError("auth.jwt: expected a mapping (secret_key, issuer, expiration_time, "

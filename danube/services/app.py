@@ -6,7 +6,6 @@ import logging
 import os
 import resource
 import signal
-import ssl
 
 from danube.broker.core import BrokerCore
 from danube.broker.registry import ClientRegistry
@@ -16,6 +15,7 @@ from danube.rpc.config import TransportConfig
 from danube.rpc.server import Server
 from danube.security.guard import Guard
 from danube.security.rbac import Rbac
+from danube.security.tls import ServerTls
 from danube.security.tokens import TokenVerifier, weak_secret_warning
 from danube.services import admin, client_api, ext, health, history, schema
 from danube.services.metrics import MetricsExporter
@@ -60,15 +60,6 @@ def keep_freed_heap():
                 and mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD))
 
 
-def server_ssl_context(cfg):
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.load_cert_chain(cfg.tls_cert_file, cfg.tls_key_file)
-    if cfg.tls_ca_file:
-        ctx.load_verify_locations(cfg.tls_ca_file)
-    ctx.set_alpn_protocols(["h2"])
-    return ctx
-
-
 class Broker:
     def __init__(self, cfg):
         self.cfg = cfg
@@ -91,6 +82,7 @@ class Broker:
             self.verifier = TokenVerifier.from_config(cfg.jwt)
         self.rbac = None
         self.guard = None
+        self.tls = None
         self.store = None
         self.core = None
         self.metrics = None
@@ -133,10 +125,13 @@ class Broker:
             log.info("authentication on: a JWT (%s) on every call of both ports; RBAC with "
                      "default deny; super admins: %s", ", ".join(self.verifier.algorithms),
                      ", ".join(cfg.super_admins) or "none")
-        tls = server_ssl_context(cfg) if cfg.auth_mode == "tls" else None
+        tls = None
+        if cfg.auth_mode == "tls":
+            self.tls = ServerTls.from_config(cfg)
+            tls = self.tls.context
         self.client_port = await self.client_server.start(cfg.host, cfg.client_port, ssl=tls)
         log.info("client gRPC (danube.*) listening on %s:%d%s", cfg.host, self.client_port,
-                 " (TLS)" if tls else "")
+                 (" (mTLS)" if cfg.tls_require_client_cert else " (TLS)") if tls else "")
         admin_tls = tls if cfg.admin_tls else None
         self.admin_port = await self.admin_server.start(cfg.admin_host, cfg.admin_port,
                                                         ssl=admin_tls)
@@ -151,6 +146,12 @@ class Broker:
         await self.core.register()
         log.info("broker ready: mode=%s broker_url=%s connect_url=%s data_dir=%s", cfg.mode,
                  cfg.advertised_broker_url, cfg.advertised_connect_url, cfg.data_dir)
+
+    def reload_tls(self):
+        if self.tls is None:
+            log.info("SIGHUP ignored: no TLS to reload (auth.mode none)")
+            return
+        self.tls.reload()
 
     async def stop(self, grace=10.0):
         log.info("broker stopping (grace %.0fs)", grace)
@@ -172,8 +173,10 @@ class Broker:
         stop = asyncio.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
+        # SIGHUP reloads the TLS certificate; without TLS it is ignored rather than fatal.
+        loop.add_signal_handler(signal.SIGHUP, self.reload_tls)
         await self.start()
         await stop.wait()
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             loop.remove_signal_handler(sig)
         await self.stop()

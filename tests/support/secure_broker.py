@@ -25,13 +25,15 @@ def write_server_files(certs):
     return cert, key
 
 
-def broker_yaml(tmp_path, certs, jwt_extra="", extra="", secret=SECRET):
-    cert, key = write_server_files(certs)
+def broker_yaml(tmp_path, certs, jwt_extra="", extra="", secret=SECRET, cert_files=None,
+                tls_extra=""):
+    cert, key = cert_files or write_server_files(certs)
     lines = ["broker: {host: 127.0.0.1, ports: {client: 0, admin: 0}}",
              "admin_tls: true",
              "auth:",
              "  mode: tls",
-             f'  tls: {{cert_file: "{cert}", key_file: "{key}", ca_file: "{certs.ca_file}"}}',
+             f'  tls: {{cert_file: "{cert}", key_file: "{key}", ca_file: "{certs.ca_file}"'
+             f'{tls_extra}}}',
              f'  super_admins: ["{SUPER}"]',
              "  jwt:",
              "    issuer: danube-auth",

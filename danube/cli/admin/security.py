@@ -4,8 +4,9 @@ output as upstream's). Ours beyond upstream: tokens signed with a private key (R
 and validated against a public key, and `bindings list` without --scope listing all.
 
 Calls to the broker read DANUBE_ADMIN_TOKEN (bearer token), DANUBE_ADMIN_TLS (true: TLS),
-DANUBE_ADMIN_CA (CA file; implies TLS) and DANUBE_ADMIN_DOMAIN (name the certificate must
-carry, when it is not the endpoint's host)."""
+DANUBE_ADMIN_CA (CA file; implies TLS), DANUBE_ADMIN_CERT and DANUBE_ADMIN_KEY (a client
+certificate, for a broker that requires one) and DANUBE_ADMIN_DOMAIN (name the certificate
+must carry, when it is not the endpoint's host)."""
 
 import argparse
 import asyncio
@@ -141,12 +142,17 @@ def admin_client(endpoint):
     tls = os.environ.get("DANUBE_ADMIN_TLS", "").strip().lower()
     if tls not in ("", "true", "false", "1", "0", "yes", "no"):
         raise CommandError(f"DANUBE_ADMIN_TLS: expected true or false, got {tls!r}")
+    cert = os.environ.get("DANUBE_ADMIN_CERT") or None
+    key = os.environ.get("DANUBE_ADMIN_KEY") or None
+    if bool(cert) != bool(key):
+        raise CommandError("DANUBE_ADMIN_CERT and DANUBE_ADMIN_KEY go together")
     ctx = None
-    if ca or tls in ("true", "1", "yes"):
+    if ca or cert or tls in ("true", "1", "yes"):
         try:
-            ctx = client_ssl_context(ca_file=ca)
+            ctx = client_ssl_context(ca_file=ca, cert_file=cert, key_file=key)
         except (OSError, ValueError) as exc:
-            raise CommandError(f"DANUBE_ADMIN_CA: cannot use {ca}: {exc}") from None
+            raise CommandError(f"cannot use the TLS files (DANUBE_ADMIN_CA {ca}, "
+                               f"DANUBE_ADMIN_CERT {cert}): {exc}") from None
     client = AdminClient(endpoint, ssl=ctx, token=os.environ.get("DANUBE_ADMIN_TOKEN") or None)
     domain = os.environ.get("DANUBE_ADMIN_DOMAIN")
     if domain:
