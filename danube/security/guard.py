@@ -87,10 +87,10 @@ class Guard:
                        context.method.name, context.peer(), why)
 
     def authorize(self, principal, permission, resource):
-        allowed, reason = self.rbac.decide(principal, permission, resource)
-        if allowed:
+        if self.rbac.grant(principal, permission, resource) is not None:
             self.allowed[resource.scope, permission] += 1
             return
+        _, reason = self.rbac.decide(principal, permission, resource)
         self.denied[resource.scope, permission] += 1
         self._log.warn("denied", "authorization denied: %s", reason)
         raise RpcError(StatusCode.PERMISSION_DENIED, reason)
@@ -178,8 +178,8 @@ class Guard:
         for context, (principal, permission, resource) in list(self.streams.items()):
             if permission is None:
                 continue
-            allowed, reason = self.rbac.decide(principal, permission, resource)
-            if not allowed:
+            if self.rbac.grant(principal, permission, resource) is None:
+                _, reason = self.rbac.decide(principal, permission, resource)
                 self.closed(context)
                 log.info("ending %s from %s: %s", context.method.name, context.peer(), reason)
                 context.fail_early(StatusCode.PERMISSION_DENIED,

@@ -104,10 +104,10 @@ class Rbac:
         # the snapshot; a watch that overflows or fails is opened again after a full reload.
         while True:
             try:
-                watch = await self.store.watch("/auth")
-                await self.reload()
-                async for _event in watch:
+                async with await self.store.watch("/auth") as watch:
                     await self.reload()
+                    async for _event in watch:
+                        await self.reload()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - keep watching whatever went wrong
@@ -117,37 +117,48 @@ class Rbac:
     # -- the decision ---------------------------------------------------------------------
 
     def candidate_bindings(self, resource):
-        found = list(self.bindings.get(("cluster", ""), ()))
+        """The binding lists that apply to `resource`, most general first."""
+        bindings = self.bindings
+        found = [bindings.get(("cluster", ""), ())]
         scope, name = resource
         if scope == "namespace":
-            found += self.bindings.get(("namespace", name), ())
+            found.append(bindings.get(("namespace", name), ()))
         elif scope == "topic":
-            names = [name]
-            m = _PARTITION.match(name)
-            if m:
-                names.append(m.group(1))
             ns = _namespace_of(name)
             if ns is not None:
-                found += self.bindings.get(("namespace", ns), ())
-            for n in names:
-                found += self.bindings.get(("topic", n), ())
+                found.append(bindings.get(("namespace", ns), ()))
+            found.append(bindings.get(("topic", name), ()))
+            if "-part-" in name:
+                m = _PARTITION.match(name)
+                if m:
+                    found.append(bindings.get(("topic", m.group(1)), ()))
         return found
+
+    def grant(self, principal, permission, resource):
+        """The (binding, role name) that allows it, True for a super admin, else None."""
+        if principal.type == "broker_internal" or principal.name in self.super_admins:
+            return True
+        ptype, pname, roles = principal.type, principal.name, self.roles
+        for group in self.candidate_bindings(resource):
+            for binding in group:
+                if (binding.get("principal_name") != pname
+                        or binding.get("principal_type") != ptype):
+                    continue
+                for role_name in binding.get("role_names") or ():
+                    role = roles.get(role_name)
+                    if role is not None and permission in (role.get("permissions") or ()):
+                        return binding, role_name
+        return None
 
     def decide(self, principal, permission, resource):
         """(allowed, reason)."""
-        if principal.type == "broker_internal":
-            return True, f"broker_internal {principal.name} is a super admin"
-        if principal.name in self.super_admins:
-            return True, f"super admin {principal.name!r} (auth.super_admins)"
-        for binding in self.candidate_bindings(resource):
-            if (binding.get("principal_type") != principal.type
-                    or binding.get("principal_name") != principal.name):
-                continue
-            for role_name in binding.get("role_names") or ():
-                role = self.roles.get(role_name)
-                if role is not None and permission in (role.get("permissions") or ()):
-                    return True, (f"granted by binding {binding.get('id')!r} via role "
-                                  f"{role_name!r} (scope {binding.get('scope')})")
+        granted = self.grant(principal, permission, resource)
+        if granted is True:
+            return True, f"{principal} is a super admin"
+        if granted is not None:
+            binding, role_name = granted
+            return True, (f"granted by binding {binding.get('id')!r} via role {role_name!r} "
+                          f"(scope {binding.get('scope')})")
         return False, (f"{principal} is not allowed {permission} on {resource}: no binding "
                        f"grants it")
 
