@@ -366,3 +366,50 @@ def test_authorization_metrics_count_allows_and_denies(broker, client):
     assert after[key] == before + 1
     assert after.get('danube_authz_allow_total{permission="Produce",resource="topic"}', 0) > 0
     assert "danube_authn_failures_total" in after
+
+
+def test_refused_calls_leave_the_data_as_it_was(client, admin, fixtures):
+    """Nothing of a refused call reaches the broker's data: no message stored, no topic,
+    no subscription, no namespace."""
+    su = token(SUPER)
+
+    def latest():
+        resp = client.call("/danube_ext.TopicHistory/GetOffsets",
+                           ext.OffsetsRequest(topic=fixtures["topic"]), ext.OffsetsResponse,
+                           token=su)
+        return [(p.topic, p.latest) for p in resp.partitions]
+
+    def state():
+        subs = admin.call("/danube_admin.TopicAdmin/ListSubscriptions",
+                          adm.TopicRequest(name=fixtures["topic"]),
+                          adm.SubscriptionListResponse, token=su).subscriptions
+        topics = admin.call("/danube_admin.NamespaceAdmin/GetNamespaceTopics",
+                            adm.NamespaceRequest(name="default"), adm.TopicListResponse,
+                            token=su).topics
+        spaces = admin.call("/danube_admin.BrokerAdmin/ListNamespaces", adm.Empty(),
+                            adm.NamespaceListResponse, token=su).namespaces
+        return latest(), sorted(subs), sorted(topics), sorted(spaces)
+
+    before = state()
+    for tok in (token("mallory"), token(SUPER, secret_key="forged-forged-forged-forged-xx"),
+                None):
+        kw = {"token": tok}
+        for path, request, resp in [
+                ("/danube.ProducerService/SendMessage", _msg(fixtures), pb.MessageResponse),
+                ("/danube_ext.BatchProducer/SendMessages",
+                 ext.MessageBatch(request_id=1, producer_id=fixtures["producer"],
+                                  messages=[pb.StreamMessage(payload=b"z")]),
+                 ext.BatchResponse),
+                ("/danube.ConsumerService/Subscribe",
+                 pb.ConsumerRequest(request_id=1, topic_name=fixtures["topic"],
+                                    consumer_name="m", subscription="mallory-sub"),
+                 pb.ConsumerResponse),
+                ("/danube.ProducerService/CreateProducer",
+                 pb.ProducerRequest(request_id=1, producer_name="m",
+                                    topic_name="/default/mallory-topic"), pb.ProducerResponse)]:
+            code, _ = client.code(path, request, resp, **kw)
+            assert code in (DENIED, grpc.StatusCode.UNAUTHENTICATED)
+        code, _ = admin.code("/danube_admin.NamespaceAdmin/CreateNamespace",
+                             adm.NamespaceRequest(name="mallory-ns"), adm.NamespaceResponse, **kw)
+        assert code in (DENIED, grpc.StatusCode.UNAUTHENTICATED)
+    assert state() == before
