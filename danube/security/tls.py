@@ -4,12 +4,47 @@ and reloaded in place on SIGHUP.
 
 A reload loads the files into a scratch context first, so a bad or half-written file leaves
 the serving certificate untouched; only then into the live context, which new handshakes use
-at once while established connections carry on with theirs."""
+at once while established connections carry on with theirs.
+
+A failed handshake (plaintext, a foreign or missing client certificate) only ends that
+connection; it is logged as a warning at most once a minute, with how many more there were,
+so that nobody can fill the log by connecting."""
 
 import logging
 import ssl
+import time
 
 log = logging.getLogger("danube.security")
+
+LOG_EVERY = 60.0
+
+
+class _HandshakeLog:
+    last = None
+    held = 0
+
+    @classmethod
+    def note(cls, exc):
+        now = time.monotonic()
+        if cls.last is not None and now - cls.last < LOG_EVERY:
+            cls.held += 1
+            return
+        more = f" ({cls.held} more since the last report)" if cls.held else ""
+        cls.last, cls.held = now, 0
+        log.warning("TLS handshake failed: %s%s", getattr(exc, "reason", None) or exc, more)
+
+
+class _ObservedSSLObject(ssl.SSLObject):
+    """The event loop's SSL object (wrap_bio), reporting handshakes that fail."""
+
+    def do_handshake(self):
+        try:
+            return super().do_handshake()
+        except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+            raise
+        except ssl.SSLError as exc:
+            _HandshakeLog.note(exc)
+            raise
 
 
 class ServerTls:
@@ -27,6 +62,7 @@ class ServerTls:
 
     def _build(self):
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.sslobject_class = _ObservedSSLObject
         self._load(ctx)
         ctx.set_alpn_protocols(["h2"])
         if self.require_client_cert:
