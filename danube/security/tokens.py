@@ -30,6 +30,9 @@ DEFAULT_LEEWAY = 60.0
 # As upstream: a validated token is trusted this long before it is checked again.
 CACHE_TTL = 30.0
 CACHE_SIZE = 4096
+# A refused token is remembered this long (in an LRU a quarter the size), so a client
+# retrying with the same bad token costs a lookup, not a signature check, each time.
+REFUSED_TTL = 5.0
 # Far above any real token (a few hundred bytes), far below the header-list limit: a larger
 # value is refused before any decoding work.
 MAX_TOKEN_BYTES = 8192
@@ -116,6 +119,7 @@ class TokenVerifier:
         self.cache_ttl = cache_ttl
         self.cache_size = cache_size
         self._cache = collections.OrderedDict()
+        self._refused = collections.OrderedDict()      # header value -> (why, until)
         required = ["exp", "sub"] + (["iss"] if self.issuer else [])
         self._options = {"require": required, "verify_aud": False}
 
@@ -148,6 +152,29 @@ class TokenVerifier:
                 self._cache.move_to_end(value)
                 return principal
             del self._cache[value]
+        refused = self._refused.get(value)
+        if refused is not None:
+            if self.clock() < refused[1]:
+                raise TokenError(refused[0])
+            del self._refused[value]
+        try:
+            principal = self._verify_header(value)
+        except TokenError as exc:
+            if len(value) <= MAX_TOKEN_BYTES + 7:
+                self._refused[value] = (str(exc), self.clock() + REFUSED_TTL)
+                if len(self._refused) > self.cache_size // 4:
+                    self._refused.popitem(last=False)
+            raise
+        now = self.clock()
+        valid_until = now + self.cache_ttl
+        if principal.expires_at is not None:
+            valid_until = min(valid_until, principal.expires_at + self.leeway)
+        self._cache[value] = (principal, valid_until)
+        if len(self._cache) > self.cache_size:
+            self._cache.popitem(last=False)
+        return principal
+
+    def _verify_header(self, value):
         if len(value) > MAX_TOKEN_BYTES + 7:
             raise TokenError(f"Invalid token: longer than {MAX_TOKEN_BYTES} bytes")
         if isinstance(value, bytes):
@@ -163,15 +190,7 @@ class TokenVerifier:
         else:
             raise TokenError("Invalid token: the authorization header must be "
                              "'Bearer <token>'")
-        principal = self.verify(token)
-        now = self.clock()
-        valid_until = now + self.cache_ttl
-        if principal.expires_at is not None:
-            valid_until = min(valid_until, principal.expires_at + self.leeway)
-        self._cache[value] = (principal, valid_until)
-        if len(self._cache) > self.cache_size:
-            self._cache.popitem(last=False)
-        return principal
+        return self.verify(token)
 
     def verify(self, token):
         """The Principal of a bare JWT; TokenError naming why it is refused."""

@@ -62,6 +62,27 @@ def test_cache_entries_last_thirty_seconds_at_most():
     assert v._cache[header][1] == pytest.approx(clock.now + 30)
 
 
+def test_a_refused_token_is_remembered_briefly_and_boundedly():
+    clock = Clock()
+    v = TokenVerifier(secret_key=SECRET, clock=clock, cache_size=8)
+    bad = b"Bearer " + mint_token("s", secret_key="another-secret-another-secret!!").encode()
+    calls = []
+    real = v.verify
+    v.verify = lambda token: calls.append(token) or real(token)
+    for _ in range(3):
+        with pytest.raises(TokenError, match="signature"):
+            v.verify_header(bad)
+    assert len(calls) == 1
+    clock.now += 6
+    with pytest.raises(TokenError):
+        v.verify_header(bad)
+    assert len(calls) == 2
+    for i in range(10):
+        with pytest.raises(TokenError):
+            v.verify_header(b"Bearer x%d" % i)
+    assert len(v._refused) == 2
+
+
 def test_principal_types_and_names():
     assert principal_from_claims({"sub": "a", "principal_type": "user",
                                   "principal_name": "b", "exp": 5}) == Principal("user", "b", 5)
