@@ -65,7 +65,7 @@ def test_cache_entries_last_thirty_seconds_at_most():
 def test_a_refused_token_is_remembered_briefly_and_boundedly():
     clock = Clock()
     v = TokenVerifier(secret_key=SECRET, clock=clock, cache_size=8)
-    bad = b"Bearer " + mint_token("s", secret_key="another-secret-another-secret!!").encode()
+    bad = b"Bearer " + mint_token("s", secret_key="another-secret-another-secret!!!").encode()
     calls = []
     real = v.verify
     v.verify = lambda token: calls.append(token) or real(token)
