@@ -147,3 +147,14 @@ def test_tokens_with_a_private_key_file(tmp_path):
     r = cli("security", "tokens", "create", "--subject", "svc", "--private-key-file",
             str(tmp_path / "missing.pem"))
     assert r.returncode == 1 and "cannot read" in r.stderr
+
+
+def test_domain_names_the_certificate_to_expect(broker, certs):
+    env = admin_env(certs)
+    ok = cli("--endpoint", f"https://{broker.admin_addr}", "security", "roles", "list",
+             env=dict(env, DANUBE_ADMIN_DOMAIN="localhost"))
+    assert ok.returncode == 0, ok.stderr
+    bad = cli("--endpoint", f"https://{broker.admin_addr}", "security", "roles", "list",
+              env=dict(env, DANUBE_ADMIN_DOMAIN="wrong.example"))
+    assert bad.returncode == 1 and "Traceback" not in bad.stderr
+    assert "certificate" in bad.stderr.lower() or "hostname" in bad.stderr.lower(), bad.stderr
