@@ -45,6 +45,9 @@ ALLOWED["danube.config"] = {"danube.config_keys", "danube.config_errors",
 ALLOWED["danube.config_durable"] = {"danube.config_keys", "danube.config_errors"}
 ALLOWED["danube.config_keys"] = {"danube.config_errors"}
 ALLOWED["danube.failure_policy"] = {"danube.config_errors"}
+# The web console of `danube admin serve`: reaches the broker through the client only.
+ALLOWED["danube.console"] = {"danube.client", "danube.rpc", "danube.codec"}
+ALLOWED["danube.cli"] = ALLOWED["danube.cli"] | {"danube.console"}
 
 
 def part(module):

@@ -22,3 +22,14 @@ def add_parser(sub):
     groups = p.add_subparsers(dest="admin_group", required=True, metavar="GROUP")
     for name in GROUPS:
         importlib.import_module(f"danube.cli.admin.{name}").add_parser(groups)
+
+
+def main(argv=None):
+    """The `danube-admin` console script: the same command as `danube admin ...`, so that
+    upstream's scripts calling danube-admin work unchanged."""
+    import sys
+
+    parser = argparse.ArgumentParser(prog="danube")
+    add_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["admin", *(sys.argv[1:] if argv is None else argv)])
+    return args.func(args)
