@@ -3,59 +3,42 @@ tokens minted and checked offline (upstream danube-admin's `security` group, ref
 output as upstream's). Ours beyond upstream: tokens signed with a private key (RS256/ES256)
 and validated against a public key, and `bindings list` without --scope listing all.
 
-Calls to the broker read DANUBE_ADMIN_TOKEN (bearer token), DANUBE_ADMIN_TLS (true: TLS),
-DANUBE_ADMIN_CA (CA file; implies TLS), DANUBE_ADMIN_CERT and DANUBE_ADMIN_KEY (a client
-certificate, for a broker that requires one) and DANUBE_ADMIN_DOMAIN (name the certificate
-must carry, when it is not the endpoint's host)."""
+Calls to the broker go through common.run: --endpoint and the DANUBE_ADMIN_* variables
+(token, TLS, CA, client certificate, domain) as every `danube admin` group."""
 
 import argparse
-import asyncio
 import datetime
 import json
 import os
-import sys
 import time
 
-PERMISSIONS_HELP = ("Valid permissions: Lookup, Produce, Consume, Replicate, ManageNamespace, "
+from danube.cli.admin.common import CommandError, add_command, add_group, add_output, fail
+
+PERMISSIONS_HELP = ("valid permissions: Lookup, Produce, Consume, Replicate, ManageNamespace, "
                     "ManageTopic, ManageSchema, ManageBroker, ManageCluster")
 SECRET_ENV = "DANUBE_JWT_SECRET_KEY"
 
 
-class CommandError(Exception):
-    """A failure to report on stderr with exit status 1."""
-
-
 def add_parser(groups):
-    p = groups.add_parser("security", help="roles, bindings (RBAC) and tokens (JWT)",
-                          description="Manage authorization roles and bindings, and mint or "
-                                      "check authentication tokens offline.")
-    kinds = p.add_subparsers(dest="security_kind", required=True, metavar="KIND")
+    kinds = add_group(groups, "security", "manage roles, bindings (RBAC) and tokens (JWT)")
     _roles(kinds)
     _bindings(kinds)
     _tokens(kinds)
 
 
-def _leaf(sub, name, func, help, epilog=None):
-    leaf = sub.add_parser(name, help=help, epilog=epilog,
-                          formatter_class=argparse.RawDescriptionHelpFormatter)
-    leaf.set_defaults(func=lambda args: _run(func, args))
-    return leaf
-
-
 def _roles(kinds):
-    sub = kinds.add_parser("roles", help="authorization roles").add_subparsers(
-        dest="action", required=True, metavar="ACTION")
-    c = _leaf(sub, "create", _role_create, "create a role with the given permissions",
-              epilog="Example:\n  danube admin security roles create producer-role "
-                     "--permissions Produce,Lookup\n\n" + PERMISSIONS_HELP)
+    sub = add_group(kinds, "roles", "manage authorization roles")
+    c = add_command(sub, "create", _role_create, "create a role with the given permissions",
+                    "  danube admin security roles create producer-role "
+                    "--permissions Produce,Lookup\n\n" + PERMISSIONS_HELP)
     c.add_argument("name")
     c.add_argument("--permissions", required=True, help="comma-separated permissions")
-    g = _leaf(sub, "get", _role_get, "show a role")
+    g = add_command(sub, "get", _role_get, "show a role")
     g.add_argument("name")
-    g.add_argument("--output", choices=("json",))
-    ls = _leaf(sub, "list", _role_list, "list all roles")
-    ls.add_argument("--output", choices=("json",))
-    d = _leaf(sub, "delete", _role_delete, "delete a role")
+    add_output(g, "text")
+    ls = add_command(sub, "list", _role_list, "list all roles")
+    add_output(ls, "text")
+    d = add_command(sub, "delete", _role_delete, "delete a role")
     d.add_argument("name")
 
 
@@ -66,40 +49,39 @@ def _scope_args(p, required=True):
 
 
 def _bindings(kinds):
-    sub = kinds.add_parser("bindings", help="authorization bindings").add_subparsers(
-        dest="action", required=True, metavar="ACTION")
-    c = _leaf(sub, "create", _binding_create, "grant roles to a principal at a scope",
-              epilog="Example:\n  danube admin security bindings create b2 --principal-type "
-                     "service_account --principal-name my-app \\\n    --roles consumer-role "
-                     "--scope topic --resource /default/my-topic")
+    sub = add_group(kinds, "bindings", "manage authorization bindings")
+    c = add_command(sub, "create", _binding_create, "grant roles to a principal at a scope",
+                    "  danube admin security bindings create b2 --principal-type "
+                    "service_account --principal-name my-app \\\n    --roles consumer-role "
+                    "--scope topic --resource /default/my-topic")
     c.add_argument("id")
     c.add_argument("--principal-type", required=True,
                    help="service_account, user or broker_internal")
     c.add_argument("--principal-name", required=True)
     c.add_argument("--roles", required=True, help="comma-separated role names")
     _scope_args(c)
-    g = _leaf(sub, "get", _binding_get, "show a binding")
+    g = add_command(sub, "get", _binding_get, "show a binding")
     g.add_argument("id")
     _scope_args(g)
-    g.add_argument("--output", choices=("json",))
-    ls = _leaf(sub, "list", _binding_list,
-               "list the bindings of a scope (without --scope: every binding)")
+    add_output(g, "text")
+    ls = add_command(sub, "list", _binding_list,
+                     "list the bindings of a scope (without --scope: every binding)")
     _scope_args(ls, required=False)
-    ls.add_argument("--output", choices=("json",))
-    d = _leaf(sub, "delete", _binding_delete, "delete a binding")
+    add_output(ls, "text")
+    d = add_command(sub, "delete", _binding_delete, "delete a binding")
     d.add_argument("id")
     _scope_args(d)
 
 
 def _tokens(kinds):
-    sub = kinds.add_parser("tokens", help="authentication tokens (offline)").add_subparsers(
-        dest="action", required=True, metavar="ACTION")
+    sub = add_group(kinds, "tokens", "mint and check authentication tokens (offline)")
     c = sub.add_parser("create", help="mint a signed JWT (no broker needed)",
+                       description="Mint a signed JWT (no broker needed).",
                        formatter_class=argparse.RawDescriptionHelpFormatter,
-                       epilog="Examples:\n  danube admin security tokens create --subject my-app "
-                              "--secret-key your-secret-key\n  danube admin security tokens "
-                              "create --subject admin-user --type user --ttl 24h\n\nTTL: a "
-                              "number with h (hours) or d (days). Default: 8760h (1 year)")
+                       epilog="examples:\n  danube admin security tokens create --subject "
+                              "my-app --secret-key your-secret-key\n  danube admin security "
+                              "tokens create --subject admin-user --type user --ttl 24h\n\nTTL:"
+                              " a number with h (hours) or d (days). Default: 8760h (1 year)")
     c.add_argument("--subject", required=True, help="principal name")
     _key_args(c, "--private-key-file", "PEM private key: RS256 (RSA) or ES256 (P-256)")
     c.add_argument("--ttl", default="8760h")
@@ -107,7 +89,8 @@ def _tokens(kinds):
                    choices=("service_account", "user", "broker_internal"))
     c.add_argument("--issuer", default="danube-auth")
     c.set_defaults(func=_token_create)
-    v = sub.add_parser("validate", help="check a token and show its claims (no broker needed)")
+    v = sub.add_parser("validate", help="check a token and show its claims (no broker needed)",
+                       description="Check a token and show its claims (no broker needed).")
     v.add_argument("--token", required=True)
     _key_args(v, "--public-key-file", "PEM public key or certificate (RS256/ES256)")
     v.set_defaults(func=_token_validate)
@@ -117,55 +100,6 @@ def _key_args(p, key_flag, key_help):
     p.add_argument("--secret-key", default=None,
                    help=f"HS256 secret, the broker's auth.jwt.secret_key (env {SECRET_ENV})")
     p.add_argument(key_flag, default=None, help=f"ours: {key_help}")
-
-
-# -- running --------------------------------------------------------------------------------
-
-def _fail(message):
-    print(f"danube admin security: {message}", file=sys.stderr)
-    return 1
-
-
-def _run(func, args):
-    from danube.client.errors import DanubeError
-    try:
-        return asyncio.run(_with_client(func, args)) or 0
-    except (DanubeError, CommandError) as exc:
-        return _fail(exc)
-
-
-def admin_client(endpoint):
-    """An AdminClient with the DANUBE_ADMIN_* token and TLS settings."""
-    from danube.client.admin import AdminClient
-    from danube.rpc.client import client_ssl_context
-    ca = os.environ.get("DANUBE_ADMIN_CA") or None
-    tls = os.environ.get("DANUBE_ADMIN_TLS", "").strip().lower()
-    if tls not in ("", "true", "false", "1", "0", "yes", "no"):
-        raise CommandError(f"DANUBE_ADMIN_TLS: expected true or false, got {tls!r}")
-    cert = os.environ.get("DANUBE_ADMIN_CERT") or None
-    key = os.environ.get("DANUBE_ADMIN_KEY") or None
-    if bool(cert) != bool(key):
-        raise CommandError("DANUBE_ADMIN_CERT and DANUBE_ADMIN_KEY go together")
-    ctx = None
-    if ca or cert or tls in ("true", "1", "yes"):
-        try:
-            ctx = client_ssl_context(ca_file=ca, cert_file=cert, key_file=key)
-        except (OSError, ValueError) as exc:
-            raise CommandError(f"cannot use the TLS files (DANUBE_ADMIN_CA {ca}, "
-                               f"DANUBE_ADMIN_CERT {cert}): {exc}") from None
-    client = AdminClient(endpoint, ssl=ctx, token=os.environ.get("DANUBE_ADMIN_TOKEN") or None)
-    domain = os.environ.get("DANUBE_ADMIN_DOMAIN")
-    if domain:
-        client.channel.server_hostname = domain
-    return client
-
-
-async def _with_client(func, args):
-    admin = admin_client(args.endpoint)
-    try:
-        return await func(admin, args)
-    finally:
-        await admin.close()
 
 
 def _adm():
@@ -313,7 +247,7 @@ def _token_create(args):
             raise CommandError(f"a signing key is required: --secret-key (or ${SECRET_ENV}), "
                                f"or --private-key-file")
     except (ValueError, KeyConfigError, CommandError) as exc:
-        return _fail(exc)
+        return fail(exc)
     print(token)        # only the token on stdout, for scripts
     return 0
 
@@ -343,9 +277,9 @@ def _token_validate(args):
                                  public_algorithms=algs, leeway=0)
         verifier.verify(args.token)
     except TokenError as exc:
-        return _fail(f"Token validation failed: {exc}")
+        return fail(f"Token validation failed: {exc}")
     except (KeyConfigError, CommandError) as exc:
-        return _fail(exc)
+        return fail(exc)
     claims = jwt.decode(args.token, options={"verify_signature": False})
     expires = datetime.datetime.fromtimestamp(claims["exp"], datetime.timezone.utc)
     print("Token is valid.")
