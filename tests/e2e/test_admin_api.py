@@ -31,20 +31,6 @@ def broker(tmp_path_factory):
     b.stop()
 
 
-@pytest.fixture
-async def admin(broker):
-    client = AdminClient(f"http://{broker.admin_addr}")
-    yield client
-    await client.close()
-
-
-@pytest.fixture
-async def client(broker):
-    c = DanubeClient(f"http://{broker.client_addr}")
-    yield c
-    await c.close()
-
-
 def topic_name(prefix="t"):
     return f"/default/{prefix}-{uuid.uuid4().hex[:8]}"
 

@@ -21,8 +21,7 @@ import pytest
 from playwright.async_api import async_playwright, expect
 
 from broker_process import BrokerProcess
-from danube.client import DanubeClient
-from danube.client.admin import AdminClient
+from tls_broker import start_tls_broker
 from danube.proto import DanubeAdmin_pb2 as adm
 from danube.proto import SchemaRegistry_pb2 as sr
 
@@ -88,20 +87,6 @@ def console(broker):
     c = Console("--broker-endpoint", f"http://{broker.admin_addr}", "--cache-ttl-ms", "500")
     yield c
     assert c.stop() == 0, "Ctrl-C must stop the console cleanly"
-
-
-@pytest.fixture
-async def admin(broker):
-    client = AdminClient(f"http://{broker.admin_addr}")
-    yield client
-    await client.close()
-
-
-@pytest.fixture
-async def client(broker):
-    c = DanubeClient(f"http://{broker.client_addr}")
-    yield c
-    await c.close()
 
 
 @pytest.fixture
@@ -376,28 +361,7 @@ def test_serve_refuses_what_it_cannot_do():
 
 @pytest.fixture(scope="module")
 def tls_broker(tmp_path_factory):
-    import trustme
-
-    d = tmp_path_factory.mktemp("console-tls")
-    ca = trustme.CA()
-    cert = ca.issue_cert("127.0.0.1", "localhost")
-    cert.private_key_pem.write_to_path(str(d / "key.pem"))
-    cert.cert_chain_pems[0].write_to_path(str(d / "cert.pem"))
-    ca.cert_pem.write_to_path(str(d / "ca.pem"))
-    config = d / "secure.yml"
-    config.write_text(f"""
-broker: {{host: 127.0.0.1, ports: {{client: 0, admin: 0}}}}
-meta_store: {{data_dir: "{d}/meta"}}
-admin_tls: true
-auth:
-  mode: tls
-  tls: {{cert_file: "{d}/cert.pem", key_file: "{d}/key.pem", ca_file: "{d}/ca.pem"}}
-""")
-    b = BrokerProcess(data_dir=d / "data")
-    b.args = ["--mode", "standalone", "--data-dir", str(d / "data"), "--config-file",
-              str(config), "--insecure-allow-unauthenticated"]
-    b.start()
-    b.ca_file = str(d / "ca.pem")
+    b = start_tls_broker(tmp_path_factory.mktemp("console-tls"))
     yield b
     b.stop()
 

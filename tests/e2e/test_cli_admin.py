@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from broker_process import BrokerProcess
+from tls_broker import start_tls_broker
 from danube.cli.admin import main
 from danube.client.admin import ENDPOINT_ENV
 
@@ -589,28 +590,7 @@ def test_scripts_run_as_processes(broker, tmp_path):
 
 @pytest.fixture(scope="module")
 def tls_broker(tmp_path_factory):
-    import trustme
-
-    d = tmp_path_factory.mktemp("admin-tls")
-    ca = trustme.CA()
-    cert = ca.issue_cert("127.0.0.1", "localhost")
-    cert.private_key_pem.write_to_path(str(d / "key.pem"))
-    cert.cert_chain_pems[0].write_to_path(str(d / "cert.pem"))
-    ca.cert_pem.write_to_path(str(d / "ca.pem"))
-    config = d / "secure.yml"
-    config.write_text(f"""
-broker: {{host: 127.0.0.1, ports: {{client: 0, admin: 0}}}}
-meta_store: {{data_dir: "{d}/meta"}}
-admin_tls: true
-auth:
-  mode: tls
-  tls: {{cert_file: "{d}/cert.pem", key_file: "{d}/key.pem", ca_file: "{d}/ca.pem"}}
-""")
-    b = BrokerProcess(data_dir=d / "data")
-    b.args = ["--mode", "standalone", "--data-dir", str(d / "data"), "--config-file",
-              str(config), "--insecure-allow-unauthenticated"]
-    b.start()
-    b.ca_file = str(d / "ca.pem")
+    b = start_tls_broker(tmp_path_factory.mktemp("admin-tls"))
     yield b
     b.stop()
 
