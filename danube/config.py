@@ -64,13 +64,15 @@ class BrokerConfig:
     bootstrap_namespaces: list = dataclasses.field(default_factory=lambda: ["default"])
     auto_create_topics: bool = True
     auth_mode: str = "none"
-    jwt: dict | None = None                     # auth.jwt (not enforced in this build)
+    jwt: dict | None = None                     # auth.jwt (danube/security/tokens.py)
     super_admins: list = dataclasses.field(default_factory=list)   # auth.super_admins
     # --insecure-allow-unauthenticated (ours): serve auth.mode tls without token checks.
     insecure_allow_unauthenticated: bool = False
     tls_cert_file: str | None = None
     tls_key_file: str | None = None
     tls_ca_file: str | None = None
+    # auth.tls.require_client_cert (ours): mTLS, client certificates checked against ca_file.
+    tls_require_client_cert: bool = False
     admin_tls: bool = False
     policies: Policies = dataclasses.field(default_factory=Policies)
     max_unacked_messages: int = 10
@@ -131,15 +133,20 @@ class BrokerConfig:
             raise ConfigError(f"auth.mode: expected none or tls, got {self.auth_mode!r}")
         if self.auth_mode == "tls" and not (self.tls_cert_file and self.tls_key_file):
             raise ConfigError("auth.mode tls needs auth.tls.cert_file and auth.tls.key_file")
+        if self.tls_require_client_cert and not self.tls_ca_file:
+            raise ConfigError("auth.tls.require_client_cert needs auth.tls.ca_file, the CA "
+                              "client certificates are checked against")
         if self.auth_mode == "tls" and not self.insecure_allow_unauthenticated:
-            # Upstream's tls mode means a JWT on every call. Serving TLS while accepting
-            # calls without a token would leave an operator who copied upstream's secure
-            # file believing every call is authenticated: fail closed instead.
-            raise ConfigError(
-                "auth.mode tls requires a JWT on every call, but token authentication is "
-                "not available in this build, so the broker would accept unauthenticated "
-                "calls; refusing to start. Use auth.mode none, or pass "
-                "--insecure-allow-unauthenticated to serve TLS without authentication")
+            # Upstream's tls mode means a JWT on every call: with no key to check one
+            # against, fail closed rather than serve unauthenticated calls.
+            jwt = self.jwt or {}
+            if not (jwt.get("secret_key") or jwt.get("public_key_file")):
+                raise ConfigError(
+                    "auth.mode tls requires a JWT on every call, but neither "
+                    "auth.jwt.secret_key nor auth.jwt.public_key_file is set, so no token "
+                    "could be checked; refusing to start. Set one of them, use auth.mode "
+                    "none, or pass --insecure-allow-unauthenticated to serve TLS without "
+                    "authentication")
         if self.policies.max_message_size < 1:
             raise ConfigError("policies.max_message_size must be at least 1 byte")
         if not self.grpc_max_message_size_set:
@@ -252,9 +259,14 @@ def load_config(path: str | None) -> BrokerConfig:
     cfg.tls_cert_file = _get(tree, "auth.tls.cert_file")
     cfg.tls_key_file = _get(tree, "auth.tls.key_file")
     cfg.tls_ca_file = _get(tree, "auth.tls.ca_file")
+    mtls = _get(tree, "auth.tls.require_client_cert")
+    if mtls is not None and not isinstance(mtls, bool):
+        raise ConfigError(f"auth.tls.require_client_cert: expected true or false, got {mtls!r}")
+    cfg.tls_require_client_cert = bool(mtls)
     jwt = _get(tree, "auth.jwt")
     if jwt is not None and not isinstance(jwt, dict):
-        raise ConfigError("auth.jwt: expected a mapping (secret_key, issuer, expiration_time)")
+        raise ConfigError("auth.jwt: expected a mapping (secret_key, issuer, expiration_time, "
+                          "public_key_file, leeway_seconds)")
     cfg.jwt = jwt
     admins = _get(tree, "auth.super_admins") or []
     if not isinstance(admins, list):

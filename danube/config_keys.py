@@ -50,8 +50,11 @@ SCHEMA = {
     "admin_tls": KEY,
     "auth": {
         "mode": KEY,
-        "tls": {"cert_file": KEY, "key_file": KEY, "ca_file": KEY},
-        "jwt": {"secret_key": KEY, "issuer": KEY, "expiration_time": KEY},
+        # require_client_cert is ours (mTLS; docs/security.md).
+        "tls": {"cert_file": KEY, "key_file": KEY, "ca_file": KEY, "require_client_cert": KEY},
+        # public_key_file and leeway_seconds are ours (danube/security/tokens.py).
+        "jwt": {"secret_key": KEY, "issuer": KEY, "expiration_time": KEY,
+                "public_key_file": KEY, "leeway_seconds": KEY},
         "super_admins": KEY,
     },
     "load_manager": Unbuilt("the cluster load manager", {

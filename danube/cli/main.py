@@ -36,9 +36,9 @@ def _add_broker(sub):
     p.add_argument("--join", action="store_true",
                    help="upstream's Raft join; accepted and ignored")
     p.add_argument("--insecure-allow-unauthenticated", action="store_true",
-                   help="with auth.mode tls, serve TLS although token (JWT) authentication "
-                        "is not available in this build: every call is accepted without a "
-                        "token. Without this flag such a config refuses to start")
+                   help="with auth.mode tls, serve TLS but check no token (JWT) and no "
+                        "permission: every call is accepted. Without this flag, tls mode "
+                        "needs auth.jwt.secret_key or auth.jwt.public_key_file")
     p.add_argument("--log-level", default="info",
                    choices=("debug", "info", "warning", "error"))
     p.set_defaults(func=_run_broker)
@@ -63,10 +63,16 @@ def _run_broker(args):
         print(f"danube broker: {exc}", file=sys.stderr)
         return 2
     _warn_unbuilt(cfg, args)
+    from danube.security.tokens import KeyConfigError
     from danube.storage.errors import TieredStartupError
 
     try:
-        uvloop.run(Broker(cfg).run())
+        broker = Broker(cfg)
+    except KeyConfigError as exc:
+        print(f"danube broker: {exc}", file=sys.stderr)
+        return 2
+    try:
+        uvloop.run(broker.run())
     except (OSError, TieredStartupError) as exc:
         print(f"danube broker: cannot start: {exc}", file=sys.stderr)
         return 1
@@ -87,7 +93,7 @@ def _warn_unbuilt(cfg, args):
         # without etcd is the same broker on the embedded store.
         log.warning("cluster mode without an etcd metadata store (not in this build): "
                     "serving as a single-node cluster on the embedded store")
-    if cfg.auth_mode == "tls":
+    if cfg.auth_mode == "tls" and cfg.insecure_allow_unauthenticated:
         log.warning("auth.mode tls with --insecure-allow-unauthenticated: TLS only, every "
                     "call is accepted without a token")
 

@@ -229,6 +229,19 @@ def auth_role(name: str) -> str:
     return f"{AUTH_ROLES}/{_segment(name, 'role name')}"
 
 
+def auth_binding(scope: str, resource: str, binding_id: str) -> str:
+    """Value: an RBAC binding. Cluster bindings live at ``/auth/bindings/cluster/{id}``,
+    the others at ``/auth/bindings/{scope}/{resource}/{id}``; a topic resource keeps its
+    own slashes (``/auth/bindings/topic/ns/t/{id}``), as upstream's join_path makes it."""
+    bid = _segment(binding_id, "binding id")
+    if scope == "cluster":
+        return f"{AUTH_BINDINGS}/cluster/{bid}"
+    resource = resource.strip("/")
+    if not resource:
+        raise ValueError(f"a {scope} binding needs a resource name")
+    return f"{AUTH_BINDINGS}/{_segment(scope, 'scope')}/{resource}/{bid}"
+
+
 # -- durable storage catalogue ---------------------------------------------------------------
 
 def storage_topic_prefix(topic: str, metadata_prefix: str = DEFAULT_METADATA_PREFIX) -> str:

@@ -6,7 +6,6 @@ import logging
 import os
 import resource
 import signal
-import ssl
 
 from danube.broker.core import BrokerCore
 from danube.broker.registry import ClientRegistry
@@ -14,6 +13,10 @@ from danube.config import GRPC_LIMIT_KEYS
 from danube.metadata.embedded import EmbeddedStore
 from danube.rpc.config import TransportConfig
 from danube.rpc.server import Server
+from danube.security.guard import Guard
+from danube.security.rbac import Rbac
+from danube.security.tls import ServerTls
+from danube.security.tokens import TokenVerifier, weak_secret_warning
 from danube.services import admin, client_api, ext, health, history, schema
 from danube.services.metrics import MetricsExporter
 
@@ -57,15 +60,6 @@ def keep_freed_heap():
                 and mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD))
 
 
-def server_ssl_context(cfg):
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.load_cert_chain(cfg.tls_cert_file, cfg.tls_key_file)
-    if cfg.tls_ca_file:
-        ctx.load_verify_locations(cfg.tls_ca_file)
-    ctx.set_alpn_protocols(["h2"])
-    return ctx
-
-
 class Broker:
     def __init__(self, cfg):
         self.cfg = cfg
@@ -80,6 +74,15 @@ class Broker:
         self.client_server = Server(transport)
         self.admin_server = Server(transport)
         health.register(self.client_server, self.registry)
+        # Built here, before anything is opened, so that a bad key setting stops the start
+        # at once (tokens.KeyConfigError). None: no authentication (auth.mode none, or the
+        # explicit --insecure-allow-unauthenticated).
+        self.verifier = None
+        if cfg.auth_mode == "tls" and not cfg.insecure_allow_unauthenticated:
+            self.verifier = TokenVerifier.from_config(cfg.jwt)
+        self.rbac = None
+        self.guard = None
+        self.tls = None
         self.store = None
         self.core = None
         self.metrics = None
@@ -102,17 +105,33 @@ class Broker:
         self.store = await EmbeddedStore.open(os.path.join(cfg.data_dir, "metadata"))
         self.core = BrokerCore(cfg, self.store, self.registry)
         await self.core.start()
+        # Roles and bindings are kept (SecurityAdmin) whatever the mode; enforced in tls mode.
+        self.rbac = Rbac(self.store, cfg.super_admins)
+        await self.rbac.start()
         client_api.register(self.client_server, self.core)
         ext.register(self.client_server, self.core)
         history.register(self.client_server, self.core)
-        admin.register(self.admin_server, self.core)
+        admin.register(self.admin_server, self.core, self.rbac)
         # Both ports, as upstream (reference a.0): clients on 6650, danube-admin on 50051.
         schema.register(self.client_server, self.core)
         schema.register(self.admin_server, self.core)
-        tls = server_ssl_context(cfg) if cfg.auth_mode == "tls" else None
+        if self.verifier is not None:
+            self.guard = Guard(self.verifier, self.rbac, self.core)
+            self.guard.protect(self.client_server)
+            self.guard.protect(self.admin_server)
+            warning = weak_secret_warning(cfg.jwt)
+            if warning:
+                log.warning("%s", warning)
+            log.info("authentication on: a JWT (%s) on every call of both ports; RBAC with "
+                     "default deny; super admins: %s", ", ".join(self.verifier.algorithms),
+                     ", ".join(cfg.super_admins) or "none")
+        tls = None
+        if cfg.auth_mode == "tls":
+            self.tls = ServerTls.from_config(cfg)
+            tls = self.tls.context
         self.client_port = await self.client_server.start(cfg.host, cfg.client_port, ssl=tls)
         log.info("client gRPC (danube.*) listening on %s:%d%s", cfg.host, self.client_port,
-                 " (TLS)" if tls else "")
+                 (" (mTLS)" if cfg.tls_require_client_cert else " (TLS)") if tls else "")
         admin_tls = tls if cfg.admin_tls else None
         self.admin_port = await self.admin_server.start(cfg.admin_host, cfg.admin_port,
                                                         ssl=admin_tls)
@@ -128,11 +147,19 @@ class Broker:
         log.info("broker ready: mode=%s broker_url=%s connect_url=%s data_dir=%s", cfg.mode,
                  cfg.advertised_broker_url, cfg.advertised_connect_url, cfg.data_dir)
 
+    def reload_tls(self):
+        if self.tls is None:
+            log.info("SIGHUP ignored: no TLS to reload (auth.mode none)")
+            return
+        self.tls.reload()
+
     async def stop(self, grace=10.0):
         log.info("broker stopping (grace %.0fs)", grace)
         if self.core is not None:
             await self.core.stop()
         await asyncio.gather(self.client_server.stop(grace), self.admin_server.stop(grace))
+        if self.rbac is not None:
+            await self.rbac.stop()
         if self.store is not None:
             await self.store.close()
         if self.metrics is not None:
@@ -146,8 +173,10 @@ class Broker:
         stop = asyncio.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
+        # SIGHUP reloads the TLS certificate; without TLS it is ignored rather than fatal.
+        loop.add_signal_handler(signal.SIGHUP, self.reload_tls)
         await self.start()
         await stop.wait()
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             loop.remove_signal_handler(sig)
         await self.stop()

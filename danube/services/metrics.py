@@ -27,11 +27,30 @@ class BrokerCollector:
                                    "Topics served by this broker")
         topics.add_metric([], self.broker.topics_owned())
         yield topics
+        guard = getattr(self.broker, "guard", None)
+        if guard is not None:
+            yield from _authz_metrics(guard)
         core = self.broker.core
         if core is not None:
             yield from _topic_metrics(core)
             if core.tiered is not None:
                 yield from _storage_metrics(core.tiered)
+
+
+def _authz_metrics(guard):
+    # Upstream's danube_authz_allow_total / danube_authz_deny_total (prometheus_client adds
+    # the _total), labelled as upstream's: the resource's scope and the permission.
+    for name, doc, counts in (
+            ("danube_authz_allow", "Calls an RBAC check allowed", guard.allowed),
+            ("danube_authz_deny", "Calls an RBAC check denied", guard.denied)):
+        family = CounterMetricFamily(name, doc, labels=["resource", "permission"])
+        for (scope, permission), count in list(counts.items()):
+            family.add_metric([scope, permission], count)
+        yield family
+    unauth = CounterMetricFamily("danube_authn_failures",
+                                 "Calls refused as unauthenticated (ours)")
+    unauth.add_metric([], guard.unauthenticated)
+    yield unauth
 
 
 def _topic_metrics(core):

@@ -1,8 +1,9 @@
 """Configuration files written for upstream Danube load here: every key upstream documents
 (its sample, secure, docker and test configs, and its loader's older spellings) is read or,
 for features this build does not have, named in one warning line; a key no upstream file
-knows fails with a suggestion; `auth.mode: tls` fails closed until token authentication is
-built; a backend whose SDK is missing fails with the command that installs it."""
+knows fails with a suggestion; upstream's secure file (`auth.mode: tls` with a JWT secret)
+serves TLS with a token required on every call, and tls mode without any JWT key fails
+closed; a backend whose SDK is missing fails with the command that installs it."""
 
 import socket
 import subprocess
@@ -307,12 +308,40 @@ def _secure_config(tmp_path, certs, port):
         """, "secure.yml")
 
 
-def test_tls_mode_fails_closed_without_token_authentication(tmp_path, certs):
+def test_upstreams_secure_config_serves_tls_and_requires_a_token(tmp_path, certs):
+    import grpc
+
+    from danube.proto import DanubeApi_pb2 as pb
+    path = _secure_config(tmp_path, certs, 0)
+    b = BrokerProcess(data_dir=tmp_path / "unused")
+    b.args = ["--config-file", path]
+    b.start()
+    try:
+        assert "authentication on" in b.log()
+        creds = grpc.ssl_channel_credentials((certs / "ca.pem").read_bytes())
+        with grpc.secure_channel(b.client_addr, creds) as ch:
+            check = ch.unary_unary("/danube.HealthCheck/HealthCheck",
+                                   request_serializer=pb.HealthCheckRequest.SerializeToString,
+                                   response_deserializer=pb.HealthCheckResponse.FromString)
+            with pytest.raises(grpc.RpcError) as info:
+                check(pb.HealthCheckRequest(id=1), timeout=5)
+            assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            assert info.value.details() == "Authentication credentials are missing"
+    finally:
+        assert b.stop() == 0
+
+
+def test_tls_mode_without_a_jwt_key_fails_closed(tmp_path, certs):
     port = _free_port()
     path = _secure_config(tmp_path, certs, port)
+    with open(path) as f:
+        text = f.read().replace('secret_key: "your-secret-key", ', "")
+    assert "secret_key" not in text
+    with open(path, "w") as f:
+        f.write(text)
     result = _run("--config-file", path)
     assert result.returncode == 2
-    assert "token authentication is not available in this build" in result.stderr
+    assert "neither auth.jwt.secret_key nor auth.jwt.public_key_file" in result.stderr
     assert "--insecure-allow-unauthenticated" in result.stderr
     # Nothing was ever served, so no call could have succeeded unauthenticated.
     assert _refused(port)

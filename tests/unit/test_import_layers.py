@@ -22,17 +22,20 @@ ALLOWED = {
     "danube.metadata": set(),
     "danube.storage": {"danube.codec"},
     "danube.broker": {"danube.codec", "danube.storage", "danube.metadata", "danube.schema"},
-    "danube.services": {"danube.codec", "danube.rpc", "danube.broker"},
+    "danube.services": {"danube.codec", "danube.rpc", "danube.broker", "danube.security"},
+    # Authentication and authorization: tokens, roles and bindings in the metadata store,
+    # the guard in front of a server's methods.
+    "danube.security": {"danube.rpc", "danube.metadata"},
     "danube.client": {"danube.codec", "danube.rpc"},
     # Schema formats, compatibility and payload validation: pure functions, used by the
     # registry, the publish path and the CLI alike.
     "danube.schema": set(),
     # The broker process: builds the stores, the broker and the server, and serves them.
     "danube.services.app": {"danube.codec", "danube.rpc", "danube.services", "danube.broker",
-                            "danube.storage", "danube.metadata"},
+                            "danube.storage", "danube.metadata", "danube.security"},
     "danube.cli": {"danube.codec", "danube.rpc", "danube.client", "danube.services",
                    "danube.services.app", "danube.broker", "danube.storage", "danube.metadata",
-                   "danube.schema", "danube"},
+                   "danube.schema", "danube.security", "danube"},
     "danube.__main__": {"danube.cli"},
     "danube": set(),
 }
