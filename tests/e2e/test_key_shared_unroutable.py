@@ -5,12 +5,14 @@ stall the subscription nor come back after a restart. It is counted in
 danube_subscription_unroutable_skipped_total."""
 
 import re
+import time
 import urllib.request
 
 import grpc
 import pytest
 
 from danube.proto import DanubeApi_pb2 as pb
+from danube.proto import DanubeExt_pb2 as ext
 from broker_process import BrokerProcess
 from grpc_calls import Collector, ack, create_producer, receive, send, subscribe
 from official_client import broker_url, official_python, run_scenario, unique_topic
@@ -26,6 +28,22 @@ def broker(tmp_path_factory):
     b.stop()
 
 
+
+
+def wait_disconnected(broker, topic, subscription, timeout=10.0):
+    """Until the admin API's statistics show no connected consumer on the subscription."""
+    request = ext.TopicStatsRequest(name=topic)
+    with grpc.insecure_channel(broker.admin_addr) as ch:
+        call = ch.unary_unary("/danube_ext.TopicStatsService/GetTopicStats",
+                              request_serializer=ext.TopicStatsRequest.SerializeToString,
+                              response_deserializer=ext.TopicStatsResponse.FromString)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            (stats,) = call(request, timeout=5).topics
+            if all(s.consumers == 0 for s in stats.subscriptions if s.name == subscription):
+                return
+            time.sleep(0.02)
+    raise AssertionError(f"{subscription} on {topic} still has a connected consumer")
 
 
 def metric(broker, name, **labels):
@@ -91,6 +109,9 @@ def test_reliable_key_shared_message_waits_while_no_consumer_is_connected(broker
         users = Collector(receive(ch, subscribe(ch, topic, "users", "ksw", KEY_SHARED,
                                                 ["user-*"])))
         users.close()
+        # The cancel travels on grpcio's own thread: publish only once the broker has seen
+        # the stream end, or the message meets a connected consumer that rejects its key.
+        wait_disconnected(broker, topic, "ksw")
         send(ch, topic, producer, b"later", "zzz")
         anyone = Collector(receive(ch, subscribe(ch, topic, "anyone", "ksw", KEY_SHARED)))
         try:
