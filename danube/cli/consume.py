@@ -8,6 +8,8 @@ import json
 import signal
 import sys
 
+from danube.cli.connect import add_connection_options
+
 # Upstream prints reliable payloads above this size as "[binary data]".
 LARGE_MESSAGE_THRESHOLD = 1024
 
@@ -67,6 +69,7 @@ def add_parser(sub):
                    help="subscription type (default shared)")
     p.add_argument("--count", type=_positive, help="ours: exit after N messages")
     p.add_argument("--timeout", type=_seconds, metavar="S", help="ours: stop after S seconds")
+    add_connection_options(p)
     p.add_argument("--output", choices=("text", "json"), default="text",
                    help="output format (ours; see below)")
     p.set_defaults(func=run)
@@ -83,7 +86,8 @@ def run(args):
 
 
 async def _consume(args):
-    from danube.client import DanubeClient, DanubeError
+    from danube.cli.connect import ConnectError, make_client
+    from danube.client import DanubeError
 
     task = asyncio.current_task()
     loop = asyncio.get_running_loop()
@@ -91,8 +95,8 @@ async def _consume(args):
         loop.add_signal_handler(sig, task.cancel)
     printer = Printer(args.output == "json")
     try:
-        client = DanubeClient(args.service_addr)
-    except DanubeError as exc:
+        client = make_client(args)
+    except (DanubeError, ConnectError) as exc:
         print(f"danube consume: error: {exc}", file=sys.stderr)
         return 1
     schemas = Schemas(client)

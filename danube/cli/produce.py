@@ -8,6 +8,8 @@ import signal
 import sys
 import time
 
+from danube.cli.connect import add_connection_options
+
 JSON_HELP = """\
 output:
   text (default): one line per message, "📤 Message i/N sent successfully (ID: <id>)"
@@ -86,6 +88,7 @@ def add_parser(sub):
                    help="type of --schema-file")
     p.add_argument("--output", choices=("text", "json"), default="text",
                    help="output format (ours; see below)")
+    add_connection_options(p)
     p.add_argument("--pipeline", type=_positive, metavar="N",
                    help="ours: ignore --interval and keep up to N sends in flight")
     p.set_defaults(func=run, parser=p)
@@ -131,7 +134,8 @@ def run(args):
 
 
 async def _produce(args, payload, schema_definition):
-    from danube.client import DanubeClient, DanubeError, register_schema, schema_reference
+    from danube.cli.connect import ConnectError, make_client
+    from danube.client import DanubeError, register_schema, schema_reference
 
     task = asyncio.current_task()
     loop = asyncio.get_running_loop()
@@ -139,8 +143,8 @@ async def _produce(args, payload, schema_definition):
         loop.add_signal_handler(sig, task.cancel)
     report = Report(args)
     try:
-        client = DanubeClient(args.service_addr)
-    except DanubeError as exc:
+        client = make_client(args)
+    except (DanubeError, ConnectError) as exc:
         print(f"danube produce: error: {exc}", file=sys.stderr)
         return 1
     try:

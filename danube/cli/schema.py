@@ -6,6 +6,8 @@ import asyncio
 import json
 import sys
 
+from danube.cli.connect import add_connection_options
+
 TYPES = ("json_schema", "avro", "protobuf", "string", "bytes", "number")
 
 EPILOG = """\
@@ -32,6 +34,7 @@ def add_parser(sub):
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("-s", "--service-addr", default="http://127.0.0.1:6650",
                    help="broker service URL (default http://127.0.0.1:6650)")
+    add_connection_options(p)
     cmds = p.add_subparsers(dest="schema_command", required=True, metavar="COMMAND")
 
     def output(q):
@@ -80,11 +83,12 @@ def run(args):
 
 
 async def _run(args):
-    from danube.client import DanubeClient, DanubeError
+    from danube.cli.connect import ConnectError, make_client
+    from danube.client import DanubeError
 
     try:
-        client = DanubeClient(args.service_addr)
-    except DanubeError as exc:
+        client = make_client(args)
+    except (DanubeError, ConnectError) as exc:
         print(f"danube schema: error: {exc}", file=sys.stderr)
         return 1
     try:

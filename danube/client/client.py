@@ -24,10 +24,13 @@ class DanubeClient:
     """`DanubeClient("http://127.0.0.1:6650", ssl=None, token=None)`.
 
     `ssl` is an ssl.SSLContext for https brokers (an https:// URL without one uses the
-    system CAs); `token` is a JWT sent as "authorization: Bearer <token>" on every call."""
+    system CAs); `token` is a JWT sent as "authorization: Bearer <token>" on every call;
+    `server_hostname` is the name every broker's certificate is checked against, when it is
+    not the host of the URL."""
 
     def __init__(self, service_url, *, ssl=None, token=None, retry=None, rpc_timeout=30.0,
-                 connect_timeout=10.0, health_check_interval=HEALTH_CHECK_INTERVAL):
+                 connect_timeout=10.0, health_check_interval=HEALTH_CHECK_INTERVAL,
+                 server_hostname=None):
         try:
             parse_target(service_url)
         except ValueError as exc:
@@ -36,7 +39,8 @@ class DanubeClient:
             # MsgID.broker_addr and logs carry URLs (http://host:port), as upstream's do.
             service_url = ("https://" if ssl is not None else "http://") + service_url
         self.service_url = service_url
-        self.pool = ConnectionPool(ssl=ssl, token=token, connect_timeout=connect_timeout)
+        self.pool = ConnectionPool(ssl=ssl, token=token, connect_timeout=connect_timeout,
+                                   server_hostname=server_hostname)
         self.retry = retry or RetryPolicy()
         self.rpc_timeout = rpc_timeout
         self.health_check_interval = health_check_interval

@@ -93,8 +93,9 @@ class ConnectionPool:
     """Channels keyed by connect_url. A Channel reconnects by itself after a connection
     loss, so entries live as long as the client."""
 
-    def __init__(self, *, ssl=None, token=None, connect_timeout=10.0):
+    def __init__(self, *, ssl=None, token=None, connect_timeout=10.0, server_hostname=None):
         self.ssl = ssl
+        self.server_hostname = server_hostname
         self.connect_timeout = connect_timeout
         # The token goes into every call's headers (b.8: "authorization: Bearer <JWT>").
         self.metadata = (("authorization", f"Bearer {token}"),) if token else ()
@@ -105,6 +106,7 @@ class ConnectionPool:
         stub = self._stubs.get(key)
         if stub is None:
             channel = Channel(key, ssl=self.ssl, metadata=self.metadata,
+                              server_hostname=self.server_hostname,
                               connect_timeout=self.connect_timeout, config=CHANNEL_CONFIG)
             stub = self._stubs[key] = BrokerStub(channel)
         return stub

@@ -62,9 +62,12 @@ class ClientConnection(H2Connection):
     is_client = True
     head_parser = ResponseHead
 
-    def __init__(self, config, loop, on_lost=None):
+    def __init__(self, config, loop, on_lost=None, plaintext=False):
         super().__init__(config, loop)
         self.next_sid = 1
+        self.plaintext = plaintext
+        self.heard = False
+        self.lost_reason = None
         self.on_lost = on_lost
         self.ready = loop.create_future()
         self._slot_waiters = collections.deque()
@@ -76,7 +79,17 @@ class ClientConnection(H2Connection):
         if not self.ready.done():
             self.ready.set_result(None)
 
+    def data_received(self, data):
+        self.heard = True
+        super().data_received(data)
+
     def connection_lost(self, exc):
+        if self.plaintext and not self.heard and exc is None:
+            # What a TLS server does to an HTTP/2 preface: the bare "connection lost" this
+            # would otherwise give leaves the user guessing.
+            exc = ConnectionError("the server closed the connection before any HTTP/2 frame "
+                                  "(is it a TLS port? then use https://)")
+        self.lost_reason = exc
         super().connection_lost(exc)
         if not self.ready.done():
             self.ready.set_exception(ConnectionError(f"connection lost: {exc}"))
@@ -129,7 +142,8 @@ class ClientConnection(H2Connection):
             self._slot_waiters.append(waiter)
             await waiter
         if not self.usable:
-            raise RpcError(StatusCode.UNAVAILABLE, "connection is closing")
+            raise RpcError(StatusCode.UNAVAILABLE, f"connection lost: {self.lost_reason}"
+                           if self.lost_reason else "connection is closing")
         sid = self.next_sid
         self.next_sid += 2
         stream = ClientStream(sid, self, send_encoding)
@@ -188,7 +202,8 @@ class Channel:
         loop = asyncio.get_running_loop()
         try:
             _, conn = await asyncio.wait_for(loop.create_connection(
-                lambda: ClientConnection(self.config, loop), self.host, self.port, ssl=self.ssl,
+                lambda: ClientConnection(self.config, loop, plaintext=self.ssl is None),
+                self.host, self.port, ssl=self.ssl,
                 server_hostname=(self.server_hostname or self.host) if self.ssl else None),
                 self.connect_timeout)
         except (OSError, asyncio.TimeoutError) as exc:
