@@ -19,6 +19,7 @@ from broker_process import BrokerProcess
 from danube.proto import DanubeAdmin_pb2 as adm
 from danube.proto import DanubeApi_pb2 as pb
 from secure_broker import SECRET, SUPER, Caller, Security, broker_yaml, start_secure, token
+from secure_broker import admin, client  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -32,20 +33,6 @@ def broker(tmp_path_factory, certs):
     b = start_secure(tmp_path_factory.mktemp("auth"), certs)
     yield b
     assert b.stop() == 0
-
-
-@pytest.fixture(scope="module")
-def client(broker, certs):
-    c = Caller(broker.client_addr, certs)
-    yield c
-    c.close()
-
-
-@pytest.fixture(scope="module")
-def admin(broker, certs):
-    c = Caller(broker.admin_addr, certs)
-    yield c
-    c.close()
 
 
 def _lookup(client, **kwargs):

@@ -12,7 +12,8 @@ from danube.proto import DanubeAdmin_pb2 as adm
 from danube.proto import DanubeApi_pb2 as pb
 from danube.proto import DanubeExt_pb2 as ext
 from danube.proto import SchemaRegistry_pb2 as sr
-from secure_broker import SUPER, Caller, Security, start_secure, token
+from secure_broker import SUPER, Security, start_secure, token
+from secure_broker import admin, client  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -25,20 +26,6 @@ def broker(tmp_path_factory, certs):
                      jwt_extra="leeway_seconds: 0\n")
     yield b
     assert b.stop() == 0
-
-
-@pytest.fixture(scope="module")
-def client(broker, certs):
-    c = Caller(broker.client_addr, certs)
-    yield c
-    c.close()
-
-
-@pytest.fixture(scope="module")
-def admin(broker, certs):
-    c = Caller(broker.admin_addr, certs)
-    yield c
-    c.close()
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,8 @@ import grpc
 import pytest
 
 from danube.proto import DanubeApi_pb2 as pb
-from secure_broker import SUPER, Caller, Security, start_secure, token
+from secure_broker import SUPER, Security, start_secure, token
+from secure_broker import admin, client  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -26,19 +27,10 @@ def broker(tmp_path_factory, certs):
 
 
 @pytest.fixture(scope="module")
-def client(broker, certs):
-    c = Caller(broker.client_addr, certs)
-    yield c
-    c.close()
-
-
-@pytest.fixture(scope="module")
-def sec(broker, certs):
-    admin = Caller(broker.admin_addr, certs)
+def sec(admin):
     s = Security(admin)
     s.role("only-Consume", "Consume")
-    yield s
-    admin.close()
+    return s
 
 
 def _unique(prefix):

@@ -6,6 +6,7 @@ import os
 import textwrap
 
 import grpc
+import pytest
 
 from broker_process import BrokerProcess
 from danube.proto import DanubeAdmin_pb2 as adm
@@ -122,3 +123,18 @@ class Security:
         self._call("DeleteBinding", adm.DeleteBindingRequest(
             scope=scope, resource_name=resource, binding_id=binding_id),
             adm.DeleteBindingResponse)
+
+
+# Module-scoped Callers to a module's `broker` fixture; test modules import them by name.
+@pytest.fixture(scope="module")
+def client(broker, certs):
+    c = Caller(broker.client_addr, certs)
+    yield c
+    c.close()
+
+
+@pytest.fixture(scope="module")
+def admin(broker, certs):
+    c = Caller(broker.admin_addr, certs)
+    yield c
+    c.close()
