@@ -166,3 +166,39 @@ class LineWorker:
             pass
         reap(self.proc, 5.0)
         self.stderr.close()
+
+
+class start:
+    """A child process, its output to a log; ready when ``pattern`` (and ``ready``, if
+    given) have appeared in it."""
+
+    def __init__(self, cmd, log_path, pattern, ready=None):
+        self.log = open(log_path, "w")
+        self.log_path = log_path
+        self.proc = popen(cmd, env=repo_env(), cwd=REPO, text=True, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT)
+        self.match = None
+        seen = threading.Event()
+
+        def pump():
+            got_ready = ready is None
+            for line in self.proc.stdout:
+                self.log.write(line)
+                self.log.flush()
+                self.match = self.match or pattern.search(line)
+                got_ready = got_ready or ready in line
+                if self.match and got_ready:
+                    seen.set()
+            seen.set()
+        threading.Thread(target=pump, daemon=True).start()
+        if not seen.wait(60) or self.match is None or self.proc.poll() is not None:
+            raise RuntimeError(f"{cmd[3:6]} did not start; see {log_path}:\n"
+                               + tail(log_path))
+
+    def stop(self):
+        self.proc.send_signal(2)
+        try:
+            self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()

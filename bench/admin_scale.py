@@ -27,11 +27,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
 
-from bench._proc import REPO, popen, reap_all, repo_env, tail
+from bench._proc import REPO, reap_all, repo_env, start
 from bench.e2e.common import format_table
 
 TARGET_S = 1.0
@@ -228,42 +227,6 @@ def _json_len(text):
     except ValueError:
         return None
     return len(data) if isinstance(data, list) else None
-
-
-class start:
-    """A child process, its output to a log; ready when ``pattern`` (and ``ready``, if
-    given) have appeared in it."""
-
-    def __init__(self, cmd, log_path, pattern, ready=None):
-        self.log = open(log_path, "w")
-        self.log_path = log_path
-        self.proc = popen(cmd, env=repo_env(), cwd=REPO, text=True, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT)
-        self.match = None
-        seen = threading.Event()
-
-        def pump():
-            got_ready = ready is None
-            for line in self.proc.stdout:
-                self.log.write(line)
-                self.log.flush()
-                self.match = self.match or pattern.search(line)
-                got_ready = got_ready or ready in line
-                if self.match and got_ready:
-                    seen.set()
-            seen.set()
-        threading.Thread(target=pump, daemon=True).start()
-        if not seen.wait(60) or self.match is None or self.proc.poll() is not None:
-            raise RuntimeError(f"{cmd[3:6]} did not start; see {log_path}:\n"
-                               + tail(log_path))
-
-    def stop(self):
-        self.proc.send_signal(2)
-        try:
-            self.proc.wait(15)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
 
 
 if __name__ == "__main__":
