@@ -2,10 +2,6 @@
 
 import json
 
-import jsonschema
-import jsonschema.exceptions
-import jsonschema.validators
-
 from danube.schema.errors import SchemaError
 
 
@@ -23,6 +19,11 @@ def load(text, check=True):
                           f"{type(value).__name__}")
     if not check:
         return value
+    # Imported here: jsonschema takes ~250 ms to import, paid by the first JSON schema
+    # registered, not by every broker start and CLI run.
+    import jsonschema
+    import jsonschema.exceptions
+    import jsonschema.validators
     try:
         # Draft 7 when $schema names none: the draft payloads are validated by (fastjsonschema
         # knows drafts 4 to 7), and its metaschema checks several times faster than 2020-12's.

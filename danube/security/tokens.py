@@ -15,14 +15,6 @@ import dataclasses
 import time
 import warnings
 
-import jwt
-from jwt import exceptions as jx
-from jwt.warnings import InsecureKeyLengthWarning
-
-# Upstream's own example secret is 15 bytes: short HMAC keys must work. The broker says so
-# once at start (weak_secret_warning) rather than pyjwt once per calling line.
-warnings.filterwarnings("ignore", category=InsecureKeyLengthWarning)
-
 PRINCIPAL_TYPES = ("service_account", "user", "broker_internal")
 DEFAULT_PRINCIPAL_TYPE = "service_account"
 DEFAULT_ISSUER = "danube-auth"
@@ -83,6 +75,18 @@ def load_public_key(path):
         return key, ("ES256",)
     raise KeyConfigError(f"auth.jwt.public_key_file: {path} holds a key of a kind not "
                          f"accepted (an RSA key for RS256 or a P-256 key for ES256)")
+
+
+def _jwt():
+    """pyjwt, imported on first use: it and cryptography take ~130 ms to import, which a
+    broker without authentication (and every CLI start) should not pay."""
+    import jwt
+    from jwt.warnings import InsecureKeyLengthWarning
+
+    # Upstream's own example secret is 15 bytes: short HMAC keys must work. The broker says
+    # so once at start (weak_secret_warning) rather than pyjwt once per calling line.
+    warnings.filterwarnings("ignore", category=InsecureKeyLengthWarning)
+    return jwt
 
 
 def _seconds(value, what, default):
@@ -196,6 +200,8 @@ class TokenVerifier:
         """The Principal of a bare JWT; TokenError naming why it is refused."""
         if not token:
             raise TokenError("Invalid token: empty")
+        jwt = _jwt()
+        jx = jwt.exceptions
         try:
             header = jwt.get_unverified_header(token)
         except jx.InvalidTokenError as exc:
@@ -285,7 +291,7 @@ def mint_token(subject, *, secret_key=None, private_key_pem=None, ttl=8760 * 360
             alg = "ES256"
         else:
             raise KeyConfigError("the private key must be RSA (RS256) or P-256 (ES256)")
-        return jwt.encode(claims, key, algorithm=alg)
+        return _jwt().encode(claims, key, algorithm=alg)
     if not secret_key:
         raise KeyConfigError("a secret key (or a private key file) is required")
-    return jwt.encode(claims, secret_key, algorithm="HS256")
+    return _jwt().encode(claims, secret_key, algorithm="HS256")
