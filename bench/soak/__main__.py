@@ -1,0 +1,4 @@
+from bench.soak.runner import main
+
+if __name__ == "__main__":
+    main()
