@@ -1,17 +1,23 @@
-"""The single `danube` executable built by PyInstaller from packaging/ runs a broker."""
+"""The single `danube` executable built by PyInstaller from packaging/ (issue 25): it runs the
+broker, produce, consume, admin (also as danube-admin) and schema against each other with no
+Python environment on its path, and the hostile-client suites pass against it too."""
 
+import json
 import os
 import shutil
 import subprocess
 import sys
 
-import grpc
 import pytest
 
-from danube.proto import DanubeApi_pb2 as pb
-from broker_process import BrokerProcess
+from broker_process import EXECUTABLE_ENV, BrokerProcess
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# The attack suites of the hardening issue (17), run again with the executable as the broker.
+ATTACK_SUITES = ["tests/e2e/test_rpc_hostile_conn.py", "tests/e2e/test_rpc_hostile_stream.py",
+                 "tests/e2e/test_hostile_requests.py", "tests/e2e/test_oversize_publish.py"]
+
+pytestmark = pytest.mark.timeout(900)
 
 
 @pytest.fixture(scope="module")
@@ -21,22 +27,108 @@ def executable(tmp_path_factory):
         pytest.fail("pyinstaller is not installed; the test extras (pip install .[test]) have it")
     work = tmp_path_factory.mktemp("pyinstaller")
     subprocess.run([pyinstaller, "--noconfirm", "--distpath", str(work / "dist"),
-                    "--workpath", str(work / "build"), os.path.join(ROOT, "packaging", "danube.spec")],
-                   check=True, capture_output=True, timeout=600)
+                    "--workpath", str(work / "build"),
+                    os.path.join(ROOT, "packaging", "danube.spec")],
+                   check=True, capture_output=True, timeout=900)
     return str(work / "dist" / "danube")
 
 
-def test_executable_runs_a_broker(executable, tmp_path):
-    out = subprocess.run([executable, "--version"], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0 and out.stdout.startswith("danube ")
-    broker = BrokerProcess(data_dir=tmp_path / "data")
-    broker.command = [executable, "broker"]
-    broker.start()
+@pytest.fixture
+def bare(tmp_path):
+    """Run the executable as on a VM: no virtual environment, no PYTHONPATH, a bare PATH,
+    an empty working directory."""
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(home), "LANG": "C.UTF-8"}
+
+    def run(*argv, timeout=60, check=True):
+        r = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout,
+                           env=env, cwd=home)
+        if check:
+            assert r.returncode == 0, (argv, r.stdout[-2000:], r.stderr[-2000:])
+        return r
+    run.env = env
+    run.home = home
+    return run
+
+
+@pytest.fixture
+def broker(executable, bare, tmp_path):
+    b = BrokerProcess(data_dir=tmp_path / "data")
+    # env -i: nothing of the test's environment (the virtualenv's PATH) reaches the broker
+    b.command = ["/usr/bin/env", "-i", *(f"{k}={v}" for k, v in bare.env.items()),
+                 executable, "broker"]
+    b.start(timeout=90)
+    yield b
+    assert b.stop() == 0
+
+
+def test_version_and_size(executable, bare):
+    r = bare(executable, "--version")
+    assert r.stdout.startswith("danube ")
+    # Reported in README (size and start-up); a bound that catches an accidental doubling.
+    assert os.path.getsize(executable) < 120 * 1024 * 1024
+
+
+def test_produce_consume_admin_and_schema_from_the_executable(executable, bare, broker):
+    exe = executable
+    service = f"http://{broker.client_addr}"
+    admin = ("--endpoint", f"http://{broker.admin_addr}")
+    topic = "/default/packaged"
+    r = bare(exe, "produce", "-s", service, "-t", topic, "-m", "first", "--reliable")
+    assert "sent successfully" in r.stdout
+
+    consumer = subprocess.Popen(
+        [exe, "consume", "-s", service, "-t", topic, "-m", "pkg-sub", "--count", "3",
+         "--timeout", "60", "--output", "json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=bare.env,
+        cwd=bare.home)
     try:
-        with grpc.insecure_channel(broker.client_addr) as ch:
-            check = ch.unary_unary("/danube.HealthCheck/HealthCheck",
-                                   request_serializer=pb.HealthCheckRequest.SerializeToString,
-                                   response_deserializer=pb.HealthCheckResponse.FromString)
-            assert check(pb.HealthCheckRequest(id=1), timeout=10).status == pb.HealthCheckResponse.CLOSE
+        # a new reliable subscription starts at the live tail: publish until it has three
+        for _ in range(60):
+            if consumer.poll() is not None:
+                break
+            bare(exe, "produce", "-s", service, "-t", topic, "-m", "hello", "--reliable")
+        out, err = consumer.communicate(timeout=60)
     finally:
-        assert broker.stop() == 0
+        consumer.kill()
+    assert consumer.returncode == 0, err
+    received = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert len(received) == 3 and all("hello" in json.dumps(m) for m in received)
+
+    listed = json.loads(bare(exe, "admin", *admin, "topics", "list", "--namespace", "default",
+                             "--output", "json").stdout)
+    assert topic in json.dumps(listed)
+    assert "Cluster_Leader" in bare(exe, "admin", *admin, "brokers", "list").stdout
+
+    # installed under upstream's name, the same file is danube-admin
+    link = bare.home / "danube-admin"
+    os.symlink(exe, link)
+    r = bare(str(link), *admin, "brokers", "list")
+    assert "Cluster_Leader" in r.stdout
+
+    schema = bare.home / "orders.json"
+    schema.write_text(json.dumps({"type": "object", "properties": {"id": {"type": "integer"}},
+                                  "required": ["id"]}))
+    bare(exe, "schema", "-s", service, "register", "orders", "-t", "json_schema", "-f",
+         str(schema))
+    assert "orders" in bare(exe, "schema", "-s", service, "list").stdout
+    r = bare(exe, "produce", "-s", service, "-t", "/default/orders", "--schema-subject",
+             "orders", "-m", '{"id": 1}')
+    assert "sent successfully" in r.stdout
+
+    token = bare(exe, "admin", "security", "tokens", "create", "--subject", "app",
+                 "--secret-key", "k" * 32).stdout.strip()
+    assert token.count(".") == 2
+    r = bare(exe, "produce", "-s", service, "-t", topic, "-m", "x", "--interval", "oops",
+             check=False)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+
+
+def test_attack_suites_against_the_executable(executable):
+    env = dict(os.environ, **{EXECUTABLE_ENV: executable})
+    r = subprocess.run([sys.executable, "-P", "-m", "pytest", *ATTACK_SUITES, "-q",
+                        "-p", "no:cacheprovider", "--benchmark-disable", "-x"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=850)
+    assert r.returncode == 0, r.stdout[-5000:]
+    assert " passed" in r.stdout and " failed" not in r.stdout

@@ -79,7 +79,7 @@ class Watcher:
     """Samples the broker's RSS and HealthCheck latency in a thread while an attack runs."""
 
     def __init__(self, broker, health, timeout=1.0):
-        self.pid = broker.proc.pid
+        self.pid = broker.pid
         self.health = health
         self.timeout = timeout
         self.peak = rss_mib(self.pid)
@@ -166,7 +166,7 @@ def test_settings_flood_over_many_streams(broker_factory):
     broker = broker_factory()
     health = Health(broker.client_addr)
     health.check(5)
-    base = rss_mib(broker.proc.pid)
+    base = rss_mib(broker.pid)
     sock = connect(broker.client_port)
     fs = FrameStream(sock)
     try:
@@ -198,7 +198,7 @@ def test_ping_flood_from_peer_that_never_reads(broker_factory):
     broker = broker_factory()
     health = Health(broker.client_addr)
     health.check(5)
-    base = rss_mib(broker.proc.pid)
+    base = rss_mib(broker.pid)
     sock = socket.socket()
     sock.connect(("127.0.0.1", broker.client_port))
     sock.sendall(PREFACE + h2_frame(SETTINGS, 0, 0, b""))
@@ -234,7 +234,7 @@ def test_endless_empty_continuations(broker_factory):
     broker = broker_factory()
     health = Health(broker.client_addr)
     health.check(5)
-    base = rss_mib(broker.proc.pid)
+    base = rss_mib(broker.pid)
     sock = connect(broker.client_port)
     try:
         first, _ = indexed_block(broker.client_port)
@@ -276,7 +276,7 @@ def test_unfinished_messages_capped_per_connection(broker_factory):
                             extra="policies:\n  max_message_size: 262144")
     health = Health(broker.client_addr)
     health.check(5)
-    base = rss_mib(broker.proc.pid)
+    base = rss_mib(broker.pid)
     sock = connect(broker.client_port)
     fs = FrameStream(sock)
     try:
@@ -312,7 +312,7 @@ def test_rapid_reset(broker_factory):
     broker = broker_factory({"max_resets_per_second": 100})
     health = Health(broker.client_addr)
     health.check(5)
-    base = rss_mib(broker.proc.pid)
+    base = rss_mib(broker.pid)
     sock = connect(broker.client_port)
     try:
         first, again = indexed_block(broker.client_port)
@@ -345,7 +345,7 @@ def test_expired_on_arrival_flood(broker_factory):
     broker = broker_factory({"max_resets_per_second": 100})
     health = Health(broker.client_addr)
     health.check(5)
-    base = rss_mib(broker.proc.pid)
+    base = rss_mib(broker.pid)
     sock = connect(broker.client_port)
     try:
         first, again = indexed_block(broker.client_port, [(b"grpc-timeout", b"1n")])
@@ -380,7 +380,7 @@ def test_handshake_timeout_and_connection_limit(broker_factory):
     health.check(5)                       # one of the 8
 
     def sockets():
-        fds = f"/proc/{broker.proc.pid}/fd"
+        fds = f"/proc/{broker.pid}/fd"
         return sum(os.readlink(f"{fds}/{fd}").startswith("socket:") for fd in os.listdir(fds))
     before = sockets()
     bare = [socket.create_connection(("127.0.0.1", broker.client_port)) for _ in range(7)]

@@ -56,7 +56,7 @@ def broker(tmp_path_factory):
 
 
 def rss_mib(broker):
-    with open(f"/proc/{broker.proc.pid}/status") as f:
+    with open(f"/proc/{broker.pid}/status") as f:
         for line in f:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024

@@ -72,9 +72,9 @@ async def _scenario(addr):
 def test_slow_consumer_is_bounded_and_does_not_stall_others(tmp_path):
     broker = BrokerProcess("--prom-exporter", "127.0.0.1:0", data_dir=tmp_path / "d").start()
     try:
-        rss_before = _rss_kib(broker.proc.pid)
+        rss_before = _rss_kib(broker.pid)
         received = uvloop.run(_scenario(broker.client_addr))
-        rss_after = _rss_kib(broker.proc.pid)
+        rss_after = _rss_kib(broker.pid)
         body = urllib.request.urlopen(f"http://127.0.0.1:{broker.prom_port}/metrics",
                                       timeout=5).read().decode()
     finally:

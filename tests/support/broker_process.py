@@ -10,6 +10,8 @@ import threading
 import time
 
 READY = re.compile(r"broker ready")
+# Set to the path of a built `danube` executable to run every BrokerProcess from it.
+EXECUTABLE_ENV = "DANUBE_TEST_EXECUTABLE"
 LISTEN = re.compile(r"(client|admin) gRPC .* listening on ([\d.]+):(\d+)")
 PROM = re.compile(r"prometheus exporter listening on http://([\d.]+):(\d+)")
 
@@ -23,6 +25,10 @@ class BrokerProcess:
         # -P: the working directory (the repo, whose danube/ has no compiled modules) must
         # not shadow the installed package.
         self.command = [sys.executable, "-P", "-m", "danube", "broker"]
+        exe = os.environ.get(EXECUTABLE_ENV)
+        if exe:
+            # The single executable's test runs the attack suites against it this way.
+            self.command = [exe, "broker"]
         self.proc = None
         self.lines = []
         self.client_port = self.admin_port = self.prom_port = None
@@ -53,6 +59,17 @@ class BrokerProcess:
             if READY.search(line):
                 self._ready.set()
         self._ready.set()
+
+    @property
+    def pid(self):
+        """The pid of the process serving: the one-file executable's bootloader runs the
+        broker as its child, and /proc figures (memory, descriptors) are the child's."""
+        if not os.environ.get(EXECUTABLE_ENV):
+            return self.proc.pid
+        path = f"/proc/{self.proc.pid}/task/{self.proc.pid}/children"
+        with open(path) as f:
+            children = f.read().split()
+        return int(children[0]) if children else self.proc.pid
 
     @property
     def client_addr(self):
