@@ -34,6 +34,7 @@ from bench.soak import verify
 
 TOPICS = {"reliable": "/default/soak-reliable", "plain": "/default/soak-plain"}
 TYPES = ("exclusive", "shared", "failover", "key_shared")
+STALL = 30.0            # the drain gives up after this long without a delivery
 _READY = re.compile(r"client gRPC .* listening on ([\d.]+):(\d+)")
 
 
@@ -43,7 +44,8 @@ def main():
     ap.add_argument("--rate", type=float, default=200.0, help="messages/s per producer")
     ap.add_argument("--consumer-kill-every", type=float, default=15.0, help="mean seconds")
     ap.add_argument("--broker-kill-every", type=float, default=45.0, help="mean seconds")
-    ap.add_argument("--drain", type=float, default=90.0)
+    ap.add_argument("--drain", type=float, default=600.0,
+                    help="longest wait for the consumers to catch up (s)")
     ap.add_argument("--max-rss-growth", type=float, default=0.10)
     ap.add_argument("--max-fd-growth", type=int, default=32)
     ap.add_argument("--seed", type=int)
@@ -201,14 +203,19 @@ class Soak:
             time.sleep(0.2)
 
     def drain(self):
-        """Wait until each reliable subscription has every acknowledged message."""
+        """Wait until each reliable subscription has every acknowledged message, for as long
+        as deliveries keep coming (a loaded machine drains slowly), at most --drain s."""
         acked, _ = verify.read_acked(os.path.join(self.work, "prod-reliable.log"))
         deadline = time.monotonic() + self.args.drain
-        while time.monotonic() < deadline:
-            missing = [t for t in TYPES if verify.subscription_report(
-                self.work, "reliable", t, acked, True)["lost"]]
-            if not missing:
+        progress, last_change = None, time.monotonic()
+        while time.monotonic() < deadline and time.monotonic() - last_change < STALL:
+            reports = [verify.subscription_report(self.work, "reliable", t, acked, True)
+                       for t in TYPES]
+            if not any(r["lost"] for r in reports):
                 return True
+            received = sum(r["received"] for r in reports)
+            if received != progress:
+                progress, last_change = received, time.monotonic()
             time.sleep(1)
         return False
 

@@ -16,7 +16,7 @@ def test_two_minute_soak_with_kills(tmp_path):
     out = tmp_path / "soak.json"
     r = subprocess.run([sys.executable, "-P", "-m", "bench.soak", "--duration", "120",
                         "--broker-kill-every", "30", "--consumer-kill-every", "10",
-                        "--seed", "2511", "--json", str(out)],
+                        "--rate", "100", "--seed", "2511", "--json", str(out)],
                        capture_output=True, text=True, timeout=560,
                        cwd=str(tmp_path), env=_bench_env(tmp_path))
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
