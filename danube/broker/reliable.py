@@ -17,6 +17,11 @@ max_redelivery_count failures the poison policy decides: Block stalls the subscr
 KeyShared only that message's key), Drop treats it as acked, DeadLetter republishes it to
 the dead-letter topic and then treats it as acked.
 Messages are handed to consumers in offset order per subscription (per key on KeyShared).
+That holds through a consumer leaving too: what it had in flight goes to the next consumer
+before anything newer (as upstream's failover does), so while such messages wait to be sent
+again an Exclusive or Failover subscription delivers nothing new, and a KeyShared one nothing
+new of their keys; a consumer joining sends them again at once, without the backoff. A nack
+or an ack timeout does not hold newer messages back (upstream's, and Pulsar's, semantics).
 
 KeyShared: a message whose key no consumer's key filters accept, while the subscription does
 have connected consumers, is skipped as if acked (upstream moves its cursor past it too), so
@@ -39,6 +44,7 @@ from danube.storage.errors import OffsetTruncatedError
 log = logging.getLogger("danube.broker.reliable")
 
 HEARTBEAT = 0.5          # upstream's dispatcher heartbeat
+ORDERED = (EXCLUSIVE, FAILOVER)      # one consumer at a time: the topic's order is promised
 READ_BATCH = 256
 # Skipped KeyShared messages settle without taking the window, so behind one unacked message
 # the set of offsets settled out of order could otherwise grow with the whole backlog.
@@ -72,6 +78,7 @@ class ReliableDispatcher:
         self.acked = set()
         self.retry = []                    # heap of (due, offset)
         self.retry_payloads = {}           # offset -> (payload, key)
+        self.orphans = {}                  # offset -> key: a left consumer's, not yet resent
         self.attempts = {}                 # offset -> failed deliveries so far
         self.blocked_offset = None         # Block on non-KeyShared: the stalled message
         self.blocked_keys = {}             # Block on KeyShared: key -> offset
@@ -183,6 +190,7 @@ class ReliableDispatcher:
         now = self.loop.time()
         for i, delivery in enumerate(mine):
             del self.inflight[delivery.offset]
+            self.orphans[delivery.offset] = delivery.key
             if i >= len(mine) - unsent:
                 self._schedule(delivery, now)
             else:
@@ -190,11 +198,24 @@ class ReliableDispatcher:
                 self._failed(delivery, None, "the consumer's stream ended before an ack")
         self.notify()
 
+    def consumer_joined(self):
+        """A consumer joined: what a left one had in flight is sent again now rather than
+        after its backoff (upstream's RetryNow on AddConsumer), so the subscription does not
+        sit on newer messages meanwhile."""
+        if not self.orphans:
+            return
+        now = self.loop.time()
+        self.retry = [(min(due, now) if offset in self.orphans else due, offset)
+                      for due, offset in self.retry]
+        heapq.heapify(self.retry)
+        self.notify()
+
     # -- bookkeeping ---------------------------------------------------------------------
 
     def _settle(self, offset):
         """The message is done with (acked, dropped or dead-lettered)."""
         self.attempts.pop(offset, None)
+        self.orphans.pop(offset, None)
         if offset == self.cursor + 1:
             self.cursor = offset
             while self.cursor + 1 in self.acked:
@@ -309,14 +330,18 @@ class ReliableDispatcher:
                     heapq.heappush(self.retry, (due, offset))
                     self.retry_payloads[offset] = entry
                     break
+                self.orphans.pop(offset, None)
                 self.stats["redelivered"] += 1
-            if not self.stalled:
+            if not self.stalled and not (self.orphans and self.sub.sub_type in ORDERED):
                 self._deliver_new(consumers, now + ack_timeout)
         if self.retry:
             next_deadline = min(next_deadline, self.retry[0][0])
         return max(0.0, next_deadline - now)
 
     def _deliver_new(self, consumers, deadline):
+        # KeyShared: newer messages of a key a left consumer had in flight wait for those
+        # to be sent again; the first such message holds back the ones behind it.
+        orphan_keys = set(self.orphans.values()) if self.orphans else ()
         end = self.topic.dispatchable_end
         while self.next_read < end and len(self.inflight) < self.window and \
                 len(self.acked) < MAX_SETTLED_AHEAD:
@@ -339,6 +364,8 @@ class ReliableDispatcher:
                     self.next_read = offset + 1
                     self._skip_unroutable(offset, key)
                     continue
+                if key in orphan_keys:
+                    return
                 if key in self.blocked_keys or key in self.held:
                     # Behind a blocked message of the same key: keep key order.
                     self.held.setdefault(key, []).append(offset)

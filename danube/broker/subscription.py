@@ -69,6 +69,8 @@ class Subscription:
         self.by_name[consumer.name] = consumer
         self._matchers[consumer.consumer_id] = key_matcher(consumer.key_filters)
         self.consumer_changed(consumer)
+        if self.dispatcher is not None:
+            self.dispatcher.consumer_joined()
 
     def remove(self, consumer, reason=None):
         if self.consumers.pop(consumer.consumer_id, None) is None:

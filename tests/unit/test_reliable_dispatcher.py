@@ -12,7 +12,7 @@ from danube.broker._canon import DeliveryStamp
 from danube.codec.grpcframe import GrpcDeframer
 from danube.broker.consumer import Consumer
 from danube.broker.reliable import ReliableDispatcher
-from danube.broker.subscription import EXCLUSIVE, KEY_SHARED, SHARED, Subscription
+from danube.broker.subscription import EXCLUSIVE, FAILOVER, KEY_SHARED, SHARED, Subscription
 from danube.proto import DanubeApi_pb2 as pb
 
 from waiting import async_holds_for, async_wait_for
@@ -226,6 +226,77 @@ async def test_consumer_leaving_hands_its_messages_to_another_shared_consumer():
         sorted(m.msg_id.topic_offset for m in from_a)
     assert d.stats["redelivered"] == len(from_a)
     assert all(d.attempts.get(m.msg_id.topic_offset, 0) == 0 for m in again)
+    await d.close()
+
+
+def _stream_lost(d, consumer):
+    """What a consumer's connection dying does: inactive, its in-flight messages back."""
+    consumer.active = False
+    d.consumer_left(consumer, stream_ended=True)
+    d.sub.consumer_changed()
+
+
+async def test_failover_sends_a_dead_consumers_messages_before_anything_newer():
+    topic, d, (a, b), _, _ = await make(FAILOVER, consumers=("a", "b"),
+                                        base_redelivery_delay_ms=300, backoff_strategy="fixed")
+    for i in range(5):
+        topic.publish(b"m%d" % i)
+    await settle()
+    assert [m.msg_id.topic_offset for m in drain(a)] == [0, 1, 2, 3, 4]
+    _stream_lost(d, a)
+    for i in range(5, 8):
+        topic.publish(b"m%d" % i)
+    await settle()
+    assert drain(b) == []           # the backoff runs: nothing newer meanwhile
+    got = []
+    await async_wait_for(lambda: got.extend(drain(b)) or len(got) >= 8, what="8 messages")
+    assert [m.msg_id.topic_offset for m in got] == list(range(8))
+    await d.close()
+
+
+async def test_a_consumer_joining_gets_a_dead_consumers_messages_at_once():
+    topic, d, (a,), _, _ = await make(EXCLUSIVE, base_redelivery_delay_ms=60_000)
+    d.sub.dispatcher = d            # as the broker wires it: Subscription.add tells it
+    for i in range(3):
+        topic.publish(b"m%d" % i)
+    await settle()
+    assert len(drain(a)) == 3
+    _stream_lost(d, a)
+    d.sub.remove(a)
+    topic.publish(b"m3")
+    c = Consumer(9, "again", d.sub, loop=asyncio.get_running_loop())
+    d.sub.add(c)
+    got = []
+    await async_wait_for(lambda: got.extend(drain(c)) or len(got) >= 4, what="4 messages")
+    assert [m.msg_id.topic_offset for m in got] == [0, 1, 2, 3]
+    assert all(d.attempts[o] == 1 for o in (0, 1, 2))      # still counted as attempts
+    await d.close()
+
+
+async def test_key_shared_holds_newer_messages_of_a_dead_consumers_keys():
+    topic, d, (a, b), _, _ = await make(KEY_SHARED, consumers=("a", "b"), window=100,
+                                        base_redelivery_delay_ms=300, backoff_strategy="fixed")
+    keys = [f"key-{i}" for i in range(16)]
+    for i, key in enumerate(keys):
+        topic.publish(b"first-%d" % i, key=key)
+    await settle()
+    owned_by_a = {m.routing_key for m in drain(a)}
+    drain(b)
+    assert owned_by_a
+    _stream_lost(d, a)
+    for i, key in enumerate(keys):
+        topic.publish(b"second-%d" % i, key=key)
+    await settle()
+    early = drain(b)
+    # the first of a's keys among the new messages holds back itself and what follows
+    first_held = next(i for i, key in enumerate(keys) if key in owned_by_a)
+    assert [m.routing_key for m in early] == keys[:first_held]
+    got = list(early)
+    await async_wait_for(lambda: got.extend(drain(b)) or len(got) >= len(owned_by_a) + 16,
+                         what="every message")
+    for key in keys:
+        payloads = [m.payload.split(b"-")[0] for m in got if m.routing_key == key]
+        assert payloads == ([b"first"] if key in owned_by_a else []) + [b"second"], key
     await d.close()
 
 
