@@ -11,6 +11,7 @@ import statistics
 # (offsets increasing) for Exclusive and Failover, each key's for KeyShared, none for Shared.
 # Judged on the reliable topic only: a non-reliable topic's offsets start again with each
 # life of the broker.
+SKEW_NS = 1_000_000_000
 ORDER = {"exclusive": "topic", "failover": "topic", "key_shared": "key", "shared": None}
 
 
@@ -41,18 +42,27 @@ def read_received(paths):
     return out
 
 
-def order_violations(received, scope):
+def order_violations(received, scope, skew_ns=SKEW_NS):
+    """First deliveries that came after a later offset of the same group (the topic, or the
+    key) had been delivered. Deliveries are merged from several consumer processes by their
+    receipt time, which each process takes when it gets round to the message, so an offset
+    counts as late only when a later one was seen more than `skew_ns` before it."""
     if scope is None:
         return 0
-    seen, last, bad = set(), {}, 0
-    for _, _, offset, key in received:
+    seen, bad = set(), 0
+    pending = collections.defaultdict(collections.deque)    # group -> (t, offset), recent
+    settled = {}                                              # group -> max offset, older
+    for _, t, offset, key in received:
         if offset in seen:
             continue                    # a redelivery: at-least-once allows it
         seen.add(offset)
         group = key if scope == "key" else ""
-        if offset < last.get(group, -1):
+        recent = pending[group]
+        while recent and recent[0][0] < t - skew_ns:
+            settled[group] = max(settled.get(group, -1), recent.popleft()[1])
+        if offset < settled.get(group, -1):
             bad += 1
-        last[group] = offset
+        recent.append((t, offset))
     return bad
 
 
