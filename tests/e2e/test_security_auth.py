@@ -18,7 +18,8 @@ import pytest
 from broker_process import BrokerProcess
 from danube.proto import DanubeAdmin_pb2 as adm
 from danube.proto import DanubeApi_pb2 as pb
-from secure_broker import SECRET, SUPER, Caller, Security, broker_yaml, start_secure, token
+from secure_broker import (Caller, SECRET, SUPER, Security, broker_fixture, broker_yaml,
+                            start_secure, token)
 from secure_broker import admin, client  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.timeout(120)
@@ -28,11 +29,7 @@ LIST_NS = "/danube_admin.BrokerAdmin/ListNamespaces"
 NS_TOPICS = "/danube_admin.NamespaceAdmin/GetNamespaceTopics"
 
 
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory, certs):
-    b = start_secure(tmp_path_factory.mktemp("auth"), certs)
-    yield b
-    assert b.stop() == 0
+broker = broker_fixture("auth")
 
 
 def _lookup(client, **kwargs):

@@ -11,16 +11,12 @@ import grpc
 import pytest
 
 from danube.proto import DanubeApi_pb2 as pb
-from secure_broker import SECRET, SUPER, Caller, start_secure, token
+from secure_broker import Caller, SECRET, SUPER, broker_fixture, token
 
 pytestmark = pytest.mark.timeout(180)
 
 
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory, certs):
-    b = start_secure(tmp_path_factory.mktemp("cli"), certs)
-    yield b
-    assert b.stop() == 0
+broker = broker_fixture("cli")
 
 
 def cli(*args, env=None):

@@ -8,24 +8,15 @@ import sys
 
 import pytest
 
-from secure_broker import SUPER, start_secure, token
+from secure_broker import SUPER, broker_fixture, token
 
 pytestmark = pytest.mark.timeout(240)
 
 
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory, certs):
-    b = start_secure(tmp_path_factory.mktemp("clients"), certs)
-    yield b
-    assert b.stop() == 0
+broker = broker_fixture("clients")
 
 
-@pytest.fixture(scope="module")
-def mtls(tmp_path_factory, certs):
-    b = start_secure(tmp_path_factory.mktemp("clients-mtls"), certs,
-                     tls_extra=", require_client_cert: true")
-    yield b
-    assert b.stop() == 0
+mtls = broker_fixture("clients-mtls", tls_extra=", require_client_cert: true")
 
 
 def danube(*args, env=None, timeout=60):

@@ -7,7 +7,7 @@ import uuid
 import pytest
 
 from official_client import run_scenario
-from secure_broker import Caller, Security, start_secure, token
+from secure_broker import Caller, Security, broker_fixture, token
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -36,11 +36,7 @@ async def main(args):
 """
 
 
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory, certs):
-    b = start_secure(tmp_path_factory.mktemp("official"), certs)
-    yield b
-    assert b.stop() == 0
+broker = broker_fixture("official")
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from danube.proto import DanubeAdmin_pb2 as adm
 from danube.proto import DanubeApi_pb2 as pb
 from danube.proto import DanubeExt_pb2 as ext
 from danube.proto import SchemaRegistry_pb2 as sr
-from secure_broker import SUPER, Security, start_secure, token
+from secure_broker import SUPER, Security, broker_fixture, token
 from secure_broker import admin, client  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.timeout(180)
@@ -20,12 +20,8 @@ pytestmark = pytest.mark.timeout(180)
 DENIED = grpc.StatusCode.PERMISSION_DENIED
 
 
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory, certs):
-    b = start_secure(tmp_path_factory.mktemp("rbac"), certs, "--prom-exporter", "127.0.0.1:0",
-                     jwt_extra="leeway_seconds: 0\n")
-    yield b
-    assert b.stop() == 0
+broker = broker_fixture("rbac", "--prom-exporter", "127.0.0.1:0",
+                        jwt_extra="leeway_seconds: 0\n")
 
 
 @pytest.fixture(scope="module")

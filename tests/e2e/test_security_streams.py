@@ -11,7 +11,7 @@ import grpc
 import pytest
 
 from danube.proto import DanubeApi_pb2 as pb
-from secure_broker import SUPER, Security, start_secure, token
+from secure_broker import SUPER, Security, broker_fixture, token
 from secure_broker import admin, client  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.timeout(120)
@@ -19,11 +19,7 @@ pytestmark = pytest.mark.timeout(120)
 DENIED = grpc.StatusCode.PERMISSION_DENIED
 
 
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory, certs):
-    b = start_secure(tmp_path_factory.mktemp("streams"), certs, jwt_extra="leeway_seconds: 0\n")
-    yield b
-    assert b.stop() == 0
+broker = broker_fixture("streams", jwt_extra="leeway_seconds: 0\n")
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import pytest
 import trustme
 
 from danube.proto import DanubeApi_pb2 as pb
-from secure_broker import SUPER, Caller, start_secure, token
+from secure_broker import Caller, SUPER, broker_fixture, start_secure, token
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -30,12 +30,7 @@ def _lookup_via(channel, tok):
         return exc.code()
 
 
-@pytest.fixture(scope="module")
-def mtls(tmp_path_factory, certs):
-    b = start_secure(tmp_path_factory.mktemp("mtls"), certs,
-                     tls_extra=", require_client_cert: true")
-    yield b
-    assert b.stop() == 0
+mtls = broker_fixture("mtls", tls_extra=", require_client_cert: true")
 
 
 def test_mtls_with_the_right_client_certificate_and_a_token(mtls, certs):

@@ -138,3 +138,14 @@ def admin(broker, certs):
     c = Caller(broker.admin_addr, certs)
     yield c
     c.close()
+
+
+def broker_fixture(label, *args, **yaml_kwargs):
+    """A module-scoped fixture: a secure broker (start_secure's arguments) for the module's
+    tests, stopped cleanly at the end. `broker = broker_fixture("auth")` in a test module."""
+    @pytest.fixture(scope="module")
+    def fixture(tmp_path_factory, certs):
+        b = start_secure(tmp_path_factory.mktemp(label), certs, *args, **yaml_kwargs)
+        yield b
+        assert b.stop() == 0
+    return fixture
