@@ -118,6 +118,11 @@ class SchemaIncompatible(BrokerError):
     keeps; the message lists each rule it breaks."""
 
 
+class SchemaSubjectFull(BrokerError):
+    """A new version would make a subject's record larger than one metadata record may be
+    (etcd refuses requests over 1.5 MiB by default)."""
+
+
 class SchemaRejected(BrokerError):
     """A message refused by its topic's schema validation (policy enforce): wrong or missing
     schema_id, unknown schema_version, or a payload the schema does not accept."""

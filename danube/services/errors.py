@@ -30,6 +30,7 @@ _CODES = {
     e.OffsetOutOfRange: StatusCode.OUT_OF_RANGE,
     e.SchemaNotFound: StatusCode.NOT_FOUND,
     e.SchemaIncompatible: StatusCode.FAILED_PRECONDITION,
+    e.SchemaSubjectFull: StatusCode.FAILED_PRECONDITION,
     e.SchemaRejected: StatusCode.PERMISSION_DENIED,
     e.BrokerNotFound: StatusCode.NOT_FOUND,
     e.ClusterRequired: StatusCode.FAILED_PRECONDITION,

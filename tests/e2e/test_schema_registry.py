@@ -493,3 +493,31 @@ async def test_admin_create_topic_binds_its_schema_subject(reg, broker):
         assert code == grpc.StatusCode.NOT_FOUND         # nothing was created
     finally:
         await channel.close()
+
+
+async def test_a_subject_stops_growing_before_one_metadata_record_cannot_hold_it(reg):
+    """A subject's versions share one metadata record, and etcd refuses one over 1.5 MiB:
+    the version that would pass 1 MiB is refused with a clear error, the others stay."""
+    name = subject("big")
+    filler = "x" * (300 * 1024)
+
+    def version(i):
+        # compatibility NONE below, so each version may differ freely
+        return js({"type": "object", "description": f"{i}-{filler}"})
+    await reg.RegisterSchema(sr.RegisterSchemaRequest(subject=name, schema_type="json_schema",
+                                                      schema_definition=version(0)))
+    await reg.SetCompatibilityMode(sr.SetCompatibilityModeRequest(subject=name,
+                                                                  compatibility_mode="NONE"))
+    for i in range(1, 3):
+        await reg.RegisterSchema(sr.RegisterSchemaRequest(
+            subject=name, schema_type="json_schema", schema_definition=version(i)))
+    code, details = await status_of(reg.RegisterSchema(sr.RegisterSchemaRequest(
+        subject=name, schema_type="json_schema", schema_definition=version(3))))
+    assert code == grpc.StatusCode.FAILED_PRECONDITION
+    assert name in details and "DeleteSchemaVersion" in details
+    listed = await reg.ListVersions(sr.ListVersionsRequest(subject=name))
+    assert [v.version for v in listed.versions] == [1, 2, 3]
+    # deleting one makes room again
+    await reg.DeleteSchemaVersion(sr.DeleteSchemaVersionRequest(subject=name, version=1))
+    await reg.RegisterSchema(sr.RegisterSchemaRequest(
+        subject=name, schema_type="json_schema", schema_definition=version(3)))

@@ -20,9 +20,11 @@ Choices where upstream differs or is silent (docs/schema-registry.md):
 """
 
 import asyncio
+import json
 import time
 
-from danube.broker.errors import InvalidArgument, SchemaIncompatible, SchemaNotFound
+from danube.broker.errors import (InvalidArgument, SchemaIncompatible, SchemaNotFound,
+                                  SchemaSubjectFull)
 from danube.metadata import keys
 from danube.schema._lru import LRU
 from danube.schema.compat import check as compat_check
@@ -31,6 +33,9 @@ from danube.schema.formats import SchemaError, normalize_type, parse
 MODES = ("none", "backward", "forward", "full")
 DEFAULT_MODE = "backward"
 MAX_SUBJECT_BYTES = 256
+# A subject's versions live in one metadata record; etcd refuses a request over 1.5 MiB by
+# default, so a subject stops growing well before that, whatever the store.
+MAX_SUBJECT_RECORD_BYTES = 1024 * 1024
 DEFINITIONS_KEPT = 4096
 # How often a register/delete/set-mode retries when another writer changed the subject
 # between its read and its compare-and-swap.
@@ -193,6 +198,12 @@ class SchemaRegistry:
                 "created_by": created_by, "created_at": now, "tags": list(tags)})
             doc["latest_version"] = version
             doc["updated_at"] = now
+            size = len(json.dumps(doc, separators=(",", ":")).encode())
+            if size > MAX_SUBJECT_RECORD_BYTES:
+                raise SchemaSubjectFull(
+                    f"schema subject {subject!r} would hold {size} bytes with version "
+                    f"{version} (at most {MAX_SUBJECT_RECORD_BYTES} bytes for a subject's "
+                    f"versions): delete versions no longer used (DeleteSchemaVersion)")
             if doc["id"] is None:
                 doc["id"] = await self.store.allocate_id(keys.SCHEMA_NEXT_ID)
             if await self.store.compare_and_swap(key, None if entry is None else entry.version,
