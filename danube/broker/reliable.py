@@ -69,6 +69,8 @@ class ReliableDispatcher:
         self._on_cursor = on_cursor        # async (cursor) -> None: persist it
         self._dead_letter = dead_letter    # async (delivery, attempts, reason) -> None
         self.inflight = {}
+        # No in-flight deadline is earlier than this (a lower bound: acks leave it stale).
+        self._earliest_deadline = float("inf")
         self.acked = set()
         self.retry = []                    # heap of (due, offset)
         self.retry_payloads = {}           # offset -> (payload, key)
@@ -286,13 +288,9 @@ class ReliableDispatcher:
         now = self.loop.time()
         next_deadline = now + HEARTBEAT
         ack_timeout = self.policy.ack_timeout_ms / 1000.0
-        for offset, delivery in list(self.inflight.items()):
-            if delivery.deadline <= now:
-                del self.inflight[offset]
-                self.stats["ack_timeouts"] += 1
-                self._failed(delivery, None, None)
-            else:
-                next_deadline = min(next_deadline, delivery.deadline)
+        if self._earliest_deadline <= now:
+            self._expire(now)
+        next_deadline = min(next_deadline, self._earliest_deadline)
         consumers = self._consumers()
         if consumers:
             # Redeliveries first, in offset order among those due.
@@ -315,6 +313,19 @@ class ReliableDispatcher:
         if self.retry:
             next_deadline = min(next_deadline, self.retry[0][0])
         return max(0.0, next_deadline - now)
+
+    def _expire(self, now):
+        """Ack timeouts. A pass only scans the in-flight messages once the earliest deadline
+        is due (every ack wakes the loop, and a scan per pass cost O(window) per ack)."""
+        earliest = float("inf")
+        for offset, delivery in list(self.inflight.items()):
+            if delivery.deadline <= now:
+                del self.inflight[offset]
+                self.stats["ack_timeouts"] += 1
+                self._failed(delivery, None, None)
+            elif delivery.deadline < earliest:
+                earliest = delivery.deadline
+        self._earliest_deadline = earliest
 
     def _deliver_new(self, consumers, deadline):
         end = self.topic.dispatchable_end
@@ -398,6 +409,8 @@ class ReliableDispatcher:
         if consumer is None or not consumer.outbox.offer(payload, self.topic.delivery_stamp):
             return False
         self.inflight[offset] = Delivery(offset, consumer, deadline, payload, key)
+        if deadline < self._earliest_deadline:
+            self._earliest_deadline = deadline
         return True
 
     def _pick(self, consumers, key):
