@@ -32,6 +32,8 @@ import heapq
 import logging
 
 from danube import failure_policy as fp
+from danube.broker import _window
+from danube.broker._window import Delivery
 from danube.broker.subscription import EXCLUSIVE, FAILOVER, KEY_SHARED
 from danube.proto import DanubeApi_pb2 as pb
 from danube.storage.errors import OffsetTruncatedError
@@ -43,17 +45,6 @@ READ_BATCH = 256
 # Skipped KeyShared messages settle without taking the window, so behind one unacked message
 # the set of offsets settled out of order could otherwise grow with the whole backlog.
 MAX_SETTLED_AHEAD = 65536
-
-
-class Delivery:
-    __slots__ = ("offset", "consumer", "deadline", "payload", "key")
-
-    def __init__(self, offset, consumer, deadline, payload, key):
-        self.offset = offset
-        self.consumer = consumer
-        self.deadline = deadline
-        self.payload = payload
-        self.key = key
 
 
 class ReliableDispatcher:
@@ -157,6 +148,17 @@ class ReliableDispatcher:
             elif offset <= self.cursor or offset >= self.next_read or offset in self.acked:
                 return
         self._settle(offset)
+
+    def ack_ranges(self, pairs):
+        """Acknowledge by inclusive (first, last) offset ranges, each offset as ack() would
+        (danube.broker._window.ack_ranges); returns how many messages were acknowledged."""
+        cursor, count = _window.ack_ranges(self, pairs)
+        if cursor != self.cursor:
+            self.cursor = cursor
+            self._schedule_save()
+        if count:
+            self.notify()
+        return count
 
     def nack(self, offset, delay_ms=None, reason=None):
         delivery = self.inflight.pop(offset, None)
@@ -344,6 +346,16 @@ class ReliableDispatcher:
                     return          # being fetched from the durable tier; notify() follows
             if not batch:
                 return
+            if self.sub.sub_type in (EXCLUSIVE, FAILOVER):
+                # One consumer takes every message, none has a key: the whole run in C.
+                taken = _window.deliver_run(self.inflight, batch, consumers[0], deadline,
+                                            self.topic.delivery_stamp)
+                if taken:
+                    self.next_read = batch[taken - 1][0] + 1
+                    self._earliest_deadline = min(self._earliest_deadline, deadline)
+                if taken < len(batch):
+                    return
+                continue
             for offset, payload in batch:
                 key = self._key(payload)
                 if self._unroutable(key):

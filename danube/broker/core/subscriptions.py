@@ -214,6 +214,20 @@ class Subscriptions:
             del self.consumers[consumer.consumer_id]
         self.registry.remove_consumer(consumer.consumer_id)
 
+    async def request_window(self, consumer, window):
+        """A consumer of ours asked for max_unacked_messages ``window`` (ReceiveBatches): the
+        subscription's dispatcher takes it unless the operator set one for the subscription
+        (SetSubscriptionDispatchConfig), which wins. Non-reliable: nothing to do."""
+        sub = consumer.subscription
+        if sub.dispatcher is None:
+            return
+        record = await self.store.get(keys.subscription_dispatch_config(sub.topic.name,
+                                                                        sub.name))
+        if isinstance(record, dict) and isinstance(record.get("max_unacked_messages"), int):
+            return
+        sub.dispatcher.window = window
+        sub.dispatcher.notify()
+
     def subscription_for_ack(self, topic_name, sub_name):
         topic = self.topics.get(topic_name)
         if topic is None:
