@@ -46,6 +46,42 @@ def deliver_run(dict inflight, list batch, consumer, double deadline, DeliverySt
     return n
 
 
+def to_ranges(list offsets):
+    """Sorted distinct offsets as inclusive ``[first, last]`` runs."""
+    cdef list out = []
+    cdef long long first = 0, last = 0, o
+    cdef bint started = False
+    for value in offsets:
+        o = value
+        if started and o == last + 1:
+            last = o
+            continue
+        if started:
+            out.append([first, last])
+        first = last = o
+        started = True
+    if started:
+        out.append([first, last])
+    return out
+
+
+def expand_ranges(ranges, long long cursor, Py_ssize_t limit):
+    """The offsets of persisted ``[first, last]`` runs above ``cursor`` (at most ``limit``
+    of them: past that the rest are delivered again, as if never acknowledged)."""
+    cdef set out = set()
+    cdef long long first, last, o
+    for r in ranges:
+        try:
+            first, last = r[0], r[1]
+        except (TypeError, IndexError, ValueError):
+            continue            # a damaged record costs redeliveries, never a crash
+        o = max(first, cursor + 1)
+        while o <= last and len(out) < limit:
+            out.add(o)
+            o += 1
+    return out
+
+
 def check_ranges(ranges):
     """``ranges`` (first0, last0, first1, last1, ...) as a list of (first, last) pairs;
     ValueError, naming the problem, when they are not pairs or a range runs backwards."""

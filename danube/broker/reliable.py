@@ -34,6 +34,7 @@ import logging
 from danube import failure_policy as fp
 from danube.broker import _window
 from danube.broker._window import Delivery
+from danube.broker.cursor import CursorPersistence
 from danube.broker.subscription import EXCLUSIVE, FAILOVER, KEY_SHARED
 from danube.proto import DanubeApi_pb2 as pb
 from danube.storage.errors import OffsetTruncatedError
@@ -47,9 +48,9 @@ READ_BATCH = 256
 MAX_SETTLED_AHEAD = 65536
 
 
-class ReliableDispatcher:
+class ReliableDispatcher(CursorPersistence):
     def __init__(self, subscription, topic, cursor, policy, window, *, loop, on_cursor,
-                 dead_letter):
+                 dead_letter, on_acked=None, acked=()):
         self.sub = subscription
         self.topic = topic
         self.cursor = cursor
@@ -62,7 +63,11 @@ class ReliableDispatcher:
         self.inflight = {}
         # No in-flight deadline is earlier than this (a lower bound: acks leave it stale).
         self._earliest_deadline = float("inf")
-        self.acked = set()
+        # Persisted out-of-order acks (on_acked) from before a restart: skipped, not resent.
+        self.acked = _window.expand_ranges(acked, cursor, MAX_SETTLED_AHEAD)
+        self._on_acked = on_acked          # async ([[first, last], ...]) -> None, or None
+        self._saved_acked = sorted(self.acked)
+        self._flush_lock = asyncio.Lock()
         self.retry = []                    # heap of (due, offset)
         self.retry_payloads = {}           # offset -> (payload, key)
         self.attempts = {}                 # offset -> failed deliveries so far
@@ -115,24 +120,6 @@ class ReliableDispatcher:
         await asyncio.gather(*self._flushes, return_exceptions=True)
         await self.flush_cursor()
 
-    async def flush_cursor(self):
-        if self._saved_cursor != self.cursor:
-            cursor = self.cursor
-            await self._on_cursor(cursor)
-            self._saved_cursor = max(self._saved_cursor, cursor)
-
-    def flush_cursor_soon(self):
-        """Persist the cursor in the background (a consumer left: what it acked must
-        survive a restart); close() waits for it."""
-        if not self._closing:
-            self._own(self._flushes, self._flush_in_background())
-
-    async def _flush_in_background(self):
-        try:
-            await self.flush_cursor()
-        except Exception:  # noqa: BLE001 - the next flush (or close) writes it again
-            log.exception("%s/%s: saving the cursor failed", self.topic.name, self.sub.name)
-
     def _own(self, tasks, coro):
         task = self.loop.create_task(coro)
         tasks.add(task)
@@ -153,10 +140,9 @@ class ReliableDispatcher:
         """Acknowledge by inclusive (first, last) offset ranges, each offset as ack() would
         (danube.broker._window.ack_ranges); returns how many messages were acknowledged."""
         cursor, count = _window.ack_ranges(self, pairs)
-        if cursor != self.cursor:
-            self.cursor = cursor
-            self._schedule_save()
+        self.cursor = cursor
         if count:
+            self._schedule_save()
             self.notify()
         return count
 
@@ -207,17 +193,8 @@ class ReliableDispatcher:
             self._schedule_save()
         elif offset > self.cursor:
             self.acked.add(offset)
+            self._schedule_save()
         self.notify()
-
-    def _schedule_save(self):
-        # Debounced: the cursor is written at most about once a second while acks flow,
-        # and on close / consumer disconnect (flush_cursor).
-        if self._save_timer is None and not self._closing:
-            self._save_timer = self.loop.call_later(1.0, self._save_due)
-
-    def _save_due(self):
-        self._save_timer = None
-        self.flush_cursor_soon()
 
     def _schedule(self, delivery, due):
         heapq.heappush(self.retry, (due, delivery.offset))
@@ -348,15 +325,23 @@ class ReliableDispatcher:
                 return
             if self.sub.sub_type in (EXCLUSIVE, FAILOVER):
                 # One consumer takes every message, none has a key: the whole run in C.
+                end_of_batch = batch[-1][0] + 1
+                if self.acked:
+                    batch = [e for e in batch if e[0] not in self.acked]
                 taken = _window.deliver_run(self.inflight, batch, consumers[0], deadline,
                                             self.topic.delivery_stamp)
                 if taken:
-                    self.next_read = batch[taken - 1][0] + 1
                     self._earliest_deadline = min(self._earliest_deadline, deadline)
                 if taken < len(batch):
+                    if taken:
+                        self.next_read = batch[taken - 1][0] + 1
                     return
+                self.next_read = end_of_batch
                 continue
             for offset, payload in batch:
+                if offset in self.acked:
+                    self.next_read = offset + 1
+                    continue
                 key = self._key(payload)
                 if self._unroutable(key):
                     self.next_read = offset + 1

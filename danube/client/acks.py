@@ -5,7 +5,9 @@ seconds after the first. Against a broker without the extension (UNIMPLEMENTED) 
 messages are acknowledged with upstream's Ack, one call each, from then on.
 
 A failed call loses nothing that matters: the broker redelivers what it did not hear acked
-(at least once); the error is kept and raised by the next ``flush()``."""
+(at least once); the error is kept and raised by the next ``flush()``. ``flush()`` also
+waits until the broker has stored the progress (AckRanges with ``durable``): what was
+acknowledged before it is never delivered again, even after a broker crash."""
 
 import asyncio
 import logging
@@ -45,8 +47,10 @@ class AckBatcher:
         self._timer = None
         self._calls = set()
         self.error = None
+        self._acked_since_durable = False
 
     def add(self, msg):
+        self._acked_since_durable = True
         self._pending.append(msg)
         if len(self._pending) >= self.batch:
             self._send()
@@ -63,7 +67,7 @@ class AckBatcher:
             self._calls.add(task)
             task.add_done_callback(self._calls.discard)
 
-    async def _call(self, msgs):
+    async def _call(self, msgs, durable=False):
         c = self.consumer
         try:
             if self.ranges_supported:
@@ -71,7 +75,8 @@ class AckBatcher:
                     await c._stub.ack_ranges(ext.AckRangesRequest(
                         request_id=next(c._ids), topic_name=c.topic,
                         subscription_name=self.subscription,
-                        ranges=to_ranges([m.msg_id.topic_offset for m in msgs])),
+                        ranges=to_ranges([m.msg_id.topic_offset for m in msgs]),
+                        durable=durable),
                         timeout=c.client.rpc_timeout, metadata=c._metadata)
                     return
                 except RpcError as exc:
@@ -86,11 +91,15 @@ class AckBatcher:
             self.error = exc
 
     async def flush(self):
-        """Send what is queued and wait for every call; raises the first error since the
+        """Send what is queued and wait for every call, then for the broker to store the
+        subscription's progress (a durable AckRanges); raises the first error since the
         last flush (RpcError)."""
         self._send()
         while self._calls:
             await asyncio.gather(*list(self._calls), return_exceptions=True)
+        if self.ranges_supported and self._acked_since_durable:
+            await self._call([], durable=True)
+        self._acked_since_durable = False
         error, self.error = self.error, None
         if error is not None:
             raise error

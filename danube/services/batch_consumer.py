@@ -45,6 +45,8 @@ class BatchConsumerService:
         dispatcher = self.core.subscription_for_ack(request.topic_name,
                                                     request.subscription_name).dispatcher
         acked = dispatcher.ack_ranges(pairs) if dispatcher is not None else 0
+        if request.durable and dispatcher is not None:
+            await dispatcher.flush_cursor()
         return ext.AckRangesResponse(request_id=request.request_id, acked=acked)
 
 

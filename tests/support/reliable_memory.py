@@ -59,9 +59,12 @@ def drain(consumer):
     return [pb.StreamMessage.FromString(m) for m in GrpcDeframer().feed(bytes(consumer.outbox.take()))]
 
 
-async def make(sub_type=EXCLUSIVE, window=10, consumers=("c1",), **policy):
+async def make(sub_type=EXCLUSIVE, window=10, consumers=("c1",), *, topic=None, cursor=-1,
+               on_acked=None, acked=(), **policy):
+    """A dispatcher on ``topic`` (a new MemoryTopic by default) resuming at ``cursor`` with
+    ``acked`` (persisted [first, last] runs above it)."""
     loop = asyncio.get_running_loop()
-    topic = MemoryTopic()
+    topic = topic or MemoryTopic()
     sub = Subscription(topic, "s", sub_type)
     made = []
     for i, name in enumerate(consumers):
@@ -76,7 +79,8 @@ async def make(sub_type=EXCLUSIVE, window=10, consumers=("c1",), **policy):
 
     async def dead_letter(delivery, attempts, reason):
         dead.append((delivery.offset, attempts, reason))
-    d = ReliableDispatcher(sub, topic, -1, fp.FailurePolicy(**policy).validate(), window,
-                           loop=loop, on_cursor=on_cursor, dead_letter=dead_letter)
+    d = ReliableDispatcher(sub, topic, cursor, fp.FailurePolicy(**policy).validate(), window,
+                           loop=loop, on_cursor=on_cursor, dead_letter=dead_letter,
+                           on_acked=on_acked, acked=acked)
     topic.subs.append(d)
     return topic, d, made, saved, dead

@@ -92,6 +92,33 @@ async def test_cursor_is_saved_after_range_acks():
     await d.close()
 
 
+@pytest.mark.asyncio
+async def test_out_of_order_acks_survive_a_restart():
+    stored = []
+
+    async def on_acked(ranges):
+        stored.append(ranges)
+    topic, d, (c,), saved, _ = await make(window=100, on_acked=on_acked)
+    for i in range(20):
+        topic.publish(b"m%d" % i)
+    await async_wait_for(lambda: len(d.inflight) == 20)
+    d.ack_ranges([(0, 2), (5, 9), (12, 12), (15, 19)])
+    await d.flush_cursor()
+    assert saved[-1] == 2 and stored[-1] == [[5, 9], [12, 12], [15, 19]]
+    await d.close()
+    # The broker restarts: the same log, the stored cursor and acks.
+    topic.subs.clear()
+    _, d2, (c2,), _, _ = await make(window=100, topic=topic, cursor=saved[-1],
+                                    on_acked=on_acked, acked=stored[-1])
+    await async_wait_for(lambda: len(d2.inflight) == 6)
+    assert [m.msg_id.topic_offset for m in drain(c2)] == [3, 4, 10, 11, 13, 14]
+    d2.ack_ranges([(3, 4), (10, 11), (13, 14)])
+    assert d2.cursor == 19 and not d2.acked
+    await d2.flush_cursor()
+    assert stored[-1] == []
+    await d2.close()
+
+
 def test_check_ranges_refuses_odd_and_backwards():
     assert check_ranges([1, 3, 5, 5]) == [(1, 3), (5, 5)]
     with pytest.raises(ValueError, match="pairs"):

@@ -46,9 +46,11 @@ class Subscriptions:
             cursor = await self.store.get(keys.subscription_cursor(topic.name, sub_name))
             policy = await self._load_failure_policy(topic.name, sub_name)
             window = await self._load_window(topic.name, sub_name)
+            acked = await self.store.get(keys.subscription_acked(topic.name, sub_name))
             self._attach_subscription(topic, Subscription(topic, sub_name, sub_type),
                                       cursor if isinstance(cursor, int) else
-                                      topic.log.next_offset - 1, policy, window)
+                                      topic.log.next_offset - 1, policy, window,
+                                      acked if isinstance(acked, list) else ())
 
     # -- subscriptions and consumers -----------------------------------------------------
 
@@ -151,11 +153,14 @@ class Subscriptions:
             return value
         return self.cfg.max_unacked_messages
 
-    def _attach_subscription(self, topic, sub, cursor, policy, window):
+    def _attach_subscription(self, topic, sub, cursor, policy, window, acked=()):
         topic_name, sub_name = topic.name, sub.name
 
         async def save_cursor(value):
             await self.store.put(keys.subscription_cursor(topic_name, sub_name), value)
+
+        async def save_acked(ranges):
+            await self.store.put(keys.subscription_acked(topic_name, sub_name), ranges)
 
         async def dead_letter(delivery, attempts, reason):
             # The dispatcher's policy, not the one it started with: the admin API may set
@@ -165,7 +170,8 @@ class Subscriptions:
 
         sub.dispatcher = ReliableDispatcher(
             sub, topic, cursor, policy, window, loop=self.loop,
-            on_cursor=save_cursor, dead_letter=dead_letter)
+            on_cursor=save_cursor, dead_letter=dead_letter, on_acked=save_acked,
+            acked=acked)
         topic.subscriptions[sub_name] = sub
         topic.subscriptions_changed()
 
