@@ -174,6 +174,7 @@ class Consumer:
         self._readable = asyncio.Event()     # the buffer holds something
         self._writable = asyncio.Event()     # the buffer has room
         self._writable.set()
+        self._only_acks = None
         self._consumers = {}        # partition topic -> TopicConsumer
         self._loops = []
         self._closed = False
@@ -198,6 +199,8 @@ class Consumer:
                                            f"{self.topic}") from None
             raise
         self._consumers = {c.topic: c for c in consumers}
+        # One partition: ack() need not look the message's partition up.
+        self._only_acks = consumers[0].acks if len(consumers) == 1 else None
         self._loops = [self.client.spawn(self._receive_loop(c), name=f"danube-recv-{c.topic}")
                        for c in consumers]
 
@@ -267,6 +270,9 @@ class Consumer:
                 return
 
     async def ack(self, msg):
+        if self._only_acks is not None:         # batch_acks on a single partition
+            self._only_acks.add(msg)
+            return
         if self.batch_acks:
             consumer = self._consumers.get(msg.msg_id.topic_name)
             if consumer is not None:
