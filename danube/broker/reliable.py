@@ -57,6 +57,7 @@ class ReliableDispatcher(CursorPersistence):
         self.next_read = cursor + 1
         self.policy = policy
         self.window = window
+        self.window_owner = None           # the stream that asked for `window`, if one did
         self.loop = loop
         self._on_cursor = on_cursor        # async (cursor) -> None: persist it
         self._dead_letter = dead_letter    # async (delivery, attempts, reason) -> None

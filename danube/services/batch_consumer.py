@@ -31,7 +31,8 @@ class BatchConsumerService:
         await serve_stream(self.core, request.consumer_id, context, batched=True,
                            window=window)
 
-    @maps_errors()
+    @maps_errors({e.TopicNotFound: StatusCode.NOT_FOUND,
+                  e.SubscriptionNotFound: StatusCode.NOT_FOUND})
     async def AckRanges(self, request, context):
         validate_topic(request.topic_name, "topic_name")
         validate_client_name(request.subscription_name, "subscription_name")

@@ -20,7 +20,8 @@ UNLOADED_STREAM_PAUSE = 0.5
 async def serve_stream(core, consumer_id, context, *, batched=False, window=0):
     """A consumer's delivery stream (ReceiveMessages, or danube_ext.BatchConsumer/
     ReceiveBatches when ``batched``: many messages per stream message); ``window``, when
-    not 0, is the max_unacked_messages the consumer asks for (core.request_window)."""
+    not 0, is the max_unacked_messages the consumer asks for while the stream lasts
+    (core.request_window)."""
     client = context.conn
     try:
         consumer = core.consumer(consumer_id)
@@ -31,7 +32,7 @@ async def serve_stream(core, consumer_id, context, *, batched=False, window=0):
             await consumer.turn()
             consumer = core.consumer(consumer_id)   # removed meanwhile?
         if window:
-            await core.request_window(consumer, window)
+            await core.request_window(consumer, window, context)
     except e.TopicUnloaded as exc:
         # The official clients reopen a failed stream at once, without backoff, until
         # their health check (every 5 s) tells them to subscribe again: answering after
@@ -48,6 +49,8 @@ async def serve_stream(core, consumer_id, context, *, batched=False, window=0):
     finally:
         consumer.stream_ended(sink)
         await sink.close()
+        if window:
+            await core.release_window(consumer, context)
     if reason is not None:
         raise to_rpc_error(reason)
 

@@ -175,3 +175,51 @@ async def test_falls_back_to_receive_messages_and_ack_without_the_extension(brok
         c2 = await client.subscribe(topic, "c", "s", sub_type="exclusive")
         assert await nothing_more(c2) == []
         await c2.close()
+
+
+async def test_the_window_asked_for_lasts_as_long_as_the_stream(broker):
+    topic = "/default/batch_window"
+    async with DanubeClient(f"http://{broker.client_addr}") as client:
+        producer = await client.create_producer(topic, "p", reliable=True)
+        c = await client.subscribe(topic, "c", "s", sub_type="exclusive",
+                                   max_unacked_messages=50)
+        await publish(producer, 100)
+        first = await receive_offsets(c, 50)
+        assert [m.msg_id.topic_offset for m in first] == list(range(50))
+        assert await nothing_more(c) == []
+        await c.close()
+        # Without a request the broker's default window (10) is back. (0..49 wait out the
+        # redelivery backoff of a stream that ended before its acks.)
+        c2 = await client.subscribe(topic, "c", "s", sub_type="exclusive")
+        again = await receive_offsets(c2, 10)
+        assert await nothing_more(c2) == []
+        assert [m.msg_id.topic_offset for m in again] == list(range(50, 60))
+        await c2.close()
+
+
+async def test_bad_requests_get_invalid_argument(broker):
+    from danube.proto import DanubeExt_pb2 as ext
+    from danube.rpc import RpcError, StatusCode
+    topic = "/default/batch_bad"
+    async with DanubeClient(f"http://{broker.client_addr}") as client:
+        await client.create_producer(topic, "p", reliable=True)
+        c = await client.subscribe(topic, "c", "s", sub_type="exclusive")
+        stub = client.pool.stub(f"http://{broker.client_addr}")
+        for ranges, words in (([1, 2, 3], "pairs"), ([5, 4], "backwards")):
+            with pytest.raises(RpcError) as err:
+                await stub.ack_ranges(ext.AckRangesRequest(
+                    topic_name=topic, subscription_name="s", ranges=ranges))
+            assert err.value.code == StatusCode.INVALID_ARGUMENT
+            assert words in err.value.details
+        with pytest.raises(RpcError) as err:
+            await stub.ack_ranges(ext.AckRangesRequest(
+                topic_name=topic, subscription_name="nope", ranges=[0, 0]))
+        assert err.value.code == StatusCode.NOT_FOUND
+        (tc,) = c._consumers.values()
+        call = await stub.receive_batches(ext.ReceiveBatchesRequest(
+            consumer_id=tc.consumer_id, max_unacked_messages=10001))
+        with pytest.raises(RpcError) as err:
+            await call.read_batch()
+        assert err.value.code == StatusCode.INVALID_ARGUMENT
+        assert "10000" in err.value.details
+        await c.close()

@@ -56,7 +56,8 @@ class MemoryTopic:
 
 
 def drain(consumer):
-    return [pb.StreamMessage.FromString(m) for m in GrpcDeframer().feed(bytes(consumer.outbox.take()))]
+    return [pb.StreamMessage.FromString(m)
+            for m in GrpcDeframer().feed(bytes(consumer.outbox.take()))]
 
 
 async def make(sub_type=EXCLUSIVE, window=10, consumers=("c1",), *, topic=None, cursor=-1,

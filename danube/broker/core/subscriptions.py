@@ -220,10 +220,11 @@ class Subscriptions:
             del self.consumers[consumer.consumer_id]
         self.registry.remove_consumer(consumer.consumer_id)
 
-    async def request_window(self, consumer, window):
-        """A consumer of ours asked for max_unacked_messages ``window`` (ReceiveBatches): the
-        subscription's dispatcher takes it unless the operator set one for the subscription
-        (SetSubscriptionDispatchConfig), which wins. Non-reliable: nothing to do."""
+    async def request_window(self, consumer, window, stream):
+        """A consumer's ``stream`` (ReceiveBatches) asked for max_unacked_messages ``window``:
+        the subscription's dispatcher takes it while the stream lasts, unless the operator
+        set one for the subscription (SetSubscriptionDispatchConfig), which wins.
+        Non-reliable: nothing to do."""
         sub = consumer.subscription
         if sub.dispatcher is None:
             return
@@ -232,7 +233,21 @@ class Subscriptions:
         if isinstance(record, dict) and isinstance(record.get("max_unacked_messages"), int):
             return
         sub.dispatcher.window = window
+        sub.dispatcher.window_owner = stream
         sub.dispatcher.notify()
+
+    async def release_window(self, consumer, stream):
+        """``stream``, which asked for a window, ended: unless another stream asked since,
+        the subscription's own window (the operator's, or the broker's default) is back."""
+        sub = consumer.subscription
+        dispatcher = sub.dispatcher
+        if dispatcher is None or dispatcher.window_owner is not stream:
+            return
+        window = await self._load_window(sub.topic.name, sub.name)
+        if dispatcher.window_owner is stream:
+            dispatcher.window = window
+            dispatcher.window_owner = None
+            dispatcher.notify()
 
     def subscription_for_ack(self, topic_name, sub_name):
         topic = self.topics.get(topic_name)
