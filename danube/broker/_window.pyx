@@ -91,6 +91,8 @@ def check_ranges(ranges):
     values = list(ranges)
     pairs = []
     for i in range(0, n, 2):
+        if values[i + 1] >= 1 << 63:
+            raise ValueError(f"range {i // 2} ends at {values[i + 1]}, past any offset")
         if values[i] > values[i + 1]:
             raise ValueError(f"range {i // 2} runs backwards: first {values[i]} > last "
                              f"{values[i + 1]}")

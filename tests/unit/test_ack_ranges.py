@@ -125,6 +125,8 @@ def test_check_ranges_refuses_odd_and_backwards():
         check_ranges([1, 2, 3])
     with pytest.raises(ValueError, match="backwards"):
         check_ranges([4, 3])
+    with pytest.raises(ValueError, match="past any offset"):
+        check_ranges([0, (1 << 64) - 1])
 
 
 def test_client_ranges_merge_sorted_runs():
