@@ -46,6 +46,7 @@ EXTENSION_MODULES = [
     "danube.broker._canon",
     "danube.broker._columns",
     "danube.broker._fanout",
+    "danube.broker._window",
     "danube.broker._stamp",
     "danube.storage._walframes",
     "danube.schema._avrocheck",

@@ -12,8 +12,12 @@ cdef class Outbox:
     cdef public unsigned long long delivered
     cdef public unsigned long long delivered_bytes
     cdef public unsigned long long dropped
+    cdef readonly bint batched
+    cdef Py_ssize_t _open
 
     cpdef bint offer(self, bytes message, DeliveryStamp stamp=*) except -1
+    cdef Py_ssize_t _reserve(self, Py_ssize_t n) except -1
+    cdef void _close_batch(self) noexcept
 
 
 cdef class Fanout:

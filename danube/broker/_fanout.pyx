@@ -7,11 +7,12 @@
 from bisect import bisect_left
 from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE, PyByteArray_Resize
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
-from libc.stdint cimport uint8_t, uint32_t
+from libc.stdint cimport uint8_t, uint32_t, uint64_t
 from libc.string cimport memcpy
 
 from danube.broker._canon cimport _Decoded, _Id, _decode, _canon_size, _canon_write
 from danube.codec.grpcframe cimport _put_prefix
+from danube.codec.protowire cimport _put_varint, _varint_size
 
 
 cdef inline uint32_t _fnv1a32(const uint8_t *p, Py_ssize_t n) noexcept nogil:
@@ -47,13 +48,24 @@ def fnv1a32(data):
     return _fnv1a32(&v[0] if v.shape[0] else NULL, v.shape[0])
 
 
+# A batched outbox (danube_ext.BatchConsumer/ReceiveBatches) frames its messages as
+# DeliveryBatch messages: each StreamMessage is a `messages` entry (tag, length, bytes), and a
+# batch is closed, its gRPC length prefix written, at BATCH_BYTES or when the outbox is taken.
+cdef enum:
+    BATCH_BYTES = 256 * 1024
+    MESSAGES_TAG = 0x0A             # DeliveryBatch.messages: field 1, length-delimited
+
+
 cdef class Outbox:
     """Framed messages waiting for one consumer's stream, bounded by `limit` bytes.
 
     `on_ready` (a callable) is called when the outbox goes from empty to non-empty, which is
     the owner's cue to schedule one flush. `offer` refuses a message that would take the
     outbox past its limit: for a non-reliable subscription that message is dropped (or, on
-    Shared, offered to the next consumer)."""
+    Shared, offered to the next consumer).
+
+    Plain, each message is one gRPC message (a StreamMessage of ReceiveMessages); batched,
+    messages are packed into DeliveryBatch messages (see set_batched)."""
 
     def __cinit__(self, Py_ssize_t limit=4 * 1024 * 1024, on_ready=None):
         self._buf = bytearray()
@@ -62,17 +74,103 @@ cdef class Outbox:
         self.on_ready = on_ready
         self.enabled = True
         self.delivered = self.delivered_bytes = self.dropped = 0
+        self.batched = False
+        self._open = -1
 
     @property
     def buffered(self):
         return len(self._buf)
+
+    def set_batched(self, bint batched):
+        """Frame from now on for ReceiveBatches (True) or ReceiveMessages (False). Messages
+        already waiting (a non-reliable consumer's, kept for its next stream) are framed
+        again the new way."""
+        if batched == self.batched:
+            return
+        messages = self.messages()
+        self._buf = bytearray()
+        self._open = -1
+        self.batched = batched
+        count, self.count = self.count, 0
+        for message in messages:
+            self._append(message)
+        self.count = count
+
+    def messages(self):
+        """The waiting messages (serialized StreamMessages), in order."""
+        cdef bytes data = bytes(self._buf)
+        cdef const uint8_t *p = <const uint8_t *>PyBytes_AS_STRING(data)
+        cdef Py_ssize_t size = PyBytes_GET_SIZE(data), pos = 0, end, n
+        cdef uint64_t v
+        cdef int shift
+        out = []
+        while pos + 5 <= size:
+            n = (<Py_ssize_t>p[pos + 1] << 24) | (p[pos + 2] << 16) | (p[pos + 3] << 8) | \
+                p[pos + 4]
+            if self._open == pos:
+                n = size - pos - 5          # the open batch's prefix is not written yet
+            pos += 5
+            end = pos + n
+            if not self.batched:
+                out.append(data[pos:end])
+                pos = end
+                continue
+            while pos < end:
+                pos += 1                    # the tag
+                v = 0
+                shift = 0
+                while p[pos] & 0x80:
+                    v |= <uint64_t>(p[pos] & 0x7F) << shift
+                    shift += 7
+                    pos += 1
+                v |= <uint64_t>p[pos] << shift
+                pos += 1
+                out.append(data[pos:pos + <Py_ssize_t>v])
+                pos += <Py_ssize_t>v
+        return out
+
+    def _append(self, bytes message):
+        cdef Py_ssize_t n = PyBytes_GET_SIZE(message)
+        cdef Py_ssize_t at = self._reserve(n)
+        memcpy(<uint8_t *>PyByteArray_AS_STRING(self._buf) + at,
+               PyBytes_AS_STRING(message), n)
+
+    cdef Py_ssize_t _reserve(self, Py_ssize_t n) except -1:
+        """Grow the buffer by one message of `n` bytes with its framing; returns where the
+        message's bytes go."""
+        cdef Py_ssize_t size = PyByteArray_GET_SIZE(self._buf)
+        cdef Py_ssize_t head
+        cdef uint8_t *o
+        if not self.batched:
+            PyByteArray_Resize(self._buf, size + 5 + n)
+            _put_prefix(<uint8_t *>PyByteArray_AS_STRING(self._buf) + size, False,
+                        <uint32_t>n)
+            return size + 5
+        head = 1 + _varint_size(<uint64_t>n)
+        if self._open >= 0 and size - self._open - 5 + head + n > BATCH_BYTES:
+            self._close_batch()
+        if self._open < 0:
+            self._open = size
+            size += 5
+        PyByteArray_Resize(self._buf, size + head + n)
+        o = <uint8_t *>PyByteArray_AS_STRING(self._buf) + size
+        o[0] = MESSAGES_TAG
+        _put_varint(o + 1, <uint64_t>n)
+        return size + head
+
+    cdef void _close_batch(self) noexcept:
+        cdef Py_ssize_t size = PyByteArray_GET_SIZE(self._buf)
+        if self._open >= 0:
+            _put_prefix(<uint8_t *>PyByteArray_AS_STRING(self._buf) + self._open, False,
+                        <uint32_t>(size - self._open - 5))
+            self._open = -1
 
     cpdef bint offer(self, bytes message, DeliveryStamp stamp=None) except -1:
         """Frame ``message`` as one gRPC message: as it is (non-reliable topics canonicalise
         once at publish, for every subscription), or with ``stamp`` rewritten into canonical
         form (a reliable topic's stored frames, which leave out what the stamp gives)."""
         cdef Py_ssize_t size = PyByteArray_GET_SIZE(self._buf)
-        cdef Py_ssize_t n
+        cdef Py_ssize_t n, at
         cdef uint8_t *o
         cdef const uint8_t *p = <const uint8_t *>PyBytes_AS_STRING(message)
         cdef _Decoded d
@@ -86,13 +184,12 @@ cdef class Outbox:
         if not self.enabled or (size and size + n + 5 > self.limit):
             return False
         # Grown in place and written into: the rewritten message needs no bytes of its own.
-        PyByteArray_Resize(self._buf, size + 5 + n)
-        o = <uint8_t *>PyByteArray_AS_STRING(self._buf) + size
-        _put_prefix(o, False, <uint32_t>n)
+        at = self._reserve(n)
+        o = <uint8_t *>PyByteArray_AS_STRING(self._buf) + at
         if stamp is None:
-            memcpy(o + 5, p, n)
+            memcpy(o, p, n)
         else:
-            _canon_write(p, PyBytes_GET_SIZE(message), &d, &stamp._s, &mid, o + 5)
+            _canon_write(p, PyBytes_GET_SIZE(message), &d, &stamp._s, &mid, o)
         self.count += 1
         self.delivered += 1
         self.delivered_bytes += n
@@ -103,6 +200,7 @@ cdef class Outbox:
     def take(self):
         """Everything buffered (length-prefixed messages, as a bytearray the caller now
         owns); empties the outbox."""
+        self._close_batch()
         out = self._buf
         self._buf = bytearray()
         self.count = 0

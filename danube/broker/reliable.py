@@ -37,6 +37,9 @@ import heapq
 import logging
 
 from danube import failure_policy as fp
+from danube.broker import _window
+from danube.broker._window import Delivery
+from danube.broker.cursor import CursorPersistence
 from danube.broker.subscription import EXCLUSIVE, FAILOVER, KEY_SHARED
 from danube.proto import DanubeApi_pb2 as pb
 from danube.storage.errors import OffsetTruncatedError
@@ -51,31 +54,27 @@ READ_BATCH = 256
 MAX_SETTLED_AHEAD = 65536
 
 
-class Delivery:
-    __slots__ = ("offset", "consumer", "deadline", "payload", "key")
-
-    def __init__(self, offset, consumer, deadline, payload, key):
-        self.offset = offset
-        self.consumer = consumer
-        self.deadline = deadline
-        self.payload = payload
-        self.key = key
-
-
-class ReliableDispatcher:
+class ReliableDispatcher(CursorPersistence):
     def __init__(self, subscription, topic, cursor, policy, window, *, loop, on_cursor,
-                 dead_letter):
+                 dead_letter, on_acked=None, acked=()):
         self.sub = subscription
         self.topic = topic
         self.cursor = cursor
         self.next_read = cursor + 1
         self.policy = policy
         self.window = window
+        self.window_owner = None           # the stream that asked for `window`, if one did
         self.loop = loop
         self._on_cursor = on_cursor        # async (cursor) -> None: persist it
         self._dead_letter = dead_letter    # async (delivery, attempts, reason) -> None
         self.inflight = {}
-        self.acked = set()
+        # No in-flight deadline is earlier than this (a lower bound: acks leave it stale).
+        self._earliest_deadline = float("inf")
+        # Persisted out-of-order acks (on_acked) from before a restart: skipped, not resent.
+        self.acked = _window.expand_ranges(acked, cursor, MAX_SETTLED_AHEAD)
+        self._on_acked = on_acked          # async ([[first, last], ...]) -> None, or None
+        self._saved_acked = sorted(self.acked)
+        self._flush_lock = asyncio.Lock()
         self.retry = []                    # heap of (due, offset)
         self.retry_payloads = {}           # offset -> (payload, key)
         self.orphans = {}                  # offset -> key: a left consumer's, not yet resent
@@ -129,24 +128,6 @@ class ReliableDispatcher:
         await asyncio.gather(*self._flushes, return_exceptions=True)
         await self.flush_cursor()
 
-    async def flush_cursor(self):
-        if self._saved_cursor != self.cursor:
-            cursor = self.cursor
-            await self._on_cursor(cursor)
-            self._saved_cursor = max(self._saved_cursor, cursor)
-
-    def flush_cursor_soon(self):
-        """Persist the cursor in the background (a consumer left: what it acked must
-        survive a restart); close() waits for it."""
-        if not self._closing:
-            self._own(self._flushes, self._flush_in_background())
-
-    async def _flush_in_background(self):
-        try:
-            await self.flush_cursor()
-        except Exception:  # noqa: BLE001 - the next flush (or close) writes it again
-            log.exception("%s/%s: saving the cursor failed", self.topic.name, self.sub.name)
-
     def _own(self, tasks, coro):
         task = self.loop.create_task(coro)
         tasks.add(task)
@@ -162,6 +143,16 @@ class ReliableDispatcher:
             elif offset <= self.cursor or offset >= self.next_read or offset in self.acked:
                 return
         self._settle(offset)
+
+    def ack_ranges(self, pairs):
+        """Acknowledge by inclusive (first, last) offset ranges, each offset as ack() would
+        (danube.broker._window.ack_ranges); returns how many messages were acknowledged."""
+        cursor, count = _window.ack_ranges(self, pairs)
+        self.cursor = cursor
+        if count:
+            self._schedule_save()
+            self.notify()
+        return count
 
     def nack(self, offset, delay_ms=None, reason=None):
         delivery = self.inflight.pop(offset, None)
@@ -224,17 +215,8 @@ class ReliableDispatcher:
             self._schedule_save()
         elif offset > self.cursor:
             self.acked.add(offset)
+            self._schedule_save()
         self.notify()
-
-    def _schedule_save(self):
-        # Debounced: the cursor is written at most about once a second while acks flow,
-        # and on close / consumer disconnect (flush_cursor).
-        if self._save_timer is None and not self._closing:
-            self._save_timer = self.loop.call_later(1.0, self._save_due)
-
-    def _save_due(self):
-        self._save_timer = None
-        self.flush_cursor_soon()
 
     def _schedule(self, delivery, due):
         heapq.heappush(self.retry, (due, delivery.offset))
@@ -307,13 +289,9 @@ class ReliableDispatcher:
         now = self.loop.time()
         next_deadline = now + HEARTBEAT
         ack_timeout = self.policy.ack_timeout_ms / 1000.0
-        for offset, delivery in list(self.inflight.items()):
-            if delivery.deadline <= now:
-                del self.inflight[offset]
-                self.stats["ack_timeouts"] += 1
-                self._failed(delivery, None, None)
-            else:
-                next_deadline = min(next_deadline, delivery.deadline)
+        if self._earliest_deadline <= now:
+            self._expire(now)
+        next_deadline = min(next_deadline, self._earliest_deadline)
         consumers = self._consumers()
         if consumers:
             # Redeliveries first, in offset order among those due.
@@ -338,6 +316,19 @@ class ReliableDispatcher:
             next_deadline = min(next_deadline, self.retry[0][0])
         return max(0.0, next_deadline - now)
 
+    def _expire(self, now):
+        """Ack timeouts. A pass only scans the in-flight messages once the earliest deadline
+        is due (every ack wakes the loop, and a scan per pass cost O(window) per ack)."""
+        earliest = float("inf")
+        for offset, delivery in list(self.inflight.items()):
+            if delivery.deadline <= now:
+                del self.inflight[offset]
+                self.stats["ack_timeouts"] += 1
+                self._failed(delivery, None, None)
+            elif delivery.deadline < earliest:
+                earliest = delivery.deadline
+        self._earliest_deadline = earliest
+
     def _deliver_new(self, consumers, deadline):
         # KeyShared: newer messages of a key a left consumer had in flight wait for those
         # to be sent again; the first such message holds back the ones behind it.
@@ -358,7 +349,25 @@ class ReliableDispatcher:
                     return          # being fetched from the durable tier; notify() follows
             if not batch:
                 return
+            if self.sub.sub_type in (EXCLUSIVE, FAILOVER):
+                # One consumer takes every message, none has a key: the whole run in C.
+                end_of_batch = batch[-1][0] + 1
+                if self.acked:
+                    batch = [e for e in batch if e[0] not in self.acked]
+                taken = _window.deliver_run(self.inflight, batch, consumers[0], deadline,
+                                            self.topic.delivery_stamp)
+                if taken:
+                    self._earliest_deadline = min(self._earliest_deadline, deadline)
+                if taken < len(batch):
+                    if taken:
+                        self.next_read = batch[taken - 1][0] + 1
+                    return
+                self.next_read = end_of_batch
+                continue
             for offset, payload in batch:
+                if offset in self.acked:
+                    self.next_read = offset + 1
+                    continue
                 key = self._key(payload)
                 if self._unroutable(key):
                     self.next_read = offset + 1
@@ -425,6 +434,8 @@ class ReliableDispatcher:
         if consumer is None or not consumer.outbox.offer(payload, self.topic.delivery_stamp):
             return False
         self.inflight[offset] = Delivery(offset, consumer, deadline, payload, key)
+        if deadline < self._earliest_deadline:
+            self._earliest_deadline = deadline
         return True
 
     def _pick(self, consumers, key):

@@ -64,11 +64,12 @@ class DanubeClient:
         return producer
 
     async def subscribe(self, topic, consumer_name, subscription, sub_type="shared",
-                        key_filters=(), queue_size=1000):
-        """A consumer subscribed to every partition of `topic`."""
+                        key_filters=(), queue_size=1000, **options):
+        """A consumer subscribed to every partition of `topic`; `options` as Consumer's
+        (max_unacked_messages, batch_acks, ack_batch, ack_delay)."""
         self._check_open()
         consumer = Consumer(self, topic, consumer_name, subscription, sub_type, key_filters,
-                            queue_size)
+                            queue_size, **options)
         await consumer._subscribe()
         self._members.add(consumer)
         return consumer

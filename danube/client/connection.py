@@ -56,6 +56,12 @@ class BrokerStub:
             "/danube.ConsumerService/ReceiveMessages", pb.ReceiveRequest.SerializeToString,
             pb.StreamMessage.FromString)
         self.ack = m(channel, "/danube.ConsumerService/Ack", pb.AckRequest, pb.AckResponse)
+        # Our extension's batched consume (UNIMPLEMENTED on an upstream broker).
+        self.receive_batches = channel.unary_stream(
+            "/danube_ext.BatchConsumer/ReceiveBatches",
+            ext.ReceiveBatchesRequest.SerializeToString, ext.DeliveryBatch.FromString)
+        self.ack_ranges = m(channel, "/danube_ext.BatchConsumer/AckRanges",
+                            ext.AckRangesRequest, ext.AckRangesResponse)
         self.nack = m(channel, "/danube.ConsumerService/Nack", pb.NackRequest, pb.NackResponse)
         self.topic_lookup = m(channel, "/danube.Discovery/TopicLookup",
                               pb.TopicLookupRequest, pb.TopicLookupResponse)

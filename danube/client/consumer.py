@@ -1,15 +1,22 @@
 """Consumers. A TopicConsumer is one broker-side consumer on one topic (or partition); a
-Consumer subscribes to every partition and merges their ReceiveMessages streams into one
-bounded queue, which is where backpressure comes from: a full queue stops the stream
-readers, HTTP/2 flow control then holds the broker back."""
+Consumer subscribes to every partition and merges their delivery streams into one bounded
+buffer, which is where backpressure comes from: a full buffer stops the stream readers,
+HTTP/2 flow control then holds the broker back.
+
+Against our broker the streams are danube_ext.BatchConsumer/ReceiveBatches (many messages
+per stream message) and, with ``batch_acks``, acks go as offset ranges (danube.client.acks);
+against an upstream broker (UNIMPLEMENTED) ReceiveMessages and Ack, as upstream's clients."""
 
 import asyncio
+import collections
 import itertools
 import logging
 
 from danube.client import errors
+from danube.client.acks import AckBatcher
 from danube.client.connection import BrokerAddress
 from danube.proto import DanubeApi_pb2 as pb
+from danube.proto import DanubeExt_pb2 as ext
 from danube.rpc import RpcError, StatusCode
 
 log = logging.getLogger("danube.client.consumer")
@@ -47,8 +54,11 @@ _CLOSED = object()
 
 
 class TopicConsumer:
-    def __init__(self, client, topic, name, subscription, sub_type, key_filters):
+    def __init__(self, client, topic, name, subscription, sub_type, key_filters, window=0):
         self.client = client
+        self.window = window            # max_unacked_messages asked of ReceiveBatches, or 0
+        self.batched = True             # ReceiveBatches until the broker says UNIMPLEMENTED
+        self.acks = None                # its AckBatcher, with batch_acks
         self.topic = topic
         self.name = name
         self.subscription = subscription
@@ -94,9 +104,16 @@ class TopicConsumer:
             self._call.cancel()
 
     async def open_stream(self):
-        self._call = await self._stub.receive_messages(
-            pb.ReceiveRequest(request_id=next(self._ids), consumer_id=self.consumer_id),
-            metadata=self._metadata)
+        if self.batched:
+            self._call = await self._stub.receive_batches(
+                ext.ReceiveBatchesRequest(request_id=next(self._ids),
+                                          consumer_id=self.consumer_id,
+                                          max_unacked_messages=self.window),
+                metadata=self._metadata)
+        else:
+            self._call = await self._stub.receive_messages(
+                pb.ReceiveRequest(request_id=next(self._ids), consumer_id=self.consumer_id),
+                metadata=self._metadata)
         return self._call
 
     async def ack(self, msg, subscription):
@@ -114,6 +131,8 @@ class TopicConsumer:
         await self._stub.nack(request, timeout=self.client.rpc_timeout, metadata=self._metadata)
 
     def stop(self):
+        if self.acks is not None:
+            self.acks.cancel()
         if self._health is not None:
             self._health.cancel()
             self._health = None
@@ -121,20 +140,41 @@ class TopicConsumer:
 
 class Consumer:
     """`await client.subscribe(topic, consumer_name, subscription, sub_type="shared")`;
-    then `async for msg in consumer.messages()` (or `await consumer.receive()`), and
-    `await consumer.ack(msg)` for each. Messages are DanubeApi_pb2.StreamMessage."""
+    then `async for msg in consumer.messages()` (or `await consumer.receive()`, or
+    `await consumer.receive_many()`), and `await consumer.ack(msg)` for each. Messages are
+    DanubeApi_pb2.StreamMessage.
+
+    ``max_unacked_messages`` (1..10000): the reliable subscription's window while this
+    consumer's stream is open (our broker; an operator's SetSubscriptionDispatchConfig
+    wins). ``batch_acks``: ``ack`` queues the message and returns at once; queued acks go
+    as offset ranges in one call per ``ack_batch`` messages (default: a quarter of the
+    window, at most 1024) or after ``ack_delay`` seconds; ``flush_acks()`` waits for them
+    and raises a failed call's error; ``close()`` flushes."""
 
     def __init__(self, client, topic, name, subscription, sub_type="shared", key_filters=(),
-                 queue_size=1000):
+                 queue_size=1000, *, max_unacked_messages=None, batch_acks=False,
+                 ack_batch=None, ack_delay=0.002):
         if not name or not subscription:
             raise errors.InvalidArgument("a consumer needs a name and a subscription")
+        if max_unacked_messages is not None and not 1 <= max_unacked_messages <= 10000:
+            raise errors.InvalidArgument(f"max_unacked_messages must be between 1 and "
+                                         f"10000, not {max_unacked_messages}")
         self.client = client
         self.topic = topic
         self.name = name
         self.subscription = subscription
         self.sub_type = sub_type_value(sub_type)
         self.key_filters = tuple(key_filters)
-        self._queue = asyncio.Queue(queue_size)
+        self.window = max_unacked_messages or 0
+        self.batch_acks = batch_acks
+        self.ack_batch = ack_batch or max(1, min(1024, (self.window or 10) // 4))
+        self.ack_delay = ack_delay
+        self.queue_size = queue_size
+        self._buffer = collections.deque()
+        self._readable = asyncio.Event()     # the buffer holds something
+        self._writable = asyncio.Event()     # the buffer has room
+        self._writable.set()
+        self._only_acks = None
         self._consumers = {}        # partition topic -> TopicConsumer
         self._loops = []
         self._closed = False
@@ -144,7 +184,11 @@ class Consumer:
         if not partitions:
             raise errors.NoTopicsFound(f"No topics found for {self.topic}")
         consumers = [TopicConsumer(self.client, p, self.name, self.subscription,
-                                   self.sub_type, self.key_filters) for p in partitions]
+                                   self.sub_type, self.key_filters, self.window)
+                     for p in partitions]
+        if self.batch_acks:
+            for c in consumers:
+                c.acks = AckBatcher(c, self.subscription, self.ack_batch, self.ack_delay)
         try:
             await asyncio.gather(*(c.subscribe() for c in consumers))
         except BaseException as exc:
@@ -155,6 +199,8 @@ class Consumer:
                                            f"{self.topic}") from None
             raise
         self._consumers = {c.topic: c for c in consumers}
+        # One partition: ack() need not look the message's partition up.
+        self._only_acks = consumers[0].acks if len(consumers) == 1 else None
         self._loops = [self.client.spawn(self._receive_loop(c), name=f"danube-recv-{c.topic}")
                        for c in consumers]
 
@@ -165,18 +211,55 @@ class Consumer:
     async def receive(self, timeout=None):
         """The next message. Raises ClientClosed after close(), the partition's DanubeError
         if its stream failed for good, TimeoutError after `timeout` seconds."""
-        if self._closed and self._queue.empty():
+        buffer = self._buffer
+        if not buffer:
+            await self._wait_readable(timeout)
+        item = buffer[0]
+        if item is _CLOSED or type(item) is _Failure:
+            return self._marker(item)
+        buffer.popleft()
+        if not buffer:
+            self._readable.clear()
+        if len(buffer) < self.queue_size:
+            self._writable.set()
+        return item
+
+    async def receive_many(self, max_messages=1000, timeout=None):
+        """Every message waiting, up to ``max_messages`` (at least one: waits for it as
+        receive() does)."""
+        buffer = self._buffer
+        if not buffer:
+            await self._wait_readable(timeout)
+        out = []
+        pop = buffer.popleft
+        while buffer and len(out) < max_messages:
+            if buffer[0] is _CLOSED or type(buffer[0]) is _Failure:
+                if out:
+                    break
+                return self._marker(buffer[0])
+            out.append(pop())
+        if not buffer:
+            self._readable.clear()
+        if len(buffer) < self.queue_size:
+            self._writable.set()
+        return out
+
+    async def _wait_readable(self, timeout):
+        if self._closed and not self._buffer:
             raise errors.ClientClosed("the consumer is closed")
         if timeout is None:
-            item = await self._queue.get()
+            await self._readable.wait()
         else:
-            item = await asyncio.wait_for(self._queue.get(), timeout)
+            await asyncio.wait_for(self._readable.wait(), timeout)
+
+    def _marker(self, item):
         if item is _CLOSED:
-            self._queue.put_nowait(_CLOSED)     # for any other reader
-            raise errors.ClientClosed("the consumer is closed")
-        if type(item) is _Failure:
-            raise item.error
-        return item
+            raise errors.ClientClosed("the consumer is closed")     # left for other readers
+        self._buffer.popleft()
+        if not self._buffer:
+            self._readable.clear()
+        self._writable.set()
+        raise item.error
 
     async def messages(self):
         """Messages until the consumer is closed."""
@@ -187,7 +270,25 @@ class Consumer:
                 return
 
     async def ack(self, msg):
+        if self._only_acks is not None:         # batch_acks on a single partition
+            self._only_acks.add(msg)
+            return
+        if self.batch_acks:
+            consumer = self._consumers.get(msg.msg_id.topic_name)
+            if consumer is not None:
+                consumer.acks.add(msg)
+                return
         await self._call_for(msg, "acknowledge", lambda c: c.ack(msg, self.subscription))
+
+    async def flush_acks(self):
+        """batch_acks: send the queued acks and wait for them; raises the error of a call
+        that failed since the last flush (the broker redelivers what it did not get)."""
+        for consumer in self._consumers.values():
+            if consumer.acks is not None:
+                try:
+                    await consumer.acks.flush()
+                except RpcError as exc:
+                    raise errors.from_rpc(exc, f"acknowledge on {consumer.topic}") from None
 
     async def nack(self, msg, delay_ms=None, reason=None):
         await self._call_for(msg, "negatively acknowledge",
@@ -208,6 +309,10 @@ class Consumer:
         if self._closed:
             return
         self._closed = True
+        try:
+            await self.flush_acks()
+        except errors.DanubeError as exc:
+            log.warning("acknowledgements lost at close (they will be redelivered): %s", exc)
         for consumer in self._consumers.values():
             consumer.stop()
         for task in self._loops:
@@ -215,16 +320,22 @@ class Consumer:
         await asyncio.gather(*self._loops, return_exceptions=True)
         # Unread messages are dropped (reliable ones are redelivered, being unacked); the
         # marker wakes a reader blocked in receive().
-        while not self._queue.empty():
-            self._queue.get_nowait()
-        self._queue.put_nowait(_CLOSED)
+        self._buffer.clear()
+        self._buffer.append(_CLOSED)
+        self._readable.set()
+        self._writable.set()
         self.client._forget(self)
 
     async def _put(self, item):
-        if self._queue.full():
-            await self._queue.put(item)
-        else:
-            self._queue.put_nowait(item)
+        await self._put_many((item,))
+
+    async def _put_many(self, items):
+        buffer = self._buffer
+        buffer.extend(items)
+        self._readable.set()
+        if len(buffer) >= self.queue_size:
+            self._writable.clear()
+            await self._writable.wait()
 
     async def _receive_loop(self, consumer):
         """Read one partition's stream into the queue, recovering as upstream does: retry
@@ -249,10 +360,16 @@ class Consumer:
                     if not batch:
                         break
                     attempt = 0
-                    for msg in batch:
-                        await self._put(msg)
+                    if consumer.batched:
+                        for delivery in batch:
+                            await self._put_many(delivery.messages)
+                    else:
+                        await self._put_many(batch)
                 resubscribe = True      # the broker ended the stream cleanly
             except RpcError as exc:
+                if exc.code == StatusCode.UNIMPLEMENTED and consumer.batched:
+                    consumer.batched = False        # an upstream broker: ReceiveMessages
+                    continue
                 if consumer.closed_by_broker or exc.code == StatusCode.NOT_FOUND:
                     resubscribe = True
                 elif policy.retryable(exc):

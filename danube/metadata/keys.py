@@ -178,6 +178,12 @@ def subscription_cursor(topic: str, subscription: str) -> str:
     return f"{topic_subscription(topic, subscription)}/cursor"
 
 
+def subscription_acked(topic: str, subscription: str) -> str:
+    """Value: ``[[first, last], ...]``, offsets above the cursor acknowledged out of order
+    (inclusive ranges), so a restart redelivers only what was not acknowledged."""
+    return f"{topic_subscription(topic, subscription)}/acked"
+
+
 def subscription_failure_policy(topic: str, subscription: str) -> str:
     """Value: ``{max_redelivery_count, ack_timeout_ms, base_redelivery_delay_ms,
     max_redelivery_delay_ms, backoff_strategy, dead_letter_topic, poison_policy}``."""

@@ -92,6 +92,8 @@ def _rows():
     add("danube.HealthCheck", None, _cluster, "HealthCheck")
     add("danube.StorageService", "Consume", _TOPIC, "ListSegmentDescriptors")
     add("danube_ext.BatchProducer", "Produce", _send_messages, "SendMessages")
+    add("danube_ext.BatchConsumer", "Consume", _receive, "ReceiveBatches")
+    add("danube_ext.BatchConsumer", "Consume", _TOPIC_NAME_FIELD, "AckRanges")
     add("danube_ext.TopicHistory", "Consume", _TOPIC, "GetOffsets", "ReadRange")
     add("danube_ext.TopicStatsService", "ManageTopic", _TOPIC_NAME, "GetTopicStats")
     add("danube_ext.TopicStatsService", "ManageTopic", _field("namespace", namespace),

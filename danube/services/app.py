@@ -17,7 +17,7 @@ from danube.security.guard import Guard
 from danube.security.rbac import Rbac
 from danube.security.tls import ServerTls
 from danube.security.tokens import TokenVerifier, weak_secret_warning
-from danube.services import admin, client_api, ext, health, history, schema
+from danube.services import admin, batch_consumer, client_api, ext, health, history, schema
 from danube.services.metrics import MetricsExporter
 
 log = logging.getLogger("danube.broker")
@@ -110,6 +110,7 @@ class Broker:
         await self.rbac.start()
         client_api.register(self.client_server, self.core)
         ext.register(self.client_server, self.core)
+        batch_consumer.register(self.client_server, self.core)
         history.register(self.client_server, self.core)
         admin.register(self.admin_server, self.core, self.rbac)
         # Both ports, as upstream (reference a.0): clients on 6650, danube-admin on 50051.

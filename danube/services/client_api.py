@@ -17,6 +17,44 @@ log = logging.getLogger("danube.broker.services")
 UNLOADED_STREAM_PAUSE = 0.5
 
 
+async def serve_stream(core, consumer_id, context, *, batched=False, window=0):
+    """A consumer's delivery stream (ReceiveMessages, or danube_ext.BatchConsumer/
+    ReceiveBatches when ``batched``: many messages per stream message); ``window``, when
+    not 0, is the max_unacked_messages the consumer asks for while the stream lasts
+    (core.request_window)."""
+    client = context.conn
+    try:
+        consumer = core.consumer(consumer_id)
+        if consumer.must_wait(client):
+            log.info("consumer %r was taken over by another connection; this "
+                     "ReceiveMessages waits until that one lets it go", consumer.name)
+        while consumer.must_wait(client):
+            await consumer.turn()
+            consumer = core.consumer(consumer_id)   # removed meanwhile?
+        if window:
+            await core.request_window(consumer, window, context)
+    except e.TopicUnloaded as exc:
+        # The official clients reopen a failed stream at once, without backoff, until
+        # their health check (every 5 s) tells them to subscribe again: answering after
+        # a pause keeps that from being thousands of calls.
+        await asyncio.sleep(UNLOADED_STREAM_PAUSE)
+        raise to_rpc_error(exc) from None
+    except e.BrokerError as exc:
+        raise to_rpc_error(exc) from None
+    sink = StreamSink(context)
+    consumer.outbox.set_batched(batched)
+    consumer.attach(sink, client)
+    try:
+        reason = await sink.ended()
+    finally:
+        consumer.stream_ended(sink)
+        await sink.close()
+        if window:
+            await core.release_window(consumer, context)
+    if reason is not None:
+        raise to_rpc_error(reason)
+
+
 class ProducerService:
     def __init__(self, core):
         self.core = core
@@ -62,32 +100,7 @@ class ConsumerService:
                                    consumer_name=request.consumer_name)
 
     async def ReceiveMessages(self, request, context):
-        client = context.conn
-        try:
-            consumer = self.core.consumer(request.consumer_id)
-            if consumer.must_wait(client):
-                log.info("consumer %r was taken over by another connection; this "
-                         "ReceiveMessages waits until that one lets it go", consumer.name)
-            while consumer.must_wait(client):
-                await consumer.turn()
-                consumer = self.core.consumer(request.consumer_id)   # removed meanwhile?
-        except e.TopicUnloaded as exc:
-            # The official clients reopen a failed stream at once, without backoff, until
-            # their health check (every 5 s) tells them to subscribe again: answering after
-            # a pause keeps that from being thousands of calls.
-            await asyncio.sleep(UNLOADED_STREAM_PAUSE)
-            raise to_rpc_error(exc) from None
-        except e.BrokerError as exc:
-            raise to_rpc_error(exc) from None
-        sink = StreamSink(context)
-        consumer.attach(sink, client)
-        try:
-            reason = await sink.ended()
-        finally:
-            consumer.stream_ended(sink)
-            await sink.close()
-        if reason is not None:
-            raise to_rpc_error(reason)
+        await serve_stream(self.core, request.consumer_id, context)
 
     @maps_errors({e.TopicNotFound: StatusCode.INTERNAL})
     async def Ack(self, request, context):

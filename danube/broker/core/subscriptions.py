@@ -46,9 +46,11 @@ class Subscriptions:
             cursor = await self.store.get(keys.subscription_cursor(topic.name, sub_name))
             policy = await self._load_failure_policy(topic.name, sub_name)
             window = await self._load_window(topic.name, sub_name)
+            acked = await self.store.get(keys.subscription_acked(topic.name, sub_name))
             self._attach_subscription(topic, Subscription(topic, sub_name, sub_type),
                                       cursor if isinstance(cursor, int) else
-                                      topic.log.next_offset - 1, policy, window)
+                                      topic.log.next_offset - 1, policy, window,
+                                      acked if isinstance(acked, list) else ())
 
     # -- subscriptions and consumers -----------------------------------------------------
 
@@ -151,11 +153,14 @@ class Subscriptions:
             return value
         return self.cfg.max_unacked_messages
 
-    def _attach_subscription(self, topic, sub, cursor, policy, window):
+    def _attach_subscription(self, topic, sub, cursor, policy, window, acked=()):
         topic_name, sub_name = topic.name, sub.name
 
         async def save_cursor(value):
             await self.store.put(keys.subscription_cursor(topic_name, sub_name), value)
+
+        async def save_acked(ranges):
+            await self.store.put(keys.subscription_acked(topic_name, sub_name), ranges)
 
         async def dead_letter(delivery, attempts, reason):
             # The dispatcher's policy, not the one it started with: the admin API may set
@@ -165,7 +170,8 @@ class Subscriptions:
 
         sub.dispatcher = ReliableDispatcher(
             sub, topic, cursor, policy, window, loop=self.loop,
-            on_cursor=save_cursor, dead_letter=dead_letter)
+            on_cursor=save_cursor, dead_letter=dead_letter, on_acked=save_acked,
+            acked=acked)
         topic.subscriptions[sub_name] = sub
         topic.subscriptions_changed()
 
@@ -213,6 +219,35 @@ class Subscriptions:
         if self.consumers.get(consumer.consumer_id) is consumer:
             del self.consumers[consumer.consumer_id]
         self.registry.remove_consumer(consumer.consumer_id)
+
+    async def request_window(self, consumer, window, stream):
+        """A consumer's ``stream`` (ReceiveBatches) asked for max_unacked_messages ``window``:
+        the subscription's dispatcher takes it while the stream lasts, unless the operator
+        set one for the subscription (SetSubscriptionDispatchConfig), which wins.
+        Non-reliable: nothing to do."""
+        sub = consumer.subscription
+        if sub.dispatcher is None:
+            return
+        record = await self.store.get(keys.subscription_dispatch_config(sub.topic.name,
+                                                                        sub.name))
+        if isinstance(record, dict) and isinstance(record.get("max_unacked_messages"), int):
+            return
+        sub.dispatcher.window = window
+        sub.dispatcher.window_owner = stream
+        sub.dispatcher.notify()
+
+    async def release_window(self, consumer, stream):
+        """``stream``, which asked for a window, ended: unless another stream asked since,
+        the subscription's own window (the operator's, or the broker's default) is back."""
+        sub = consumer.subscription
+        dispatcher = sub.dispatcher
+        if dispatcher is None or dispatcher.window_owner is not stream:
+            return
+        window = await self._load_window(sub.topic.name, sub.name)
+        if dispatcher.window_owner is stream:
+            dispatcher.window = window
+            dispatcher.window_owner = None
+            dispatcher.notify()
 
     def subscription_for_ack(self, topic_name, sub_name):
         topic = self.topics.get(topic_name)
