@@ -34,6 +34,7 @@ _CODES = {
     e.BrokerNotFound: StatusCode.NOT_FOUND,
     e.ClusterRequired: StatusCode.FAILED_PRECONDITION,
     e.TopicUnloaded: StatusCode.UNAVAILABLE,
+    e.TopicElsewhere: StatusCode.UNAVAILABLE,
 }
 
 

@@ -46,6 +46,8 @@ class Admin:
 
     @property
     def leader_id(self):
+        if self.cluster is not None:
+            return self.cluster.view.leader or ""
         return str(self.broker_id)
 
     async def broker_status(self, broker_id):

@@ -10,7 +10,7 @@ import shutil
 
 from danube.broker import names
 from danube.broker.errors import (InvalidTopicName, NamespaceNotEmpty, NamespaceNotFound,
-                                  TopicAlreadyExists, TopicNotFound)
+                                  TopicAlreadyExists, TopicElsewhere, TopicNotFound)
 from danube.broker.topic import DELIVERY_NAMES, NON_RELIABLE, RELIABLE, Topic
 from danube.config import Policies
 from danube.metadata import keys
@@ -56,8 +56,35 @@ class Topics:
         else:
             await self.store.delete_prefix(keys.topic_subscriptions_prefix(name))
         self.topics[name] = topic
-        await self.store.put(keys.cluster_broker_topic(self.broker_id, name), None)
+        if not self.clustered:      # in a cluster the leader writes assignments
+            await self.store.put(keys.cluster_broker_topic(self.broker_id, name), None)
         return topic
+
+    async def serve_topic(self, name):
+        """Cluster mode: serve a topic the leader placed here (see _load_topic)."""
+        if name not in self.topics:
+            await self._load_topic(name)
+
+    async def release_topic(self, name, reason, upload_timeout=None):
+        """Cluster mode: stop serving a topic that moves elsewhere. Its clients are told to
+        look it up again; with ``upload_timeout`` (a graceful move) its last segments go to
+        the durable tier first, so the next owner starts from all of it."""
+        topic = self.topics.get(name)
+        if topic is None:
+            return
+        topic.closed = True
+        if upload_timeout and self.tiered is not None and topic.log is not None:
+            await self.tiered.flush(upload_timeout)
+        if self.topics.get(name) is topic:
+            del self.topics[name]
+        self._remember_unloaded(topic)
+        topic.close_reason = reason
+        await self._unload(topic, reason)
+
+    async def _topic_exists(self, name):
+        """Served here, or (in a cluster) recorded in metadata wherever it is served."""
+        return name in self.topics or self.clustered and \
+            await self.store.get_entry(keys.namespace_topic(name)) is not None
 
     async def _open_log(self, topic):
         # Not validate_topic: a topic recorded before a name rule tightened is still served.
@@ -125,6 +152,8 @@ class Topics:
         topic = self.topics.get(name)
         if topic is None:
             names.validate_topic(name)
+            if self.cluster is not None:
+                self.cluster.check_elsewhere(name)
             raise TopicNotFound(f"Unable to find the requested topic: {name}")
         return topic
 
@@ -132,16 +161,19 @@ class Topics:
         """Admin creation: ALREADY_EXISTS if present; partition/plain name conflicts refused."""
         names.validate_topic(name)
         async with self._lock:
-            if name in self.topics:
+            if await self._topic_exists(name):
                 raise TopicAlreadyExists(f"topic {name} already exists")
             await self._check_partition_conflict(name)
-            return await self._create_topic(name, delivery)
+            try:
+                return await self._create_topic(name, delivery)
+            except TopicElsewhere:
+                return None         # created, and served by another broker of the cluster
 
     async def create_partitioned_topic(self, base, partitions, delivery=NON_RELIABLE):
         names.validate_topic(base, "base_name")
         names.validate_partitions(base, partitions)
         async with self._lock:
-            if base in self.topics:
+            if await self._topic_exists(base):
                 raise TopicAlreadyExists(f"topic {base} already exists as a non-partitioned topic")
             existing = await self.partitions(base)
             if existing:
@@ -149,8 +181,11 @@ class Topics:
             created = []
             try:
                 for i in range(partitions):
-                    created.append(await self._create_topic(names.partition_name(base, i),
-                                                            delivery))
+                    try:
+                        created.append(await self._create_topic(
+                            names.partition_name(base, i), delivery))
+                    except TopicElsewhere:
+                        pass        # created, and served by another broker of the cluster
             except BaseException:
                 # All or nothing: a half-created partitioned topic would answer
                 # TopicPartitions with fewer partitions than asked for.
@@ -162,7 +197,7 @@ class Topics:
     async def _check_partition_conflict(self, name):
         ns, topic = names.validate_topic(name)
         split = names.split_partition(topic)
-        if split is not None and f"/{ns}/{split[0]}" in self.topics:
+        if split is not None and await self._topic_exists(f"/{ns}/{split[0]}"):
             raise TopicAlreadyExists(
                 f"cannot create partition {name}: a non-partitioned topic /{ns}/{split[0]} exists")
         if split is None and await self.partitions(name):
@@ -174,6 +209,8 @@ class Topics:
         if not await self.namespace_exists(ns):
             raise NamespaceNotFound(f"Unable to find the namespace {ns}")
         delivery_name = DELIVERY_NAMES[delivery]     # a KeyError here, before any write
+        if self.clustered and name != SYSTEM_TOPIC:
+            return await self.cluster.create_topic(name, delivery_name)
         topic = Topic(self, name, delivery)
         topic.policies = await self.policies_for(name)
         try:
@@ -219,7 +256,7 @@ class Topics:
                 f"Cannot delete individual partition '{name}'. Delete the base topic instead "
                 f"(e.g., if partition is '/default/mytopic-part-0', delete '/default/mytopic').")
         async with self._lock:
-            targets = [name] if name in self.topics else await self.partitions(name)
+            targets = await self.partitions(name)
             if not targets:
                 raise TopicNotFound(f"Unable to find the requested topic: {name}")
             for target in targets:
@@ -233,7 +270,10 @@ class Topics:
                         await self.tiered.delete_topic(target)
                 await self.store.delete(keys.namespace_topic(target))
                 await self.store.delete_prefix(keys.topic_root(target))
-                await self.store.delete(keys.cluster_broker_topic(self.broker_id, target))
+                if self.cluster is not None:
+                    await self.cluster.forget_topic(target)
+                else:
+                    await self.store.delete(keys.cluster_broker_topic(self.broker_id, target))
                 log.info("topic %s deleted", target)
 
     async def _unload(self, topic, reason):
@@ -258,7 +298,7 @@ class Topics:
         Partitions are numbered from 0 without gaps, so probing costs O(partitions), not a
         scan of the namespace."""
         names.validate_topic(name)
-        if name in self.topics:
+        if await self._topic_exists(name):
             return [name]
         found = []
         while True:
@@ -269,10 +309,15 @@ class Topics:
             found.append(candidate)
 
     def lookup(self, name):
+        """(broker_url, connect_url) of the broker serving the topic: this one, or in a
+        cluster the owner."""
         names.validate_topic(name)
-        if name not in self.topics:
+        if name in self.topics:
+            return self.cfg.advertised_broker_url, self.cfg.advertised_connect_url
+        located = self.cluster.locate(name) if self.cluster is not None else None
+        if located is None:
             raise TopicNotFound(f"Unable to find the requested topic: {name}")
-        return self.cfg.advertised_broker_url, self.cfg.advertised_connect_url
+        return located
 
     # -- retention -----------------------------------------------------------------------
 
