@@ -26,6 +26,7 @@ import asyncio
 import collections
 import logging
 
+from danube.broker.core.topics import SYSTEM_TOPIC
 from danube.cluster import strategies
 from danube.metadata import keys
 from danube.metadata.errors import MetadataError
@@ -111,6 +112,8 @@ class LoadManager:
             if len(parts) != 6 or parts[3] != "topics":
                 continue
             topic = f"/{parts[4]}/{parts[5]}"
+            if topic == SYSTEM_TOPIC:
+                continue                # every broker has its own
             if topic not in self.view.owners and topic not in self.view.unassigned:
                 await self.store.put(keys.cluster_unassigned(topic), None)
 
@@ -144,9 +147,8 @@ class LoadManager:
             return None
         if isinstance(marker, dict):
             source = str(marker.get("from_broker", ""))
-            if marker.get("reason") == "unload" and not marker.get("ready") and \
-                    source in self.view.registered:
-                return None
+            if marker.get("ready") is False and source in self.view.registered:
+                return None             # the owner has not let it go yet
             target = str(marker.get("to_broker", ""))
             if marker.get("reason") == "rebalance" and target in counts:
                 return target
@@ -167,8 +169,10 @@ class LoadManager:
         for topic, marker in pending.items():
             owner = self.view.owners.get(topic)
             if owner is not None and owner in self.view.registered:
-                done.append(topic)                  # already served: a late marker
-                continue
+                moving_from = marker.get("from_broker") if isinstance(marker, dict) else None
+                if str(moving_from) != owner:
+                    done.append(topic)              # already served: a late marker
+                continue                            # a move whose owner lets go next
             target = self._target(topic, marker, counts)
             if target is None:
                 continue

@@ -15,6 +15,7 @@ import shutil
 
 from danube.broker.core.topics import SYSTEM_TOPIC
 from danube.broker.errors import TopicElsewhere, TopicUnloaded
+from danube.cluster.admin import ClusterOps
 from danube.cluster.election import LeaderElection
 from danube.cluster.load_manager import LoadManager
 from danube.cluster.load_report import LoadReporter
@@ -51,6 +52,8 @@ class ClusterNode:
                                    reconcile_every=cfg.lease_ttl_seconds)
         self.reporter = LoadReporter(core, store, self.broker_id,
                                      cfg.load_report_interval_seconds)
+        self.ops = ClusterOps(self)
+        self.redirects = 0
         self._serving: dict[str, asyncio.Task] = {}
         self._placed: dict[str, list[asyncio.Future]] = {}
 
@@ -99,6 +102,7 @@ class ClusterNode:
         record = self.view.registered.get(owner) if owner is not None else None
         if record is None or not record.get("broker_url"):
             return None
+        self.redirects += 1
         return record["broker_url"], record.get("connect_url") or record["broker_url"]
 
     def check_elsewhere(self, topic: str) -> None:
@@ -139,6 +143,14 @@ class ClusterNode:
         if owner is not None:
             await self.store.delete(keys.cluster_broker_topic(owner, name))
         await self.store.delete(keys.cluster_unassigned(name))
+
+    async def status(self) -> dict:
+        """ClusterStatus: the etcd cluster's members and Raft state, and the leader broker."""
+        etcd = await self.store.cluster_status()
+        return {"leader_id": int(self.view.leader or 0), "self_node_id": int(self.broker_id),
+                "current_term": etcd["raft_term"], "last_applied": etcd["raft_applied_index"],
+                "voters": etcd["voters"], "learners": etcd["learners"],
+                "raft_addr": ",".join(self.cfg.etcd_endpoints)}
 
     # -- assignments to this broker ---------------------------------------------------------
 
@@ -236,8 +248,8 @@ class ClusterNode:
             return
         try:
             marker = self.view.unassigned.get(name)
-            if isinstance(marker, dict) and marker.get("reason") == "unload" and \
-                    str(marker.get("from_broker")) == self.broker_id and not marker.get("ready"):
+            if isinstance(marker, dict) and marker.get("ready") is False and \
+                    str(marker.get("from_broker")) == self.broker_id:
                 await self.store.put(keys.cluster_unassigned(name), {**marker, "ready": True})
             if topic is not None and topic.log is not None and \
                     await self.store.get_entry(keys.namespace_topic(name)) is None:

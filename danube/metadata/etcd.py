@@ -352,6 +352,22 @@ class EtcdStore(MetadataStore):
                 await self._settle(int(answer["header"]["revision"]), [counter_key])
                 return current + 1
 
+    async def cluster_status(self) -> dict:
+        """The etcd cluster as the member this store talks to sees it: Raft term and index,
+        the leader's member id, and the member ids of voters and learners."""
+        status = await self._call("maintenance/status", {})
+        members = (await self._call("cluster/member/list", {})).get("members", [])
+
+        def member_id(m):
+            return int(m.get("ID", 0))
+        # The gateway spells these fields as etcd's proto does (camelCase).
+        return {"raft_term": int(status.get("raftTerm", 0)),
+                "raft_applied_index": int(status.get("raftAppliedIndex",
+                                                     status.get("raftIndex", 0))),
+                "leader": int(status.get("leader", 0)),
+                "voters": sorted(member_id(m) for m in members if not m.get("isLearner")),
+                "learners": sorted(member_id(m) for m in members if m.get("isLearner"))}
+
     # -- lifecycle --------------------------------------------------------------------------
 
     async def start(self) -> None:

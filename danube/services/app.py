@@ -19,6 +19,7 @@ from danube.security.rbac import Rbac
 from danube.security.tls import ServerTls
 from danube.security.tokens import TokenVerifier, weak_secret_warning
 from danube.services import admin, client_api, ext, health, history, schema
+from danube.services.admin import cluster as cluster_admin
 from danube.services.metrics import MetricsExporter
 
 log = logging.getLogger("danube.broker")
@@ -150,6 +151,7 @@ class Broker:
             from danube.cluster import ClusterNode
             self.cluster = self.core.cluster = ClusterNode(self.core, self.store, cfg)
             await self.cluster.start()
+            cluster_admin.register(self.admin_server, self.cluster)
         else:
             await self.core.register()
         log.info("broker ready: mode=%s broker_url=%s connect_url=%s data_dir=%s", cfg.mode,

@@ -218,7 +218,8 @@ class Topics:
                 await self._open_log(topic)
             await self.store.put(keys.namespace_topic(name), None)
             await self.store.put(keys.topic_delivery(name), delivery_name)
-            await self.store.put(keys.cluster_broker_topic(self.broker_id, name), None)
+            if not self.clustered:      # in a cluster each broker has its own system topic
+                await self.store.put(keys.cluster_broker_topic(self.broker_id, name), None)
         except BaseException:
             # A topic recorded in metadata but not served would be listed by the admin API
             # and unknown to lookup; take back whatever got written.
