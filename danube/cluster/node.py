@@ -277,7 +277,7 @@ class ClusterNode:
         await self.election.stop_leading()
         unloaded = TopicUnloaded("this broker lost its cluster membership; look the topic up "
                                  "and connect again")
-        await asyncio.gather(*(self.core.release_topic(name, unloaded, upload_timeout=None)
+        await asyncio.gather(*(self.core.release_topic(name, unloaded, fenced=True)
                                for name in list(self.core.topics)
                                if name != SYSTEM_TOPIC),
                              return_exceptions=True)

@@ -67,7 +67,8 @@ class _Resilient(threading.Thread):
         while not self.stopping.is_set():
             if self.channel is not None:
                 self.channel.close()
-            self.channel = grpc.insecure_channel(self.owner())
+            self.address = self.owner()
+            self.channel = grpc.insecure_channel(self.address)
             try:
                 self.attach()
                 self.reconnects += 1
@@ -94,6 +95,7 @@ class ResilientProducer(_Resilient):
         self.interval = interval
         self.acked: list[str] = []
         self.ack_times: list[float] = []
+        self.acked_via: list[tuple[float, str]] = []    # (wall-clock time, broker address)
         # Cleared: create the producer (and so the topic), then wait for it before sending.
         self.go = threading.Event()
         self.go.set()
@@ -126,6 +128,7 @@ class ResilientProducer(_Resilient):
                     continue            # the same payload again: at least once
                 self.acked.append(payload)
                 self.ack_times.append(time.monotonic())
+                self.acked_via.append((time.time(), self.address))
                 seq += 1
                 time.sleep(self.interval)
         except InterruptedError:

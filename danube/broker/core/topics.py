@@ -20,6 +20,9 @@ from danube.storage.wal import WALConfig
 log = logging.getLogger("danube.broker")
 
 SYSTEM_TOPIC = "/system/_events_topic"
+#: How long a fenced broker waits for a subscription's last cursor write before closing the
+#: topic's log anyway (seconds).
+FENCED_CLOSE = 0.2
 
 
 class Topics:
@@ -65,10 +68,11 @@ class Topics:
         if name not in self.topics:
             await self._load_topic(name)
 
-    async def release_topic(self, name, reason, upload_timeout=None):
+    async def release_topic(self, name, reason, upload_timeout=None, fenced=False):
         """Cluster mode: stop serving a topic that moves elsewhere. Its clients are told to
         look it up again; with ``upload_timeout`` (a graceful move) its last segments go to
-        the durable tier first, so the next owner starts from all of it."""
+        the durable tier first, so the next owner starts from all of it. ``fenced``: the
+        metadata is out of reach, so nothing waits for it."""
         topic = self.topics.get(name)
         if topic is None:
             return
@@ -79,7 +83,7 @@ class Topics:
             del self.topics[name]
         self._remember_unloaded(topic)
         topic.close_reason = reason
-        await self._unload(topic, reason)
+        await self._unload(topic, reason, dispatcher_timeout=FENCED_CLOSE if fenced else None)
 
     async def _topic_exists(self, name):
         """Served here, or (in a cluster) recorded in metadata wherever it is served."""
@@ -277,7 +281,10 @@ class Topics:
                     await self.store.delete(keys.cluster_broker_topic(self.broker_id, target))
                 log.info("topic %s deleted", target)
 
-    async def _unload(self, topic, reason):
+    async def _unload(self, topic, reason, dispatcher_timeout=None):
+        """Close the topic. ``dispatcher_timeout``: give up waiting for the subscriptions'
+        last cursor writes after that long (a fenced broker cannot reach its metadata, and
+        its log must be let go for the next owner; a lost cursor write only redelivers)."""
         topic.closed = True
         if topic.log is not None:
             topic.log.stop_uploads()
@@ -288,7 +295,11 @@ class Topics:
         for sub in topic.subscriptions.values():
             sub.close(reason)
             if sub.dispatcher is not None:
-                await sub.dispatcher.close()
+                try:
+                    await asyncio.wait_for(sub.dispatcher.close(), dispatcher_timeout)
+                except TimeoutError:
+                    log.warning("%s: cursor of %s not saved (metadata unreachable)",
+                                topic.name, sub.name)
         topic.subscriptions.clear()
         topic.subscriptions_changed()
         if topic.log is not None:
