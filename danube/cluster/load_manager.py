@@ -130,8 +130,8 @@ class LoadManager:
                 # The marker first: if this leader dies before deleting the old assignment,
                 # the next one still sees the topic to move.
                 await self.store.put_many({keys.cluster_unassigned(t): marker for t in chunk})
-                await asyncio.gather(*(self.store.delete(keys.cluster_broker_topic(broker, t))
-                                       for t in chunk))
+                await self.store.delete_many(keys.cluster_broker_topic(broker, t)
+                                             for t in chunk)
                 await self._seen(lambda: all(self.view.owners.get(t) != broker for t in chunk))
             self.failovers_total += len(topics)
 
@@ -182,16 +182,14 @@ class LoadManager:
         for i in range(0, len(items), BATCH):
             chunk = items[i:i + BATCH]
             stale = [(t, old) for t, (_, old) in chunk if old is not None]
-            await asyncio.gather(*(self.store.delete(keys.cluster_broker_topic(old, t))
-                                   for t, old in stale))
+            await self.store.delete_many(keys.cluster_broker_topic(old, t) for t, old in stale)
             await self.store.put_many({keys.cluster_broker_topic(b, t): None
                                        for t, (b, _) in chunk})
-            await asyncio.gather(*(self.store.delete(keys.cluster_unassigned(t))
-                                   for t, _ in chunk))
+            await self.store.delete_many(keys.cluster_unassigned(t) for t, _ in chunk)
             self.assignments_total += len(chunk)
             await self._seen(lambda: all(t not in self.view.unassigned and
                                          self.view.owners.get(t) == b
                                          for t, (b, _) in chunk))
         if placed:
             log.info("assigned %d topics (%s)", len(placed), self.strategy)
-        await asyncio.gather(*(self.store.delete(keys.cluster_unassigned(t)) for t in done))
+        await self.store.delete_many(keys.cluster_unassigned(t) for t in done)

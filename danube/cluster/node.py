@@ -30,22 +30,31 @@ log = logging.getLogger("danube.cluster")
 #: How long creating a topic waits for the leader to place it.
 CREATE_WAIT = 10.0
 SERVE_RETRY = (0.05, 1.0)
+#: Topics loaded at once: each load is a few metadata calls, and thousands at once would
+#: crowd out every other call.
+SERVE_CONCURRENCY = 8
 #: A graceful release (unload, drain) waits this long for the topic's last segments to reach
 #: the durable tier.
 RELEASE_UPLOAD_TIMEOUT = 30.0
 
 
 class ClusterNode:
-    def __init__(self, core, store, cfg):
+    """``control_store``: a second connection to the same metadata for the lease renewal and
+    the election, so that they never queue behind the topics' metadata calls (a broker
+    loading thousands of topics would otherwise miss its own renewals and fence itself)."""
+
+    def __init__(self, core, store, cfg, control_store=None):
         self.core = core
         self.store = store
+        self.control_store = control = control_store or store
         self.cfg = cfg
         self.broker_id = str(core.broker_id)
         self.view = ClusterView(store)
-        self.membership = Membership(store, self.broker_id, core.registration_record(),
+        self._serve_slots = asyncio.Semaphore(SERVE_CONCURRENCY)
+        self.membership = Membership(control, self.broker_id, core.registration_record(),
                                      cfg.lease_ttl_seconds, on_fenced=self._fenced,
                                      on_restored=self._restored)
-        self.election = LeaderElection(store, self.broker_id, cfg.lease_ttl_seconds,
+        self.election = LeaderElection(control, self.broker_id, cfg.lease_ttl_seconds,
                                        on_elected=self._elected, on_deposed=self._deposed,
                                        eligible=lambda: self.membership.registered)
         self.manager = LoadManager(store, self.view, cfg.assignment_strategy,
@@ -89,6 +98,8 @@ class ClusterNode:
                              return_exceptions=True)
         await self.membership.stop()
         await self.view.stop()
+        if self.control_store is not self.store:
+            await self.control_store.close()
 
     @property
     def is_leader(self) -> bool:
@@ -225,7 +236,8 @@ class ClusterNode:
                 if await self.store.get_entry(keys.namespace_topic(name)) is None:
                     await self.store.delete(keys.cluster_broker_topic(self.broker_id, name))
                     return
-                await self.core.serve_topic(name)
+                async with self._serve_slots:
+                    await self.core.serve_topic(name)
                 log.info("serving topic %s (assigned to broker %s)", name, self.broker_id)
                 break
             except (MetadataError, WALError, OSError) as exc:

@@ -262,6 +262,13 @@ class EtcdStore(MetadataStore):
         validate_key(key)
         return await self._delete_range(key, None) > 0
 
+    async def delete_many(self, keys: Iterable[str]) -> int:
+        keys = list(dict.fromkeys(validate_key(key) for key in keys))
+        if not keys:
+            return 0
+        ops = [{"request_delete_range": {"key": b64(key), "prev_kv": True}} for key in keys]
+        return await self._delete_ops(ops)
+
     async def delete_prefix(self, prefix: str) -> int:
         exact, lo, hi = prefix_bounds(validate_prefix(prefix))
         return await self._delete_range(exact, (lo, hi))
@@ -275,6 +282,9 @@ class EtcdStore(MetadataStore):
         if bounds is not None:
             ops.append({"request_delete_range": {"key": b64(bounds[0]),
                                                  "range_end": b64(bounds[1]), "prev_kv": True}})
+        return await self._delete_ops(ops)
+
+    async def _delete_ops(self, ops: list) -> int:
         answer = await self._txn([], ops)
         now = self._clock()
         removed = [_Kv(kv) for r in answer.get("responses", ())

@@ -149,7 +149,9 @@ class Broker:
             log.info("prometheus exporter listening on http://%s:%d/metrics", cfg.prom_host, port)
         if cfg.etcd_endpoints:
             from danube.cluster import ClusterNode
-            self.cluster = self.core.cluster = ClusterNode(self.core, self.store, cfg)
+            control = await self._open_store()
+            self.cluster = self.core.cluster = ClusterNode(self.core, self.store, cfg,
+                                                           control_store=control)
             await self.cluster.start()
             cluster_admin.register(self.admin_server, self.cluster)
         else:
