@@ -84,8 +84,9 @@ class Membership:
         interval = self.ttl / 3
         while True:
             await asyncio.sleep(interval)
-            if self._fencing is not None:
-                await asyncio.shield(self._fencing)
+            fencing = self._fencing
+            if fencing is not None:
+                await asyncio.shield(fencing)
             try:
                 await self._register()
             except MetadataError as exc:
@@ -93,8 +94,9 @@ class Membership:
                             exc)
                 continue
             if self.fenced:
-                if self._fencing is not None:
-                    await asyncio.shield(self._fencing)
+                fencing = self._fencing
+                if fencing is not None:
+                    await asyncio.shield(fencing)
                 self.fenced = False
                 log.warning("broker %s registered again after being fenced", self.broker_id)
                 await self.on_restored()
@@ -122,8 +124,12 @@ class Membership:
         self.fences += 1
         self._last_ok_sent = None
         log.error("broker %s fenced: %s; it stops serving its topics", self.broker_id, reason)
-        self._fencing = asyncio.current_task()
+        # A task of its own, which the renewal loop waits for before registering again
+        # (the caller's task, the watchdog, never ends).
+        self._fencing = asyncio.get_running_loop().create_task(self.on_fenced(reason),
+                                                               name="cluster-fencing")
         try:
-            await self.on_fenced(reason)
+            await asyncio.shield(self._fencing)
         finally:
-            self._fencing = None
+            if self._fencing is not None and self._fencing.done():
+                self._fencing = None
