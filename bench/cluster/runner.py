@@ -191,9 +191,9 @@ def _lookup_latencies(addr, topic, n):
             "mean_us": statistics.fmean(samples), "n": n}
 
 
-def bench_assign(workdir, topics, strategy):
+def bench_assign(workdir, topics, strategy, lease):
     etcd = EtcdProcess(workdir / "etcd").start()
-    cluster = ClusterBrokers(etcd, workdir / "cluster", strategy=strategy)
+    cluster = ClusterBrokers(etcd, workdir / "cluster", strategy=strategy, lease=lease)
     try:
         cluster.start(3)
         return asyncio.run(_assign(etcd, cluster, topics))
@@ -240,6 +240,10 @@ def main(argv=None):
     parser.add_argument("--lookups", type=int, default=2000)
     parser.add_argument("--topics", type=int, default=10_000)
     parser.add_argument("--strategy", default="fair")
+    # 20,000 metadata writes and 10,000 topic loads on a small shared machine can hold
+    # etcd's commits up for seconds: a 3 s lease would fence the brokers meanwhile.
+    parser.add_argument("--assign-lease", type=float, default=10,
+                        help="lease TTL seconds of the assign section (10)")
     parser.add_argument("--json", default=str(ROOT / "bench" / "results" / "cluster.json"))
     args = parser.parse_args(argv)
     sections = args.sections.split(",")
@@ -259,7 +263,8 @@ def main(argv=None):
                 print(f"  {name}: p50 {v['p50_us']:.0f} us p99 {v['p99_us']:.0f} us")
         if "assign" in sections:
             print(f"assignment of {args.topics} topics over 3 brokers ({args.strategy}):")
-            r = results["assign"] = bench_assign(tmp / "assign", args.topics, args.strategy)
+            r = results["assign"] = bench_assign(tmp / "assign", args.topics, args.strategy,
+                                                 args.assign_lease)
             print(f"  markers written in {r['markers_written_s']:.2f}s; all placed after "
                   f"{r['all_placed_s']:.2f}s; per broker {sorted(r['per_broker'].values())}; "
                   f"CV {r['cv']:.4f}")

@@ -26,15 +26,15 @@ from __future__ import annotations
 
 import asyncio
 import heapq
-import json
 import logging
 import math
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from danube.metadata._etcd_ops import _compare, _Kv, _put_op, _range_op, decode_stored
 from danube.metadata._etcd_watch import EtcdWatchHub
-from danube.metadata._etcd_wire import EtcdConnection, b64, unb64
+from danube.metadata._etcd_wire import EtcdConnection, b64
 from danube.metadata._watch import Watch
 from danube.metadata.errors import MetadataError, MetadataUnavailable
 from danube.metadata.store import (DEFAULT_MAX_PENDING, Entry, MetadataStore, decode_value,
@@ -46,54 +46,6 @@ log = logging.getLogger("danube.metadata.etcd")
 #: How long a write waits for this store's own watches to receive it before returning anyway
 #: (a stream that is reconnecting must not hold up writers).
 SETTLE_TIMEOUT = 2.0
-
-
-class _Kv:
-    """One key as etcd returned it, with the envelope of a leased key opened."""
-    __slots__ = ("key", "text", "version", "lease", "expires_at")
-
-    def __init__(self, kv: dict):
-        self.key = unb64(kv["key"])
-        self.version = int(kv.get("mod_revision", 0))
-        self.lease = int(kv.get("lease", 0))
-        stored = unb64(kv.get("value"))
-        self.expires_at = None
-        if self.lease:
-            envelope = json.loads(stored)
-            self.expires_at = float(envelope["x"])
-            self.text = json.dumps(envelope["v"], separators=(",", ":"))
-        else:
-            self.text = stored
-
-    def expired(self, now: float) -> bool:
-        return self.expires_at is not None and self.expires_at <= now
-
-
-def decode_stored(text: str | None, lease: int) -> Any:
-    """The value of a watch event's stored text."""
-    if text is None:
-        return None
-    value = json.loads(text)
-    return value["v"] if lease else value
-
-
-def _put_op(key: str, stored: str, lease: int) -> dict:
-    op = {"key": b64(key), "value": b64(stored)}
-    if lease:
-        op["lease"] = lease
-    return {"request_put": op}
-
-
-def _range_op(key: str, range_end: str | None = None) -> dict:
-    op = {"key": b64(key)}
-    if range_end is not None:
-        op["range_end"] = b64(range_end)
-    return {"request_range": op}
-
-
-def _compare(key: str, target: str, value: int) -> dict:
-    field = {"MOD": "mod_revision", "VERSION": "version", "LEASE": "lease"}[target]
-    return {"key": b64(key), "target": target, "result": "EQUAL", field: value}
 
 
 class EtcdStore(MetadataStore):
