@@ -110,6 +110,12 @@ class BrokerConfig:
     grpc_handshake_timeout_ms: int = 10_000
     grpc_idle_timeout_ms: int = 300_000
     grpc_max_connections: int | None = None     # per listener; None: half the fd limit
+    # Cluster mode on etcd (docs/cluster.md): meta_store.etcd_endpoints, its lease, and
+    # upstream's load_manager keys.
+    etcd_endpoints: list = dataclasses.field(default_factory=list)
+    lease_ttl_seconds: float = 10.0
+    assignment_strategy: str = "fair"
+    load_report_interval_seconds: float = 30.0
     raw: dict = dataclasses.field(default_factory=dict)
     unbuilt_keys: list = dataclasses.field(default_factory=list)   # see config_keys
 
@@ -131,6 +137,7 @@ class BrokerConfig:
             raise ConfigError(f"--mode: expected standalone or cluster, got {self.mode!r}")
         if self.auth_mode not in ("none", "tls"):
             raise ConfigError(f"auth.mode: expected none or tls, got {self.auth_mode!r}")
+        self._validate_cluster()
         if self.auth_mode == "tls" and not (self.tls_cert_file and self.tls_key_file):
             raise ConfigError("auth.mode tls needs auth.tls.cert_file and auth.tls.key_file")
         if self.tls_require_client_cert and not self.tls_ca_file:
@@ -191,6 +198,21 @@ class BrokerConfig:
         if self.failure_policy is None:
             self.failure_policy = FailurePolicy()
         return self
+
+    def _validate_cluster(self):
+        if self.etcd_endpoints and self.mode != "cluster":
+            raise ConfigError("meta_store.etcd_endpoints (--etcd-endpoints) needs --mode cluster")
+        for endpoint in self.etcd_endpoints:
+            parse_hostport(endpoint.split("://", 1)[-1], "meta_store.etcd_endpoints")
+        if not 1 <= self.lease_ttl_seconds <= 3600:
+            raise ConfigError("meta_store.lease_ttl_seconds: expected 1 to 3600 seconds, got "
+                              f"{self.lease_ttl_seconds!r}")
+        if self.assignment_strategy not in ("fair", "balanced", "weighted_load"):
+            raise ConfigError("load_manager.assignment_strategy: expected fair, balanced or "
+                              f"weighted_load, got {self.assignment_strategy!r}")
+        if not 0 < self.load_report_interval_seconds <= 86400:
+            raise ConfigError("load_manager.load_report_interval_seconds: expected a positive "
+                              f"number of seconds, got {self.load_report_interval_seconds!r}")
 
     def durability_for(self, topic):
         return self.wal_topic_durability.get(topic, self.wal_durability)
@@ -280,6 +302,7 @@ def load_config(path: str | None) -> BrokerConfig:
         value = _int(tree, f"policies.{field.name}", getattr(cfg.policies, field.name))
         setattr(cfg.policies, field.name, value)
     _load_storage(cfg, tree)
+    _load_cluster(cfg, tree)
     cap = _int(tree, "grpc.max_message_size", None)
     if cap is not None:
         cfg.grpc_max_message_size, cfg.grpc_max_message_size_set = cap, True
@@ -290,6 +313,28 @@ def load_config(path: str | None) -> BrokerConfig:
     for key in GRPC_LIMIT_KEYS:
         setattr(cfg, f"grpc_{key}", _int(tree, f"grpc.{key}", getattr(cfg, f"grpc_{key}")))
     return cfg
+
+
+def _number(tree, dotted, default):
+    value = _get(tree, dotted, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{dotted}: expected a number, got {value!r}")
+    return float(value)
+
+
+def _load_cluster(cfg, tree):
+    endpoints = _get(tree, "meta_store.etcd_endpoints")
+    if endpoints is not None:
+        if isinstance(endpoints, str):
+            endpoints = [endpoints]
+        if not isinstance(endpoints, list) or not all(isinstance(e, str) for e in endpoints):
+            raise ConfigError("meta_store.etcd_endpoints: expected a list of HOST:PORT")
+        cfg.etcd_endpoints = endpoints
+    cfg.lease_ttl_seconds = _number(tree, "meta_store.lease_ttl_seconds", cfg.lease_ttl_seconds)
+    cfg.assignment_strategy = str(_get(tree, "load_manager.assignment_strategy",
+                                       cfg.assignment_strategy))
+    cfg.load_report_interval_seconds = _number(tree, "load_manager.load_report_interval_seconds",
+                                               cfg.load_report_interval_seconds)
 
 
 def _resolve_aliases(tree):
@@ -418,6 +463,8 @@ def apply_overrides(cfg: BrokerConfig, args) -> BrokerConfig:
         cfg.prom_host, cfg.prom_port = parse_hostport(args.prom_exporter, "--prom-exporter")
     if args.data_dir:
         cfg.data_dir = args.data_dir
+    if getattr(args, "etcd_endpoints", None):
+        cfg.etcd_endpoints = [e for e in args.etcd_endpoints.split(",") if e.strip()]
     if args.advertised_addr:
         parse_hostport(args.advertised_addr.split("://")[-1], "--advertised-addr")
         url = args.advertised_addr

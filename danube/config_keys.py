@@ -21,8 +21,8 @@ class Unbuilt:
 KEY = "key"          # a leaf (or a list) read by the loader
 OPAQUE = "opaque"    # a subtree whose own loader checks its keys (or whose keys are names)
 
-_RAFT = Unbuilt("Raft metadata replication: without etcd this broker is a single-node "
-                "cluster")
+_RAFT = Unbuilt("Raft metadata replication: a cluster shares etcd instead "
+                "(meta_store.etcd_endpoints, docs/cluster.md)")
 _WAL_FILE_NAME = Unbuilt("a single WAL file name; segments are named by offset")
 _FLUSH_BYTES = Unbuilt("flush by buffered bytes; syncs follow storage.wal.durability")
 
@@ -44,7 +44,9 @@ SCHEMA = {
         "ports": {"client": KEY, "admin": KEY, "raft": _RAFT, "prometheus": KEY},
         "advertised_listeners": {"broker_url": KEY, "connect_url": KEY},
     },
-    "meta_store": {"data_dir": KEY, "seed_nodes": _RAFT},
+    # etcd_endpoints and lease_ttl_seconds are ours: cluster mode's metadata on etcd.
+    "meta_store": {"data_dir": KEY, "seed_nodes": _RAFT, "etcd_endpoints": KEY,
+                   "lease_ttl_seconds": KEY},
     "bootstrap_namespaces": KEY,
     "auto_create_topics": KEY,
     "admin_tls": KEY,
@@ -57,14 +59,14 @@ SCHEMA = {
                 "public_key_file": KEY, "leeway_seconds": KEY},
         "super_admins": KEY,
     },
-    "load_manager": Unbuilt("the cluster load manager", {
+    "load_manager": {
         "assignment_strategy": KEY,
         "load_report_interval_seconds": KEY,
-        "rebalancing": {name: KEY for name in (
+        "rebalancing": Unbuilt("automatic rebalancing", {name: KEY for name in (
             "enabled", "aggressiveness", "check_interval_seconds", "max_moves_per_hour",
             "cooldown_seconds", "min_brokers_for_rebalance", "min_topic_age_seconds",
-            "blacklist_topics")},
-    }),
+            "blacklist_topics")}),
+    },
     "storage": {
         "mode": KEY,
         "local_wal_root": KEY,

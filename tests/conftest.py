@@ -79,6 +79,6 @@ def small_limit_server():
 from objstore_fixtures import (_no_cloud_metadata_probes, azurite_server,  # noqa: E402,F401
                                fake_gcs_server, objstore_server, seaweedfs_server)
 
-# `store`: a metadata store, once in memory and once embedded (SQLite), for the metadata
+# `store`: a metadata store, in memory, embedded (SQLite) and on etcd, for the metadata
 # test modules (test_objstore_backends has a `store` of its own).
-from metadata_stores import store  # noqa: E402,F401
+from metadata_stores import etcd_server, store  # noqa: E402,F401

@@ -74,6 +74,11 @@ class BrokerShuttingDown(BrokerError):
     pass
 
 
+class TopicElsewhere(BrokerError):
+    """Cluster mode: another broker serves the topic (or it is moving between brokers); the
+    client must look it up again."""
+
+
 class StorageFailed(BrokerError):
     """The WAL could not take or sync a message."""
 

@@ -29,8 +29,12 @@ def _add_broker(sub):
                    help="address clients are told to connect to (broker_url and connect_url)")
     p.add_argument("--connect-url", metavar="HOST:PORT",
                    help="address clients dial, if it differs from the advertised broker URL")
+    p.add_argument("--etcd-endpoints", metavar="H1:P1,H2:P2",
+                   help="cluster mode: the etcd cluster holding the shared metadata "
+                        "(meta_store.etcd_endpoints); without it a cluster-mode broker is a "
+                        "one-broker cluster on the embedded store")
     p.add_argument("--raft-addr", metavar="HOST:PORT",
-                   help="upstream's Raft address; accepted and ignored (no Raft in this build)")
+                   help="upstream's Raft address; accepted and ignored (clusters share etcd)")
     p.add_argument("--seed-nodes", metavar="H1:P1,H2:P2",
                    help="upstream's Raft seed nodes; accepted and ignored")
     p.add_argument("--join", action="store_true",
@@ -64,6 +68,7 @@ def _run_broker(args):
         return 2
     _warn_unbuilt(cfg, args)
     from danube.security.tokens import KeyConfigError
+    from danube.metadata.errors import MetadataError
     from danube.storage.errors import TieredStartupError
 
     try:
@@ -73,7 +78,7 @@ def _run_broker(args):
         return 2
     try:
         uvloop.run(broker.run())
-    except (OSError, TieredStartupError) as exc:
+    except (OSError, TieredStartupError, MetadataError) as exc:
         print(f"danube broker: cannot start: {exc}", file=sys.stderr)
         return 1
     return 0
@@ -88,11 +93,11 @@ def _warn_unbuilt(cfg, args):
     line = unbuilt_warning(cfg.unbuilt_keys + flags)
     if line:
         log.warning("%s", line)
-    if cfg.mode == "cluster":
+    if cfg.mode == "cluster" and not cfg.etcd_endpoints:
         # Upstream's cluster mode with no seed nodes is a single-node Raft cluster; ours
         # without etcd is the same broker on the embedded store.
-        log.warning("cluster mode without an etcd metadata store (not in this build): "
-                    "serving as a single-node cluster on the embedded store")
+        log.warning("cluster mode without meta_store.etcd_endpoints: serving as a "
+                    "single-node cluster on the embedded store")
     if cfg.auth_mode == "tls" and cfg.insecure_allow_unauthenticated:
         log.warning("auth.mode tls with --insecure-allow-unauthenticated: TLS only, every "
                     "call is accepted without a token")

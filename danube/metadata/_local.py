@@ -272,6 +272,16 @@ class LocalStore(MetadataStore):
             return True
         return await self._execute(op)
 
+    async def delete_many(self, keys: Iterable[str]) -> int:
+        keys = list(dict.fromkeys(validate_key(key) for key in keys))
+
+        def op(txn):
+            present = [key for key in keys if txn.row(key) is not None]
+            if present:
+                txn.delete(present)
+            return len(present)
+        return await self._execute(op)
+
     async def delete_prefix(self, prefix: str) -> int:
         exact, lo, hi = prefix_bounds(validate_prefix(prefix))
 

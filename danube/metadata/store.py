@@ -14,8 +14,8 @@ The contract, shared by every backend:
   Values are copied in and out through JSON, so a caller never aliases stored state.
 * Every committed change gets a revision from one store-wide counter that only grows (etcd's
   ``mod_revision``). ``Entry.version`` is the revision of the key's last change; it is what
-  ``compare_and_swap`` compares. Changes committed together (one ``delete_prefix``, one
-  ``put_many``) share a revision.
+  ``compare_and_swap`` compares. Changes committed together (one ``delete_prefix``,
+  ``delete_many`` or ``put_many``) share a revision.
 * Prefixes respect the '/' boundary: ``scan("/ns/foo")`` covers ``/ns/foo`` and
   ``/ns/foo/...`` but not ``/ns/foobar``; a prefix ending in '/' covers just what starts with
   it (``"/"`` covers everything). This deliberately differs from upstream, whose
@@ -176,6 +176,11 @@ class MetadataStore(abc.ABC):
     @abc.abstractmethod
     async def delete(self, key: str) -> bool:
         """Remove the key; True if it existed."""
+
+    @abc.abstractmethod
+    async def delete_many(self, keys: Iterable[str]) -> int:
+        """Remove several keys in one atomic transaction (they share a revision); return how
+        many existed. Missing keys are skipped; nothing is written if none exists."""
 
     @abc.abstractmethod
     async def delete_prefix(self, prefix: str) -> int:

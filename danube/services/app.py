@@ -11,6 +11,7 @@ from danube.broker.core import BrokerCore
 from danube.broker.registry import ClientRegistry
 from danube.config import GRPC_LIMIT_KEYS
 from danube.metadata.embedded import EmbeddedStore
+from danube.metadata.errors import MetadataUnavailable
 from danube.rpc.config import TransportConfig
 from danube.rpc.server import Server
 from danube.security.guard import Guard
@@ -18,6 +19,7 @@ from danube.security.rbac import Rbac
 from danube.security.tls import ServerTls
 from danube.security.tokens import TokenVerifier, weak_secret_warning
 from danube.services import admin, batch_consumer, client_api, ext, health, history, schema
+from danube.services.admin import cluster as cluster_admin
 from danube.services.metrics import MetricsExporter
 
 log = logging.getLogger("danube.broker")
@@ -85,6 +87,7 @@ class Broker:
         self.tls = None
         self.store = None
         self.core = None
+        self.cluster = None
         self.metrics = None
         self.client_port = None
         self.admin_port = None
@@ -102,8 +105,9 @@ class Broker:
         log.debug("open-file limit %d", raise_open_file_limit())
         if not keep_freed_heap():
             log.debug("malloc tuning not available (not glibc)")
-        self.store = await EmbeddedStore.open(os.path.join(cfg.data_dir, "metadata"))
-        self.core = BrokerCore(cfg, self.store, self.registry)
+        self.store = await self._open_store()
+        self.core = BrokerCore(cfg, self.store, self.registry,
+                               clustered=bool(cfg.etcd_endpoints))
         await self.core.start()
         # Roles and bindings are kept (SecurityAdmin) whatever the mode; enforced in tls mode.
         self.rbac = Rbac(self.store, cfg.super_admins)
@@ -144,9 +148,33 @@ class Broker:
             self.metrics = MetricsExporter(self, cfg.prom_host, cfg.prom_port)
             cfg.prom_port = port = self.metrics.start()
             log.info("prometheus exporter listening on http://%s:%d/metrics", cfg.prom_host, port)
-        await self.core.register()
+        if cfg.etcd_endpoints:
+            from danube.cluster import ClusterNode
+            control = await self._open_store()
+            self.cluster = self.core.cluster = ClusterNode(self.core, self.store, cfg,
+                                                           control_store=control)
+            await self.cluster.start()
+            cluster_admin.register(self.admin_server, self.cluster)
+        else:
+            await self.core.register()
         log.info("broker ready: mode=%s broker_url=%s connect_url=%s data_dir=%s", cfg.mode,
                  cfg.advertised_broker_url, cfg.advertised_connect_url, cfg.data_dir)
+
+    async def _open_store(self):
+        cfg = self.cfg
+        if not cfg.etcd_endpoints:
+            return await EmbeddedStore.open(os.path.join(cfg.data_dir, "metadata"))
+        try:
+            from danube.metadata.etcd import EtcdStore
+        except ImportError as exc:
+            raise MetadataUnavailable(f"meta_store.etcd_endpoints needs etcd3gw: pip install "
+                                      f"'danube-broker-py[etcd]' ({exc})") from None
+        # A call may retry for as long as the lease lasts: past that the broker is fenced
+        # anyway (danube.cluster.membership).
+        store = await EtcdStore.open(cfg.etcd_endpoints, retry_for=cfg.lease_ttl_seconds)
+        log.info("metadata on etcd at %s (lease %gs)", ", ".join(cfg.etcd_endpoints),
+                 cfg.lease_ttl_seconds)
+        return store
 
     def reload_tls(self):
         if self.tls is None:
@@ -156,6 +184,8 @@ class Broker:
 
     async def stop(self, grace=10.0):
         log.info("broker stopping (grace %.0fs)", grace)
+        if self.cluster is not None:
+            await self.cluster.stop()
         if self.core is not None:
             await self.core.stop()
         await asyncio.gather(self.client_server.stop(grace), self.admin_server.stop(grace))

@@ -137,8 +137,11 @@ class DiscoveryService:
     async def TopicLookup(self, request, context):
         checks.lookup_request(request)
         broker_url, connect_url = self.core.lookup(request.topic)
+        here = broker_url == self.core.cfg.advertised_broker_url
         return pb.TopicLookupResponse(
-            request_id=request.request_id, response_type=pb.TopicLookupResponse.Connect,
+            request_id=request.request_id,
+            response_type=pb.TopicLookupResponse.Connect if here
+            else pb.TopicLookupResponse.Redirect,
             connect_url=connect_url, broker_url=broker_url, proxy=broker_url != connect_url)
 
     @maps_errors()

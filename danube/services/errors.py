@@ -35,6 +35,7 @@ _CODES = {
     e.BrokerNotFound: StatusCode.NOT_FOUND,
     e.ClusterRequired: StatusCode.FAILED_PRECONDITION,
     e.TopicUnloaded: StatusCode.UNAVAILABLE,
+    e.TopicElsewhere: StatusCode.UNAVAILABLE,
 }
 
 

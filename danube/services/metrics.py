@@ -35,6 +35,43 @@ class BrokerCollector:
             yield from _topic_metrics(core)
             if core.tiered is not None:
                 yield from _storage_metrics(core.tiered)
+        cluster = getattr(self.broker, "cluster", None)
+        if cluster is not None:
+            yield from _cluster_metrics(cluster)
+
+
+def _gauge(name, doc, value):
+    family = GaugeMetricFamily(name, doc)
+    family.add_metric([], value)
+    return family
+
+
+def _counter(name, doc, value):
+    family = CounterMetricFamily(name, doc)
+    family.add_metric([], value)
+    return family
+
+
+def _cluster_metrics(cluster):
+    """Cluster mode on etcd: upstream's leader, assignment and redirect metrics, and ours for
+    the metadata connection and the fence."""
+    conn = cluster.store.conn
+    yield _gauge("danube_leader_election_state", "1 on the cluster leader, else 0",
+                 1 if cluster.is_leader else 0)
+    yield _counter("danube_broker_assignments", "Topics placed by this broker as leader",
+                   cluster.manager.assignments_total)
+    yield _counter("danube_client_redirects", "Lookups answered with another broker",
+                   cluster.redirects)
+    yield _gauge("danube_metadata_store_up", "1 while etcd answers, 0 after a failed call",
+                 1 if conn.available else 0)
+    yield _counter("danube_metadata_store_failures", "Failed calls to etcd (each retried "
+                   "with backoff while it may succeed)", conn.failures_total)
+    yield _counter("danube_metadata_store_retries", "Retries of calls to etcd",
+                   conn.retries_total)
+    yield _gauge("danube_cluster_fenced", "1 while this broker is fenced (it serves no "
+                 "topic until it has registered again)", 1 if cluster.membership.fenced else 0)
+    yield _counter("danube_cluster_fences", "Times this broker fenced itself",
+                   cluster.membership.fences)
 
 
 def _authz_metrics(guard):

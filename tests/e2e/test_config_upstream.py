@@ -98,6 +98,7 @@ def test_every_documented_key_loads_and_lands_where_it_belongs(tmp_path):
     assert cfg.data_dir == f"{tmp_path}/raft"
     assert cfg.bootstrap_namespaces == ["default", "extra_ns"]
     assert cfg.auto_create_topics is False
+    assert (cfg.assignment_strategy, cfg.load_report_interval_seconds) == ("fair", 30)
     assert cfg.jwt["issuer"] == "danube-auth" and cfg.super_admins == ["admin"]
     assert cfg.wal_root == f"{tmp_path}/wal-x" and cfg.metadata_prefix == "/danube-x"
     assert (cfg.retention_time_minutes, cfg.retention_size_mb,
@@ -118,7 +119,7 @@ def test_unbuilt_features_are_named_in_one_warning_line(tmp_path):
     cfg = load_config(_write(tmp_path, FULL.format(data=tmp_path)))
     line = unbuilt_warning(cfg.unbuilt_keys)
     assert "\n" not in line
-    for key in ("broker.ports.raft", "meta_store.seed_nodes", "load_manager",
+    for key in ("broker.ports.raft", "meta_store.seed_nodes", "load_manager.rebalancing",
                 "storage.write_buffer", "storage.wal.advanced.file_sync.max_batch_bytes"):
         assert key in line
     # Keys that are read are not in it.
@@ -222,6 +223,37 @@ def test_a_key_of_an_unbuilt_feature_is_still_checked_for_typos(tmp_path):
     with pytest.raises(ConfigError, match=r"load_manager.rebalancing.enabeld: unknown key "
                                           r"\(did you mean 'enabled'\?\)"):
         load_config(_write(tmp_path, "load_manager:\n  rebalancing:\n    enabeld: true\n"))
+
+
+@pytest.mark.parametrize("text, mode, message", [
+    ("meta_store: {etcd_endpoints: ['h:2379']}\n", "standalone", "needs --mode cluster"),
+    ("meta_store: {etcd_endpoints: ['nohost']}\n", "cluster", "expected HOST:PORT"),
+    ("meta_store: {etcd_endpoints: 5}\n", "cluster", "a list of HOST:PORT"),
+    ("meta_store: {lease_ttl_seconds: 0.5}\n", "cluster", "1 to 3600 seconds"),
+    ("meta_store: {lease_ttl_seconds: 'x'}\n", "cluster", "expected a number"),
+    ("load_manager: {assignment_strategy: random}\n", "cluster",
+     "fair, balanced or weighted_load"),
+    ("load_manager: {load_report_interval_seconds: 0}\n", "cluster", "positive number"),
+])
+def test_cluster_keys_are_checked(tmp_path, text, mode, message):
+    with pytest.raises(ConfigError, match=message):
+        cfg = load_config(_write(tmp_path, text))
+        cfg.mode = mode
+        cfg.validate()
+
+
+def test_cluster_keys_load(tmp_path):
+    cfg = load_config(_write(tmp_path, """\
+        meta_store: {etcd_endpoints: ["10.0.0.1:2379", "http://10.0.0.2:2379"],
+                     lease_ttl_seconds: 3}
+        load_manager: {assignment_strategy: weighted_load, load_report_interval_seconds: 5}
+        """))
+    cfg.mode = "cluster"
+    cfg.validate()
+    assert cfg.etcd_endpoints == ["10.0.0.1:2379", "http://10.0.0.2:2379"]
+    assert (cfg.lease_ttl_seconds, cfg.assignment_strategy,
+            cfg.load_report_interval_seconds) == (3, "weighted_load", 5)
+    assert unbuilt_warning(cfg.unbuilt_keys) is None
 
 
 def test_transport_cap_set_below_the_policy_is_an_error(tmp_path):

@@ -1,7 +1,8 @@
-"""The MetadataStore contract, run against both in-process stores (embedded SQLite in a temp
-directory, and memory), plus what only the embedded store promises: data, revisions, counters
-and TTL deadlines survive a restart, and a write is durable once acknowledged, even if the
-writer is SIGKILLed the moment after."""
+"""The MetadataStore contract, run against every store (embedded SQLite in a temp directory,
+memory, and etcd: a real etcd for the module), plus what only the embedded store promises:
+data, revisions, counters and TTL deadlines survive a restart, and a write is durable once
+acknowledged, even if the writer is SIGKILLed the moment after. What only the etcd store
+promises is in test_metadata_etcd.py."""
 
 import asyncio
 import gc
@@ -15,6 +16,7 @@ from hypothesis import strategies as st
 
 from danube.metadata import (DELETE, PUT, EmbeddedStore, Entry, MemoryStore, MetadataError,
                              MetadataUnavailable, StoreLocked, WatchEvent, WatchOverflow)
+from danube.metadata.etcd import EtcdStore
 from danube.metadata.store import in_prefix
 from killed_child import KilledChild
 from waiting import async_holds_for, async_wait_for
@@ -113,8 +115,8 @@ async def test_invalid_ttl(store, ttl):
     assert await store.get_entry("/a") is None
 
 
-async def test_closed_store_is_unavailable(tmp_path):
-    for s in (MemoryStore(), EmbeddedStore(tmp_path / "m")):
+async def test_closed_store_is_unavailable(tmp_path, etcd_server):
+    for s in (MemoryStore(), EmbeddedStore(tmp_path / "m"), EtcdStore([etcd_server.endpoint])):
         await s.start()
         await s.put("/a", 1)
         await s.close()
@@ -178,8 +180,8 @@ async def test_delete_prefix(store):
                     max_size=12),
        prefix=st.lists(st.sampled_from(["a", "ab", "b", ""]), min_size=0, max_size=2)
        .map(lambda parts: "/" + "/".join(parts)))
-def test_scan_matches_boundary_model(tmp_path, keys, prefix):
-    """Range scans agree with a plain filter by the boundary rule, for both stores."""
+def test_scan_matches_boundary_model(tmp_path, etcd_server, keys, prefix):
+    """Range scans agree with a plain filter by the boundary rule, for every store."""
     async def check(s):
         await s.delete_prefix("/")
         for key in keys:
@@ -189,7 +191,8 @@ def test_scan_matches_boundary_model(tmp_path, keys, prefix):
         assert [k for k, _ in await s.scan(prefix)] == expected
 
     async def run():
-        for s in (await MemoryStore.open(), await EmbeddedStore.open(tmp_path / "hyp")):
+        for s in (await MemoryStore.open(), await EmbeddedStore.open(tmp_path / "hyp"),
+                  await EtcdStore.open([etcd_server.endpoint])):
             try:
                 await check(s)
             finally:
@@ -327,8 +330,9 @@ async def test_slow_watcher_overflows_without_blocking_writers(store):
         assert (await next_event(keeping_up)).value == i
 
 
-async def test_store_close_ends_watches(tmp_path):
-    for s in (await MemoryStore.open(), await EmbeddedStore.open(tmp_path / "c")):
+async def test_store_close_ends_watches(tmp_path, etcd_server):
+    for s in (await MemoryStore.open(), await EmbeddedStore.open(tmp_path / "c"),
+              await EtcdStore.open([etcd_server.endpoint])):
         watch = await s.watch("/")
         await s.put("/a", 1)
         await s.close()

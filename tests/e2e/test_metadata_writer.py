@@ -52,6 +52,20 @@ async def test_put_many_is_one_revision_and_one_event_each(store):
     assert entry.expires_at is not None
 
 
+async def test_delete_many_is_one_revision(store):
+    await store.put_many({"/dm/a": 1, "/dm/b": 2, "/dm/c": 3})
+    watch = await store.watch("/dm")
+    assert await store.delete_many(["/dm/a", "/dm/missing", "/dm/c", "/dm/a"]) == 2
+    events = [await asyncio.wait_for(anext(watch), 2) for _ in range(2)]
+    assert [(e.kind, e.key) for e in events] == [(DELETE, "/dm/a"), (DELETE, "/dm/c")]
+    assert events[0].version == events[1].version
+    assert await store.keys("/dm") == ["/dm/b"]
+    assert await store.delete_many([]) == 0
+    assert await store.delete_many(["/dm/missing"]) == 0
+    with pytest.raises(ValueError):
+        await store.delete_many(["no-slash"])
+
+
 async def test_put_many_is_all_or_nothing(store):
     with pytest.raises(ValueError, match="more than once"):
         await store.put_many([("/d/a", 1), ("/d/a", 2)])

@@ -23,6 +23,8 @@ ALLOWED = {
     "danube.storage": {"danube.codec"},
     "danube.broker": {"danube.codec", "danube.storage", "danube.metadata", "danube.schema"},
     "danube.services": {"danube.codec", "danube.rpc", "danube.broker", "danube.security"},
+    # Cluster mode on etcd: membership, leader, load manager; it drives the broker core.
+    "danube.cluster": {"danube.broker", "danube.metadata", "danube.storage"},
     # Authentication and authorization: tokens, roles and bindings in the metadata store,
     # the guard in front of a server's methods.
     "danube.security": {"danube.rpc", "danube.metadata"},
@@ -32,10 +34,11 @@ ALLOWED = {
     "danube.schema": set(),
     # The broker process: builds the stores, the broker and the server, and serves them.
     "danube.services.app": {"danube.codec", "danube.rpc", "danube.services", "danube.broker",
-                            "danube.storage", "danube.metadata", "danube.security"},
+                            "danube.storage", "danube.metadata", "danube.security",
+                            "danube.cluster"},
     "danube.cli": {"danube.codec", "danube.rpc", "danube.client", "danube.services",
                    "danube.services.app", "danube.broker", "danube.storage", "danube.metadata",
-                   "danube.schema", "danube.security", "danube"},
+                   "danube.schema", "danube.security", "danube.cluster", "danube"},
     "danube.__main__": {"danube.cli"},
     "danube": set(),
 }

@@ -46,6 +46,8 @@ class Admin:
 
     @property
     def leader_id(self):
+        if self.cluster is not None:
+            return self.cluster.view.leader or ""
         return str(self.broker_id)
 
     async def broker_status(self, broker_id):
@@ -65,7 +67,12 @@ class Admin:
         await self.store.put(keys.cluster_broker_state(broker_id),
                              {"mode": "active", "reason": reason or "admin_activate"})
 
-    async def unload_broker(self, broker_id):
+    async def unload_broker(self, broker_id, **options):
+        """Drain a broker of a cluster (danube.cluster.admin.ClusterOps.drain); refused
+        on a single broker."""
+        if self.cluster is not None:
+            await self._registered(broker_id)
+            return await self.cluster.ops.drain(broker_id, **options)
         brokers = await self.list_brokers()
         if len(brokers) < 2:
             raise ClusterRequired("Cannot unload broker: single broker cluster detected.")
@@ -76,6 +83,8 @@ class Admin:
 
     def cluster_balance(self):
         """One broker: its load is its topic count, and it is balanced by definition."""
+        if self.cluster is not None:
+            return self.cluster.ops.balance()
         count = len(self.topics)
         return {"coefficient_of_variation": 0.0, "mean_load": float(count),
                 "max_load": float(count), "min_load": float(count), "std_deviation": 0.0,
@@ -100,23 +109,53 @@ class Admin:
 
     async def broker_topics(self, broker_id):
         await self._registered(broker_id)
+        if self.cluster is not None:
+            return self.cluster.view.topics_of(broker_id)
         if broker_id == str(self.broker_id):
             return sorted(self.topics)
         prefix = keys.cluster_broker_prefix(broker_id)
         return sorted(k[len(prefix):] for k in await self.store.keys(prefix)
                       if k.count("/") == prefix.count("/") + 2)
 
+    async def topic_infos(self, names_):
+        """ListNamespaceTopics/ListBrokerTopics rows: name, serving broker, delivery."""
+        out = []
+        for name in names_:
+            topic = self.topics.get(name)
+            if topic is not None:
+                out.append({"name": name, "broker_id": str(self.broker_id),
+                            "delivery": topic.delivery_name})
+            elif self.cluster is not None:
+                delivery = await self.store.get(keys.topic_delivery(name))
+                out.append({"name": name, "broker_id": self.cluster.view.owners.get(name, ""),
+                            "delivery": delivery or "NonReliable"})
+            else:
+                out.append({"name": name, "broker_id": str(self.broker_id),
+                            "delivery": "NonReliable"})
+        return out
+
     async def _targets(self, name):
         """The topic, or each partition of a partitioned topic; NOT_FOUND if neither."""
         targets = await self.partitions(name)
         if not targets:
             raise TopicNotFound(f"Unable to find the requested topic: {name}")
-        return [self.topics[t] for t in targets if t in self.topics]
+        local = [self.topics[t] for t in targets if t in self.topics]
+        if not local and self.cluster is not None:
+            # Live state (subscriptions, dispatchers, rates) is the owner's alone.
+            raise self.cluster.ops.elsewhere(targets[0])
+        return local
 
     async def unload_topic(self, name):
         """Close the topic (its producers and consumers are told to look it up again) and
         serve it anew from metadata: reliable subscriptions resume at their cursors."""
         names.validate_topic(name)
+        if self.cluster is not None:
+            targets = await self.partitions(name)
+            if not targets:
+                raise TopicNotFound(f"Unable to find the requested topic: {name}")
+            for target in targets:
+                await self.cluster.ops.unload_topic(target)
+            return
         async with self._lock:
             for topic in await self._targets(name):
                 del self.topics[topic.name]
@@ -159,6 +198,9 @@ class Admin:
     async def describe_topic(self, name):
         """Upstream's DescribeTopicResponse fields; a partitioned topic is described by its
         first partition's delivery and schema, with the subscriptions of all."""
+        if self.cluster is not None and \
+                not any(t in self.topics for t in await self.partitions(name)):
+            return await self.cluster.ops.describe_remote(name, await self.partitions(name))
         subscriptions = await self.subscription_names(name)
         topic = (await self._targets(name))[0]
         info = {"name": name, "subscriptions": subscriptions,

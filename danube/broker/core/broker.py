@@ -33,8 +33,12 @@ SHUTDOWN_UPLOAD_TIMEOUT = 30.0
 
 
 class BrokerCore(Topics, Producers, Subscriptions, TopicSchemas, Admin):
-    def __init__(self, cfg, store, registry, loop=None):
+    def __init__(self, cfg, store, registry, loop=None, *, clustered=False):
         self.cfg = cfg
+        # Cluster mode on etcd: topics are served where the leader places them, through
+        # ``cluster`` (danube.cluster.ClusterNode, attached once the core has started).
+        self.clustered = clustered
+        self.cluster = None
         self.store = store
         self.registry = registry
         self.schemas = SchemaRegistry(store)
@@ -65,7 +69,8 @@ class BrokerCore(Topics, Producers, Subscriptions, TopicSchemas, Admin):
             await self._start_tiered()
         for ns in dict.fromkeys(["default", "system", *self.cfg.bootstrap_namespaces]):
             await self._ensure_namespace(ns)
-        await self._load_topics()
+        if not self.clustered:
+            await self._load_topics()
         if SYSTEM_TOPIC not in self.topics:
             await self._create_topic(SYSTEM_TOPIC, NON_RELIABLE)
         self._reaper = self.loop.create_task(self._reap_idle_subscriptions())
@@ -97,14 +102,18 @@ class BrokerCore(Topics, Producers, Subscriptions, TopicSchemas, Admin):
 
     async def register(self):
         """Publish this broker's URLs; called once the servers are bound, so the ports are
-        real even when the configuration asked for port 0."""
-        await self.store.put(keys.cluster_register(self.broker_id), {
+        real even when the configuration asked for port 0. (In a cluster, the registration
+        is ClusterNode's, under a lease.)"""
+        await self.store.put(keys.cluster_register(self.broker_id), self.registration_record())
+
+    def registration_record(self):
+        return {
             "broker_url": self.cfg.advertised_broker_url,
             "connect_url": self.cfg.advertised_connect_url,
             "admin_addr": f"http://{self.cfg.admin_host}:{self.cfg.admin_port}",
             **({"prom_exporter": f"{self.cfg.prom_host}:{self.cfg.prom_port}"}
                if self.cfg.prom_port is not None else {}),
-        })
+        }
 
     async def stop(self):
         for task in (self._reaper, self._retention, self._sampler):

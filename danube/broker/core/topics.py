@@ -10,7 +10,7 @@ import shutil
 
 from danube.broker import names
 from danube.broker.errors import (InvalidTopicName, NamespaceNotEmpty, NamespaceNotFound,
-                                  TopicAlreadyExists, TopicNotFound)
+                                  TopicAlreadyExists, TopicElsewhere, TopicNotFound)
 from danube.broker.topic import DELIVERY_NAMES, NON_RELIABLE, RELIABLE, Topic
 from danube.config import Policies
 from danube.metadata import keys
@@ -20,6 +20,9 @@ from danube.storage.wal import WALConfig
 log = logging.getLogger("danube.broker")
 
 SYSTEM_TOPIC = "/system/_events_topic"
+#: How long a fenced broker waits for a subscription's last cursor write before closing the
+#: topic's log anyway (seconds).
+FENCED_CLOSE = 0.2
 
 
 class Topics:
@@ -56,8 +59,36 @@ class Topics:
         else:
             await self.store.delete_prefix(keys.topic_subscriptions_prefix(name))
         self.topics[name] = topic
-        await self.store.put(keys.cluster_broker_topic(self.broker_id, name), None)
+        if not self.clustered:      # in a cluster the leader writes assignments
+            await self.store.put(keys.cluster_broker_topic(self.broker_id, name), None)
         return topic
+
+    async def serve_topic(self, name):
+        """Cluster mode: serve a topic the leader placed here (see _load_topic)."""
+        if name not in self.topics:
+            await self._load_topic(name)
+
+    async def release_topic(self, name, reason, upload_timeout=None, fenced=False):
+        """Cluster mode: stop serving a topic that moves elsewhere. Its clients are told to
+        look it up again; with ``upload_timeout`` (a graceful move) its last segments go to
+        the durable tier first, so the next owner starts from all of it. ``fenced``: the
+        metadata is out of reach, so nothing waits for it."""
+        topic = self.topics.get(name)
+        if topic is None:
+            return
+        topic.closed = True
+        if upload_timeout and self.tiered is not None and topic.log is not None:
+            await self.tiered.flush(upload_timeout)
+        if self.topics.get(name) is topic:
+            del self.topics[name]
+        self._remember_unloaded(topic)
+        topic.close_reason = reason
+        await self._unload(topic, reason, dispatcher_timeout=FENCED_CLOSE if fenced else None)
+
+    async def _topic_exists(self, name):
+        """Served here, or (in a cluster) recorded in metadata wherever it is served."""
+        return name in self.topics or self.clustered and \
+            await self.store.get_entry(keys.namespace_topic(name)) is not None
 
     async def _open_log(self, topic):
         # Not validate_topic: a topic recorded before a name rule tightened is still served.
@@ -125,6 +156,8 @@ class Topics:
         topic = self.topics.get(name)
         if topic is None:
             names.validate_topic(name)
+            if self.cluster is not None:
+                self.cluster.check_elsewhere(name)
             raise TopicNotFound(f"Unable to find the requested topic: {name}")
         return topic
 
@@ -132,16 +165,19 @@ class Topics:
         """Admin creation: ALREADY_EXISTS if present; partition/plain name conflicts refused."""
         names.validate_topic(name)
         async with self._lock:
-            if name in self.topics:
+            if await self._topic_exists(name):
                 raise TopicAlreadyExists(f"topic {name} already exists")
             await self._check_partition_conflict(name)
-            return await self._create_topic(name, delivery)
+            try:
+                return await self._create_topic(name, delivery)
+            except TopicElsewhere:
+                return None         # created, and served by another broker of the cluster
 
     async def create_partitioned_topic(self, base, partitions, delivery=NON_RELIABLE):
         names.validate_topic(base, "base_name")
         names.validate_partitions(base, partitions)
         async with self._lock:
-            if base in self.topics:
+            if await self._topic_exists(base):
                 raise TopicAlreadyExists(f"topic {base} already exists as a non-partitioned topic")
             existing = await self.partitions(base)
             if existing:
@@ -149,8 +185,11 @@ class Topics:
             created = []
             try:
                 for i in range(partitions):
-                    created.append(await self._create_topic(names.partition_name(base, i),
-                                                            delivery))
+                    try:
+                        created.append(await self._create_topic(
+                            names.partition_name(base, i), delivery))
+                    except TopicElsewhere:
+                        pass        # created, and served by another broker of the cluster
             except BaseException:
                 # All or nothing: a half-created partitioned topic would answer
                 # TopicPartitions with fewer partitions than asked for.
@@ -162,7 +201,7 @@ class Topics:
     async def _check_partition_conflict(self, name):
         ns, topic = names.validate_topic(name)
         split = names.split_partition(topic)
-        if split is not None and f"/{ns}/{split[0]}" in self.topics:
+        if split is not None and await self._topic_exists(f"/{ns}/{split[0]}"):
             raise TopicAlreadyExists(
                 f"cannot create partition {name}: a non-partitioned topic /{ns}/{split[0]} exists")
         if split is None and await self.partitions(name):
@@ -174,6 +213,8 @@ class Topics:
         if not await self.namespace_exists(ns):
             raise NamespaceNotFound(f"Unable to find the namespace {ns}")
         delivery_name = DELIVERY_NAMES[delivery]     # a KeyError here, before any write
+        if self.clustered and name != SYSTEM_TOPIC:
+            return await self.cluster.create_topic(name, delivery_name)
         topic = Topic(self, name, delivery)
         topic.policies = await self.policies_for(name)
         try:
@@ -181,7 +222,8 @@ class Topics:
                 await self._open_log(topic)
             await self.store.put(keys.namespace_topic(name), None)
             await self.store.put(keys.topic_delivery(name), delivery_name)
-            await self.store.put(keys.cluster_broker_topic(self.broker_id, name), None)
+            if not self.clustered:      # in a cluster each broker has its own system topic
+                await self.store.put(keys.cluster_broker_topic(self.broker_id, name), None)
         except BaseException:
             # A topic recorded in metadata but not served would be listed by the admin API
             # and unknown to lookup; take back whatever got written.
@@ -219,7 +261,7 @@ class Topics:
                 f"Cannot delete individual partition '{name}'. Delete the base topic instead "
                 f"(e.g., if partition is '/default/mytopic-part-0', delete '/default/mytopic').")
         async with self._lock:
-            targets = [name] if name in self.topics else await self.partitions(name)
+            targets = await self.partitions(name)
             if not targets:
                 raise TopicNotFound(f"Unable to find the requested topic: {name}")
             for target in targets:
@@ -233,10 +275,16 @@ class Topics:
                         await self.tiered.delete_topic(target)
                 await self.store.delete(keys.namespace_topic(target))
                 await self.store.delete_prefix(keys.topic_root(target))
-                await self.store.delete(keys.cluster_broker_topic(self.broker_id, target))
+                if self.cluster is not None:
+                    await self.cluster.forget_topic(target)
+                else:
+                    await self.store.delete(keys.cluster_broker_topic(self.broker_id, target))
                 log.info("topic %s deleted", target)
 
-    async def _unload(self, topic, reason):
+    async def _unload(self, topic, reason, dispatcher_timeout=None):
+        """Close the topic. ``dispatcher_timeout``: give up waiting for the subscriptions'
+        last cursor writes after that long (a fenced broker cannot reach its metadata, and
+        its log must be let go for the next owner; a lost cursor write only redelivers)."""
         topic.closed = True
         if topic.log is not None:
             topic.log.stop_uploads()
@@ -247,7 +295,11 @@ class Topics:
         for sub in topic.subscriptions.values():
             sub.close(reason)
             if sub.dispatcher is not None:
-                await sub.dispatcher.close()
+                try:
+                    await asyncio.wait_for(sub.dispatcher.close(), dispatcher_timeout)
+                except TimeoutError:
+                    log.warning("%s: cursor of %s not saved (metadata unreachable)",
+                                topic.name, sub.name)
         topic.subscriptions.clear()
         topic.subscriptions_changed()
         if topic.log is not None:
@@ -258,7 +310,7 @@ class Topics:
         Partitions are numbered from 0 without gaps, so probing costs O(partitions), not a
         scan of the namespace."""
         names.validate_topic(name)
-        if name in self.topics:
+        if await self._topic_exists(name):
             return [name]
         found = []
         while True:
@@ -269,10 +321,15 @@ class Topics:
             found.append(candidate)
 
     def lookup(self, name):
+        """(broker_url, connect_url) of the broker serving the topic: this one, or in a
+        cluster the owner."""
         names.validate_topic(name)
-        if name not in self.topics:
+        if name in self.topics:
+            return self.cfg.advertised_broker_url, self.cfg.advertised_connect_url
+        located = self.cluster.locate(name) if self.cluster is not None else None
+        if located is None:
             raise TopicNotFound(f"Unable to find the requested topic: {name}")
-        return self.cfg.advertised_broker_url, self.cfg.advertised_connect_url
+        return located
 
     # -- retention -----------------------------------------------------------------------
 

@@ -6,7 +6,7 @@ import argparse
 
 from danube.client.admin import DEFAULT_ENDPOINT, ENDPOINT_ENV
 
-GROUPS = ("brokers", "namespaces", "topics", "schemas", "security", "serve")
+GROUPS = ("brokers", "cluster", "namespaces", "topics", "schemas", "security", "serve")
 
 
 def add_parser(sub):

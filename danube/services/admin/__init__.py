@@ -1,7 +1,7 @@
 """The admin port's services (reference a.3): danube_admin's BrokerAdmin, NamespaceAdmin and
 TopicAdmin, one module each, SecurityAdmin (security.py: roles and bindings) and our
-danube_ext.TopicStatsService (stats.py). ClusterAdmin comes with cluster mode; until then it
-answers UNIMPLEMENTED."""
+danube_ext.TopicStatsService (stats.py). ClusterAdmin (cluster.py) is served in cluster mode
+on etcd; a standalone broker answers it UNIMPLEMENTED."""
 
 from danube.proto import DanubeAdmin_pb2 as pb
 from danube.proto import DanubeExt_pb2 as ext

@@ -1,6 +1,7 @@
 """danube_admin.BrokerAdmin (reference a.3). A standalone broker is a cluster of one: it
 lists itself as Cluster_Leader, reports a balanced cluster, has nothing to rebalance, and
-refuses to unload itself (there is no other broker to take its topics)."""
+refuses to unload itself (there is no other broker to take its topics). In cluster mode the
+answers come from danube.cluster (drain, balance, rebalance)."""
 
 from danube.proto import DanubeAdmin_pb2 as pb
 from danube.services import checks
@@ -27,8 +28,12 @@ class BrokerAdmin:
     @maps_errors(ADMIN_CODES)
     async def UnloadBroker(self, request, context):
         checks.broker_id(request.broker_id)
-        await self.core.unload_broker(request.broker_id)
-        return pb.UnloadBrokerResponse()       # not reached: one broker refuses
+        result = await self.core.unload_broker(
+            request.broker_id, dry_run=request.dry_run,
+            include=tuple(request.namespaces_include), exclude=tuple(request.namespaces_exclude),
+            max_parallel=request.max_parallel or 1,
+            timeout=float(request.timeout_seconds or 60))
+        return pb.UnloadBrokerResponse(**result)
 
     @maps_errors(ADMIN_CODES)
     async def ActivateBroker(self, request, context):
@@ -44,6 +49,11 @@ class BrokerAdmin:
 
     @maps_errors(ADMIN_CODES)
     async def TriggerRebalance(self, request, context):
+        if self.core.cluster is not None:
+            result = await self.core.cluster.ops.rebalance(
+                request.dry_run, request.max_moves if request.HasField("max_moves") else None)
+            moves = [pb.ProposedMove(**m) for m in result.pop("proposed_moves")]
+            return pb.RebalanceResponse(proposed_moves=moves, **result)
         # Upstream's answer for a cluster under its imbalance threshold.
         return pb.RebalanceResponse(
             success=True, moves_executed=0,

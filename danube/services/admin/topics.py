@@ -50,22 +50,19 @@ class TopicAdmin:
     def __init__(self, core):
         self.core = core
 
-    def _topic_infos(self, names):
-        topics = self.core.topics
-        return pb.TopicInfoListResponse(topics=[
-            pb.TopicInfo(name=n, broker_id=str(self.core.broker_id),
-                         delivery=topics[n].delivery_name if n in topics else "NonReliable")
-            for n in names])
+    async def _topic_infos(self, names):
+        return pb.TopicInfoListResponse(topics=[pb.TopicInfo(**info) for info in
+                                                await self.core.topic_infos(names)])
 
     @maps_errors(ADMIN_CODES)
     async def ListNamespaceTopics(self, request, context):
         checks.namespace_request(request)
-        return self._topic_infos(await self.core.namespace_topics(request.name))
+        return await self._topic_infos(await self.core.namespace_topics(request.name))
 
     @maps_errors(ADMIN_CODES)
     async def ListBrokerTopics(self, request, context):
         checks.broker_id(request.broker_id)
-        return self._topic_infos(await self.core.broker_topics(request.broker_id))
+        return await self._topic_infos(await self.core.broker_topics(request.broker_id))
 
     @maps_errors(ADMIN_CODES)
     async def CreateTopic(self, request, context):

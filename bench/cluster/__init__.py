@@ -1,0 +1,1 @@
+"""Cluster mode on etcd benchmarks: see bench/README.md."""

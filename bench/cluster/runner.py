@@ -1,0 +1,275 @@
+"""`python -m bench.cluster`: cluster mode on etcd, with real processes (see bench/README.md).
+
+Sections, each against a peer measured in the same run:
+
+- ``failover``: a producer publishes to a reliable topic; the broker that owns it is killed
+  (SIGKILL); the time until a publish is acknowledged again (by the new owner). Peer: the
+  same producer against a standalone broker that is killed and started again at once.
+- ``lookup``: TopicLookup latency on a cluster broker, for a topic it owns (Connect) and one
+  another broker owns (Redirect). Peer: a standalone broker.
+- ``assign``: 10,000 topics marked unassigned at once in etcd; the time until the leader has
+  placed them all on 3 brokers, and the coefficient of variation of the topics per broker.
+  Peer: the time to write the 10,000 markers themselves (etcd's own write cost).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests" / "support"))
+
+import grpc  # noqa: E402
+
+from broker_process import BrokerProcess  # noqa: E402
+from cluster_clients import ResilientProducer  # noqa: E402
+from cluster_process import ClusterBrokers  # noqa: E402
+from danube.metadata import keys  # noqa: E402
+from danube.metadata.etcd import EtcdStore  # noqa: E402
+from danube.proto import DanubeApi_pb2 as pb  # noqa: E402
+from etcd_process import EtcdProcess  # noqa: E402
+from grpc_calls import create_producer, unary  # noqa: E402
+
+
+def pct(values, p):
+    values = sorted(values)
+    return values[min(len(values) - 1, int(round(p / 100 * (len(values) - 1))))]
+
+
+def wait(predicate, timeout, what):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(what)
+        time.sleep(0.005)
+
+
+def lookup(addr, topic):
+    with grpc.insecure_channel(addr) as ch:
+        return unary(ch, "/danube.Discovery/TopicLookup", pb.TopicLookupResponse)(
+            pb.TopicLookupRequest(request_id=1, topic=topic), timeout=5)
+
+
+def served_again_after_kill(cluster, topic, kill, producer):
+    acked = len(producer.acked)
+    wait(lambda: len(producer.acked) >= acked + 20, 30, "publishing")
+    killed = kill()
+    wait(lambda: producer.ack_times and producer.ack_times[-1] > killed, 60,
+         "publishing after the kill")
+    return next(t for t in producer.ack_times if t > killed) - killed
+
+
+def bench_failover(workdir, runs, lease):
+    etcd = EtcdProcess(workdir / "etcd").start()
+    cluster = ClusterBrokers(etcd, workdir / "cluster", lease=lease)
+    out = {"cluster": [], "standalone_restart": [], "lost": 0}
+    try:
+        cluster.start(3)
+        for run in range(runs):
+            topic = f"/default/failover-{run}"
+            producer = ResilientProducer(cluster, topic)
+            producer.start()
+            try:
+                wait(lambda: producer.acked, 30, "first publish")
+                owner = cluster.by_url(lookup(cluster.brokers[0].client_addr,
+                                              topic).broker_url)
+                out["cluster"].append(served_again_after_kill(
+                    cluster, topic, lambda: cluster.kill(owner), producer))
+            finally:
+                producer.stop()
+            cluster.restart(owner)
+            print(f"  failover run {run}: {out['cluster'][-1]:.2f}s", flush=True)
+    finally:
+        cluster.stop()
+        etcd.stop()
+    # The peer: one standalone broker, killed and started again by a supervisor at once.
+    holder = _Standalone(workdir / "standalone")
+    try:
+        for run in range(runs):
+            topic = f"/default/restart-{run}"
+            producer = ResilientProducer(holder, topic)
+            producer.start()
+            try:
+                wait(lambda: producer.acked, 30, "first publish")
+                out["standalone_restart"].append(served_again_after_kill(
+                    holder, topic, holder.kill_and_restart, producer))
+            finally:
+                producer.stop()
+            print(f"  standalone restart run {run}: {out['standalone_restart'][-1]:.2f}s",
+                  flush=True)
+    finally:
+        holder.stop()
+    return out
+
+
+class _Standalone:
+    """One standalone broker on fixed ports, restarted by kill_and_restart (what a process
+    supervisor does), looking like a ClusterBrokers to the resilient clients."""
+
+    def __init__(self, workdir):
+        from etcd_process import free_port
+        self.workdir = workdir
+        self.addr = f"127.0.0.1:{free_port()}"
+        self.broker = self._start()
+
+    def _start(self):
+        broker = BrokerProcess(data_dir=self.workdir)
+        broker.args += ["--broker-addr", self.addr]
+        return broker.start()
+
+    @property
+    def live(self):
+        return [self.broker] if self.broker.proc.poll() is None else []
+
+    def kill_and_restart(self):
+        self.broker.proc.kill()
+        killed = time.monotonic()
+        self.broker.proc.wait()
+        self.broker = self._start()
+        return killed
+
+    def stop(self):
+        self.broker.stop()
+
+
+def bench_lookup(workdir, n):
+    etcd = EtcdProcess(workdir / "etcd").start()
+    cluster = ClusterBrokers(etcd, workdir / "cluster")
+    standalone = BrokerProcess(data_dir=workdir / "standalone").start()
+    out = {}
+    try:
+        cluster.start(3)
+        topic = "/default/looked-up"
+        with grpc.insecure_channel(cluster.brokers[0].client_addr) as ch:
+            try:
+                create_producer(ch, topic, "p")
+            except grpc.RpcError:
+                pass
+        wait(lambda: _owner(cluster, topic), 10, "placement")
+        owner = cluster.by_url(_owner(cluster, topic))
+        other = next(b for b in cluster.brokers if b is not owner)
+        with grpc.insecure_channel(standalone.client_addr) as ch:
+            create_producer(ch, topic, "p")
+        for name, addr in (("cluster_connect", owner.client_addr),
+                           ("cluster_redirect", other.client_addr),
+                           ("standalone_connect", standalone.client_addr)):
+            out[name] = _lookup_latencies(addr, topic, n)
+    finally:
+        standalone.stop()
+        cluster.stop()
+        etcd.stop()
+    return out
+
+
+def _owner(cluster, topic):
+    try:
+        return lookup(cluster.brokers[0].client_addr, topic).broker_url
+    except grpc.RpcError:
+        return None
+
+
+def _lookup_latencies(addr, topic, n):
+    with grpc.insecure_channel(addr) as ch:
+        call = unary(ch, "/danube.Discovery/TopicLookup", pb.TopicLookupResponse)
+        request = pb.TopicLookupRequest(request_id=1, topic=topic)
+        for _ in range(50):
+            call(request, timeout=5)
+        samples = []
+        for _ in range(n):
+            started = time.perf_counter()
+            call(request, timeout=5)
+            samples.append((time.perf_counter() - started) * 1e6)
+    return {"p50_us": pct(samples, 50), "p99_us": pct(samples, 99),
+            "mean_us": statistics.fmean(samples), "n": n}
+
+
+def bench_assign(workdir, topics, strategy, lease):
+    etcd = EtcdProcess(workdir / "etcd").start()
+    cluster = ClusterBrokers(etcd, workdir / "cluster", strategy=strategy, lease=lease)
+    try:
+        cluster.start(3)
+        return asyncio.run(_assign(etcd, cluster, topics))
+    finally:
+        cluster.stop()
+        etcd.stop()
+
+
+async def _assign(etcd, cluster, count):
+    names = [f"/default/t{i:05d}" for i in range(count)]
+    async with await EtcdStore.open([etcd.endpoint]) as store:
+        # The topics themselves (as a creation writes them), then the markers, timed.
+        for i in range(0, count, 100):
+            chunk = names[i:i + 100]
+            await store.put_many({keys.namespace_topic(t): None for t in chunk})
+            await store.put_many({keys.topic_delivery(t): "NonReliable" for t in chunk})
+        started = time.monotonic()
+        for i in range(0, count, 100):
+            await store.put_many({keys.cluster_unassigned(t): None for t in names[i:i + 100]})
+        written = time.monotonic() - started
+        while True:
+            assigned = [k for k in await store.keys(keys.CLUSTER_BROKERS)
+                        if k.count("/") == 5]
+            if len(assigned) >= count:
+                break
+            await asyncio.sleep(0.25)
+        placed = time.monotonic() - started
+        per_broker = {}
+        for key in assigned:
+            broker = key.split("/")[3]
+            per_broker[broker] = per_broker.get(broker, 0) + 1
+        counts = list(per_broker.values())
+        mean = statistics.fmean(counts)
+        return {"topics": count, "markers_written_s": written, "all_placed_s": placed,
+                "per_broker": per_broker,
+                "cv": statistics.pstdev(counts) / mean if mean else 0.0}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m bench.cluster")
+    parser.add_argument("--sections", default="failover,lookup,assign")
+    parser.add_argument("--runs", type=int, default=10, help="failover runs (default 10)")
+    parser.add_argument("--lease", type=float, default=3, help="lease TTL seconds (3)")
+    parser.add_argument("--lookups", type=int, default=2000)
+    parser.add_argument("--topics", type=int, default=10_000)
+    parser.add_argument("--strategy", default="fair")
+    # 20,000 metadata writes and 10,000 topic loads on a small shared machine can hold
+    # etcd's commits up for seconds: a 3 s lease would fence the brokers meanwhile.
+    parser.add_argument("--assign-lease", type=float, default=10,
+                        help="lease TTL seconds of the assign section (10)")
+    parser.add_argument("--json", default=str(ROOT / "bench" / "results" / "cluster.json"))
+    args = parser.parse_args(argv)
+    sections = args.sections.split(",")
+    results = {"loadavg_before": os.getloadavg()}
+    with tempfile.TemporaryDirectory(prefix="bench-cluster-") as tmp:
+        tmp = Path(tmp)
+        if "failover" in sections:
+            print("failover (kill -9 of the owner, then the first acknowledged publish):")
+            r = results["failover"] = bench_failover(tmp / "failover", args.runs, args.lease)
+            for name in ("cluster", "standalone_restart"):
+                print(f"  {name}: p50 {statistics.median(r[name]):.2f}s "
+                      f"max {max(r[name]):.2f}s over {len(r[name])} runs")
+        if "lookup" in sections:
+            print("lookup latency:")
+            r = results["lookup"] = bench_lookup(tmp / "lookup", args.lookups)
+            for name, v in r.items():
+                print(f"  {name}: p50 {v['p50_us']:.0f} us p99 {v['p99_us']:.0f} us")
+        if "assign" in sections:
+            print(f"assignment of {args.topics} topics over 3 brokers ({args.strategy}):")
+            r = results["assign"] = bench_assign(tmp / "assign", args.topics, args.strategy,
+                                                 args.assign_lease)
+            print(f"  markers written in {r['markers_written_s']:.2f}s; all placed after "
+                  f"{r['all_placed_s']:.2f}s; per broker {sorted(r['per_broker'].values())}; "
+                  f"CV {r['cv']:.4f}")
+    results["loadavg_after"] = os.getloadavg()
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(results, indent=2))
+    print(f"load average before {results['loadavg_before']}, after {results['loadavg_after']}")
+    return 0

@@ -1,0 +1,135 @@
+"""A broker's registration under a lease, and the fence that keeps it from serving topics it
+may no longer own.
+
+The registration (``/cluster/register/{id}``) is written with a TTL of
+``meta_store.lease_ttl_seconds`` and rewritten every third of it. When a broker dies its
+lease runs out, etcd deletes the key, and the leader moves its topics. A broker that is
+alive but cut off from etcd (a partition, a long pause) must have stopped serving by then,
+or two brokers would serve one topic. So the fence goes by this broker's own clock: the lease
+of a write cannot run out before ``ttl`` seconds after the write was *sent*, so once
+``FENCE_FRACTION`` of the TTL has passed since the last write that succeeded was sent, the
+broker fences itself (``on_fenced``: it stops serving every topic) without waiting to hear
+from etcd. It fences too when it sees its own registration deleted (the lease ran out
+although the refreshes seemed fine, or someone removed it). Afterwards it keeps trying to
+register again; once that succeeds, ``on_restored`` lets topics be assigned to it again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from danube.metadata import keys
+from danube.metadata.errors import MetadataError
+
+log = logging.getLogger("danube.cluster")
+
+#: Fence once this share of the TTL has passed since the last successful refresh was sent;
+#: the rest of the TTL is the margin for stopping before the lease can run out.
+FENCE_FRACTION = 0.75
+WATCHDOG_TICK = 0.05
+
+
+class Membership:
+    def __init__(self, store, broker_id: str, record: dict, ttl: float, *,
+                 on_fenced: Callable[[str], Awaitable[None]],
+                 on_restored: Callable[[], Awaitable[None]]):
+        self.store = store
+        self.broker_id = broker_id
+        self.record = record
+        self.ttl = ttl
+        self.on_fenced = on_fenced
+        self.on_restored = on_restored
+        self.key = keys.cluster_register(broker_id)
+        self.fenced = False
+        self.fences = 0
+        self.leaving = False
+        self._last_ok_sent: float | None = None
+        self._tasks: list[asyncio.Task] = []
+        self._fencing: asyncio.Task | None = None
+
+    @property
+    def registered(self) -> bool:
+        return not self.fenced and self._last_ok_sent is not None
+
+    async def start(self) -> None:
+        await self._register()
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._refresh_forever(), name="cluster-lease"),
+                       loop.create_task(self._watchdog(), name="cluster-fence")]
+
+    async def stop(self, *, deregister: bool = True) -> None:
+        self.leaving = True
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+        if deregister and not self.fenced:
+            try:
+                await self.store.delete(self.key)
+            except MetadataError as exc:
+                log.warning("could not deregister (the lease will expire): %s", exc)
+
+    async def _register(self) -> None:
+        sent = time.monotonic()
+        await self.store.put(self.key, self.record, ttl=self.ttl)
+        self._last_ok_sent = sent
+
+    async def _refresh_forever(self) -> None:
+        interval = self.ttl / 3
+        while True:
+            await asyncio.sleep(interval)
+            fencing = self._fencing
+            if fencing is not None:
+                await asyncio.shield(fencing)
+            try:
+                await self._register()
+            except MetadataError as exc:
+                log.warning("broker %s could not renew its registration: %s", self.broker_id,
+                            exc)
+                continue
+            if self.fenced:
+                fencing = self._fencing
+                if fencing is not None:
+                    await asyncio.shield(fencing)
+                self.fenced = False
+                log.warning("broker %s registered again after being fenced", self.broker_id)
+                await self.on_restored()
+
+    async def _watchdog(self) -> None:
+        limit = self.ttl * FENCE_FRACTION
+        while True:
+            await asyncio.sleep(WATCHDOG_TICK)
+            if not self.fenced and self._last_ok_sent is not None and \
+                    time.monotonic() - self._last_ok_sent > limit:
+                await self.fence(f"no registration renewed for {limit:.1f}s (lease "
+                                 f"{self.ttl:g}s): etcd unreachable")
+
+    def registration_deleted(self) -> None:
+        """The view saw our registration go: whatever the cause, the leader will move our
+        topics, so stop serving them now."""
+        if not self.fenced and not self.leaving:
+            asyncio.get_running_loop().create_task(
+                self.fence("this broker's registration was deleted (lease expired)"))
+
+    async def fence(self, reason: str) -> None:
+        if self.fenced:
+            return
+        self.fenced = True
+        self.fences += 1
+        self._last_ok_sent = None
+        log.error("broker %s fenced: %s; it stops serving its topics", self.broker_id, reason)
+        # A task of its own, which the renewal loop waits for before registering again
+        # (the caller's task, the watchdog, never ends).
+        self._fencing = asyncio.get_running_loop().create_task(self.on_fenced(reason),
+                                                               name="cluster-fencing")
+        try:
+            await asyncio.shield(self._fencing)
+        finally:
+            if self._fencing is not None and self._fencing.done():
+                self._fencing = None

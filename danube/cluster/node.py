@@ -1,0 +1,307 @@
+"""One broker's membership in a cluster: the glue between the cluster's metadata on etcd and
+the broker core.
+
+The core asks it where a topic lives (``locate``, ``check_elsewhere``) and to create topics
+(``create_topic``: recorded, marked unassigned, placed by the leader); it drives the core
+through two calls, ``serve_topic`` and ``release_topic``, as assignments to this broker come
+and go (``/cluster/brokers/{id}/{ns}/{topic}``). See docs/cluster.md for the whole design.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+
+from danube.broker.core.topics import SYSTEM_TOPIC
+from danube.broker.errors import TopicElsewhere, TopicUnloaded
+from danube.cluster.admin import ClusterOps
+from danube.cluster.election import LeaderElection
+from danube.cluster.load_manager import LoadManager
+from danube.cluster.load_report import LoadReporter
+from danube.cluster.membership import Membership
+from danube.cluster.view import ClusterView
+from danube.metadata import keys
+from danube.metadata.errors import MetadataError
+from danube.storage.errors import WALError
+
+log = logging.getLogger("danube.cluster")
+
+#: How long creating a topic waits for the leader to place it.
+CREATE_WAIT = 10.0
+SERVE_RETRY = (0.05, 1.0)
+#: Topics loaded at once: each load is a few metadata calls, and thousands at once would
+#: crowd out every other call.
+SERVE_CONCURRENCY = 8
+#: A graceful release (unload, drain) waits this long for the topic's last segments to reach
+#: the durable tier.
+RELEASE_UPLOAD_TIMEOUT = 30.0
+
+
+class ClusterNode:
+    """``control_store``: a second connection to the same metadata for the lease renewal and
+    the election, so that they never queue behind the topics' metadata calls (a broker
+    loading thousands of topics would otherwise miss its own renewals and fence itself)."""
+
+    def __init__(self, core, store, cfg, control_store=None):
+        self.core = core
+        self.store = store
+        self.control_store = control = control_store or store
+        self.cfg = cfg
+        self.broker_id = str(core.broker_id)
+        self.view = ClusterView(store)
+        self._serve_slots = asyncio.Semaphore(SERVE_CONCURRENCY)
+        self.membership = Membership(control, self.broker_id, core.registration_record(),
+                                     cfg.lease_ttl_seconds, on_fenced=self._fenced,
+                                     on_restored=self._restored)
+        self.election = LeaderElection(control, self.broker_id, cfg.lease_ttl_seconds,
+                                       on_elected=self._elected, on_deposed=self._deposed,
+                                       eligible=lambda: self.membership.registered)
+        self.manager = LoadManager(store, self.view, cfg.assignment_strategy,
+                                   reconcile_every=cfg.lease_ttl_seconds)
+        self.reporter = LoadReporter(core, store, self.broker_id,
+                                     cfg.load_report_interval_seconds)
+        self.ops = ClusterOps(self)
+        self.redirects = 0
+        self._serving: dict[str, asyncio.Task] = {}
+        self._placed: dict[str, list[asyncio.Future]] = {}
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        await self.view.start()
+        self.view.listeners.append(self._on_event)
+        await self.membership.start()
+        await self.store.put(keys.cluster_broker_state(self.broker_id),
+                             {"mode": "active", "reason": "boot"})
+        for topic in self.view.topics_of(self.broker_id):
+            self._serve_soon(topic)
+        self.election.start()
+        self.reporter.start()
+        log.info("broker %s joined the cluster (%d brokers registered, leader %s)",
+                 self.broker_id, len(self.view.registered), self.view.leader or "not yet")
+
+    async def stop(self) -> None:
+        """Leave gracefully: hand the leadership on, stop serving every topic (its last
+        segments uploaded), and only then deregister, which has the leader move them."""
+        await self.reporter.stop()
+        await self.election.stop()
+        await self.manager.stop()
+        for task in list(self._serving.values()):
+            task.cancel()
+        self.membership.leaving = True
+        moved = TopicUnloaded("this broker is shutting down; look the topic up and connect "
+                              "again")
+        await asyncio.gather(*(self.core.release_topic(name, moved,
+                                                       upload_timeout=RELEASE_UPLOAD_TIMEOUT)
+                               for name in list(self.core.topics) if name != SYSTEM_TOPIC),
+                             return_exceptions=True)
+        await self.membership.stop()
+        await self.view.stop()
+        if self.control_store is not self.store:
+            await self.control_store.close()
+
+    @property
+    def is_leader(self) -> bool:
+        return self.election.is_leader
+
+    # -- what the core asks -----------------------------------------------------------------
+
+    def locate(self, topic: str):
+        """(broker_url, connect_url) of the broker that owns ``topic``, or None."""
+        owner = self.view.owners.get(topic)
+        record = self.view.registered.get(owner) if owner is not None else None
+        if record is None or not record.get("broker_url"):
+            return None
+        self.redirects += 1
+        return record["broker_url"], record.get("connect_url") or record["broker_url"]
+
+    def check_elsewhere(self, topic: str) -> None:
+        """Raise TopicElsewhere if ``topic`` lives (or is about to live) on a broker of the
+        cluster other than this one; return if nobody has it."""
+        owner = self.view.owners.get(topic)
+        if owner is not None and owner != self.broker_id:
+            raise TopicElsewhere(f"topic {topic} is served by broker {owner}; look it up again")
+        if owner == self.broker_id or topic in self.view.unassigned:
+            raise TopicElsewhere(f"topic {topic} is moving between brokers; look it up again")
+
+    async def create_topic(self, name: str, delivery_name: str):
+        """Record a new topic, have the leader place it, and return it if it landed here;
+        TopicElsewhere (UNAVAILABLE, the clients look it up again) if it landed elsewhere."""
+        await self.store.put(keys.namespace_topic(name), None)
+        await self.store.put(keys.topic_delivery(name), delivery_name)
+        placed = asyncio.get_running_loop().create_future()
+        self._placed.setdefault(name, []).append(placed)
+        await self.store.put(keys.cluster_unassigned(name), None)
+        try:
+            await asyncio.wait_for(asyncio.shield(placed), CREATE_WAIT)
+        except TimeoutError:
+            raise TopicElsewhere(f"topic {name} was created and waits for a broker; look it "
+                                 "up again") from None
+        finally:
+            waiters = self._placed.get(name, [])
+            if placed in waiters:
+                waiters.remove(placed)
+        topic = self.core.topics.get(name)
+        if topic is None:
+            self.check_elsewhere(name)
+            raise TopicElsewhere(f"topic {name} is not served yet; look it up again")
+        return topic
+
+    async def forget_topic(self, name: str) -> None:
+        """A deleted topic: drop its assignment (the owner then lets it go) and marker."""
+        owner = self.view.owners.get(name)
+        if owner is not None:
+            await self.store.delete(keys.cluster_broker_topic(owner, name))
+        await self.store.delete(keys.cluster_unassigned(name))
+
+    async def status(self) -> dict:
+        """ClusterStatus: the etcd cluster's members and Raft state, and the leader broker."""
+        etcd = await self.store.cluster_status()
+        return {"leader_id": int(self.view.leader or 0), "self_node_id": int(self.broker_id),
+                "current_term": etcd["raft_term"], "last_applied": etcd["raft_applied_index"],
+                "voters": etcd["voters"], "learners": etcd["learners"],
+                "raft_addr": ",".join(self.cfg.etcd_endpoints)}
+
+    # -- assignments to this broker ---------------------------------------------------------
+
+    def _on_event(self, event) -> None:
+        if self.election.is_leader:
+            self.manager.on_event(event)
+        if event is None:
+            self._reconcile()
+            return
+        key, deleted = event.key, event.kind == "delete"
+        mine = keys.cluster_broker_prefix(self.broker_id) + "/"
+        if key.startswith(mine) and not key.endswith("/state"):
+            topic = key[len(mine) - 1:]
+            if deleted:
+                self._release_soon(topic)
+            else:
+                self._serve_soon(topic)
+        elif key.startswith(keys.CLUSTER_BROKERS + "/") and not deleted:
+            self._wake_creators(key)
+        elif key == self.membership.key and deleted:
+            self.membership.registration_deleted()
+        elif key == keys.CLUSTER_LEADER and deleted:
+            self.election.poke()
+
+    def _wake_creators(self, key: str) -> None:
+        broker, _, rest = key[len(keys.CLUSTER_BROKERS) + 1:].partition("/")
+        topic = "/" + rest
+        if broker != self.broker_id:
+            for waiter in self._placed.get(topic, ()):
+                if not waiter.done():
+                    waiter.set_result(broker)
+
+    def _reconcile(self) -> None:
+        if self.membership.fenced:
+            return
+        mine = set(self.view.topics_of(self.broker_id))
+        for topic in mine - set(self.core.topics):
+            self._serve_soon(topic)
+        for topic in set(self.core.topics) - mine:
+            if topic != SYSTEM_TOPIC:
+                self._release_soon(topic)
+
+    def _serve_soon(self, topic: str) -> None:
+        self._chain(topic, self._serve(topic))
+
+    def _release_soon(self, topic: str) -> None:
+        self._chain(topic, self._release(topic))
+
+    def _chain(self, topic: str, coro) -> None:
+        """Run serve/release of one topic one after another, in event order."""
+        previous = self._serving.get(topic)
+
+        async def run():
+            if previous is not None:
+                try:
+                    await previous
+                except BaseException:  # noqa: BLE001 - its own failure was logged
+                    pass
+            await coro
+
+        task = asyncio.get_running_loop().create_task(run(), name=f"cluster-topic {topic}")
+        self._serving[topic] = task
+        task.add_done_callback(lambda t: self._serving.get(topic) is t and
+                               self._serving.pop(topic, None))
+
+    async def _serve(self, name: str) -> None:
+        delay = SERVE_RETRY[0]
+        while self.view.owners.get(name) == self.broker_id and not self.membership.fenced:
+            if name in self.core.topics:
+                break
+            try:
+                if await self.store.get_entry(keys.namespace_topic(name)) is None:
+                    await self.store.delete(keys.cluster_broker_topic(self.broker_id, name))
+                    return
+                async with self._serve_slots:
+                    await self.core.serve_topic(name)
+                log.info("serving topic %s (assigned to broker %s)", name, self.broker_id)
+                break
+            except (MetadataError, WALError, OSError) as exc:
+                # WALLockedError: the previous owner is still closing the topic's log.
+                log.warning("cannot serve topic %s yet (%s); retrying", name, exc)
+                await asyncio.sleep(delay)
+                delay = min(SERVE_RETRY[1], delay * 2)
+        for waiter in self._placed.get(name, ()):
+            if not waiter.done():
+                waiter.set_result(self.broker_id)
+
+    async def _release(self, name: str) -> None:
+        topic = self.core.topics.get(name)
+        if topic is not None:
+            await self.core.release_topic(
+                name, TopicUnloaded(f"topic {name} moved to another broker; look it up and "
+                                    "connect again"), upload_timeout=RELEASE_UPLOAD_TIMEOUT)
+            log.info("released topic %s", name)
+        if self.membership.fenced:
+            return
+        try:
+            marker = self.view.unassigned.get(name)
+            if isinstance(marker, dict) and marker.get("ready") is False and \
+                    str(marker.get("from_broker")) == self.broker_id:
+                await self.store.put(keys.cluster_unassigned(name), {**marker, "ready": True})
+            if topic is not None and topic.log is not None and \
+                    await self.store.get_entry(keys.namespace_topic(name)) is None:
+                await self._delete_data(name, topic.log.directory)
+        except MetadataError as exc:
+            log.warning("after releasing %s: %s", name, exc)
+
+    async def _delete_data(self, name: str, directory: str) -> None:
+        """The topic was deleted: its log goes too."""
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self.core.wal_executor, shutil.rmtree, directory, True)
+        if self.core.tiered is not None:
+            await self.core.tiered.delete_topic(name)
+
+    # -- leadership and fencing -------------------------------------------------------------
+
+    async def _elected(self) -> None:
+        self.manager.start()
+
+    async def _deposed(self) -> None:
+        await self.manager.stop()
+
+    async def _fenced(self, reason: str) -> None:
+        """Stop serving every topic at once: the leader may hand them to others any time."""
+        await self.election.stop_leading()
+        unloaded = TopicUnloaded("this broker lost its cluster membership; look the topic up "
+                                 "and connect again")
+        await asyncio.gather(*(self.core.release_topic(name, unloaded, fenced=True)
+                               for name in list(self.core.topics)
+                               if name != SYSTEM_TOPIC),
+                             return_exceptions=True)
+
+    async def _restored(self) -> None:
+        """Registered again after a fence: hand back whatever is still assigned here (the
+        leader may be moving it already), then take topics like a new broker."""
+        mine = self.view.topics_of(self.broker_id)
+        if mine:
+            marker = {"reason": "failover", "from_broker": self.broker_id}
+            await self.store.put_many({keys.cluster_unassigned(t): marker for t in mine})
+            for topic in mine:
+                await self.store.delete(keys.cluster_broker_topic(self.broker_id, topic))
+        await self.store.put(keys.cluster_broker_state(self.broker_id),
+                             {"mode": "active", "reason": "re-registered after a fence"})

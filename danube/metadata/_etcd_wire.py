@@ -1,0 +1,179 @@
+"""Calls to etcd's v3 JSON gateway through ``etcd3gw``, off the event loop, with retries.
+
+etcd3gw is synchronous (``requests`` underneath), so every call runs in a small thread pool
+and the loop only awaits its future. Each worker thread has its own etcd3gw client, because
+a ``requests.Session`` is not meant to be shared between threads.
+
+What is retried: a call that never reached etcd (connection refused, connect timeout) is
+always safe to send again, to the next endpoint, with exponential backoff, until
+``retry_for`` seconds have passed. A call that may have reached etcd (the connection broke
+mid-request, a read timeout, etcd answering UNAVAILABLE while it has no leader) is retried
+only when the caller says it is idempotent; otherwise it surfaces at once as
+``MetadataUnavailable`` ("may or may not have been applied", as the store contract says).
+Every failure and retry is counted, and ``available`` tells health and metrics whether the
+last call got through.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import concurrent.futures
+import logging
+import threading
+import time
+from typing import Any
+
+import etcd3gw
+import requests
+import urllib3
+
+from danube.metadata.errors import MetadataError, MetadataUnavailable
+
+log = logging.getLogger("danube.metadata.etcd")
+
+#: gRPC status codes etcd's gateway answers with when the call can be tried again.
+_RETRYABLE_CODES = {4, 14}          # DEADLINE_EXCEEDED, UNAVAILABLE
+FIRST_BACKOFF = 0.05
+MAX_BACKOFF = 1.0
+WORKERS = 8
+
+
+def b64(text: str) -> str:
+    return base64.b64encode(text.encode("utf-8")).decode("ascii")
+
+
+def unb64(data: str | None) -> str:
+    return "" if not data else base64.b64decode(data).decode("utf-8")
+
+
+def parse_endpoint(endpoint: str) -> tuple[str, int]:
+    """``host:port`` (optionally ``http://host:port``) into its parts, or a clear ValueError."""
+    text = endpoint.strip()
+    if "://" in text:
+        scheme, text = text.split("://", 1)
+        if scheme != "http":
+            raise ValueError(f"etcd endpoint {endpoint!r}: only http:// is supported")
+    host, sep, port = text.rstrip("/").rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"etcd endpoint {endpoint!r} is not host:port")
+    return host.strip("[]"), int(port)
+
+
+class _NotSent(Exception):
+    """The request never reached etcd."""
+
+
+class _Ambiguous(Exception):
+    """The request may have reached etcd; whether it was applied is unknown."""
+
+
+class EtcdConnection:
+    """The endpoints of one etcd cluster and the thread pool that talks to them."""
+
+    def __init__(self, endpoints: list[str], *, timeout: float = 5.0, retry_for: float = 10.0):
+        if not endpoints:
+            raise ValueError("etcd needs at least one endpoint (host:port)")
+        self.endpoints = [parse_endpoint(e) for e in endpoints]
+        self.timeout = timeout
+        self.retry_for = retry_for
+        self._current = 0
+        self._local = threading.local()
+        self._executor = concurrent.futures.ThreadPoolExecutor(
+            max_workers=WORKERS, thread_name_prefix="etcd")
+        self.available = True
+        self.failures_total = 0
+        self.retries_total = 0
+        self.last_error = ""
+
+    @property
+    def endpoint(self) -> tuple[str, int]:
+        return self.endpoints[self._current % len(self.endpoints)]
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    async def call(self, path: str, body: dict, *, idempotent: bool = True) -> dict:
+        """POST ``body`` to ``/v3/<path>`` and return the decoded answer."""
+        loop = asyncio.get_running_loop()
+        deadline = time.monotonic() + self.retry_for
+        backoff = FIRST_BACKOFF
+        while True:
+            endpoint = self.endpoint
+            try:
+                answer = await loop.run_in_executor(self._executor, self._post, endpoint,
+                                                    path, body)
+            except RuntimeError as exc:     # the pool was shut down by close()
+                raise MetadataUnavailable(f"etcd connection closed: {exc}") from None
+            except (_NotSent, _Ambiguous) as exc:
+                self.failures_total += 1
+                self.available = False
+                self.last_error = f"{endpoint[0]}:{endpoint[1]}: {exc}"
+                if isinstance(exc, _NotSent):
+                    self._current += 1      # another endpoint may be up
+                elif not idempotent:
+                    raise MetadataUnavailable(
+                        f"etcd call {path} failed and may or may not have been applied: "
+                        f"{exc}") from None
+                if time.monotonic() + backoff > deadline:
+                    raise MetadataUnavailable(
+                        f"etcd unreachable for {self.retry_for:g}s: {self.last_error}") from None
+                self.retries_total += 1
+                log.warning("etcd call %s failed (%s); retrying in %.2fs", path, exc, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(MAX_BACKOFF, backoff * 2)
+                continue
+            if not self.available:
+                log.info("etcd reachable again at %s:%d", *endpoint)
+            self.available = True
+            return answer
+
+    def _client(self, endpoint: tuple[str, int]) -> etcd3gw.Etcd3Client:
+        clients = getattr(self._local, "clients", None)
+        if clients is None:
+            clients = self._local.clients = {}
+        client = clients.get(endpoint)
+        if client is None:
+            # The API path is fixed: etcd >= 3.4 serves /v3/, and discovering it would cost
+            # a request per thread.
+            client = clients[endpoint] = etcd3gw.Etcd3Client(
+                host=endpoint[0], port=endpoint[1], timeout=self.timeout, api_path="/v3/")
+        return client
+
+    def _post(self, endpoint: tuple[str, int], path: str, body: dict) -> dict:
+        """In a worker thread: one HTTP request, its failure classified."""
+        client = self._client(endpoint)
+        try:
+            resp = client.session.post(client.get_url(path), json=body, timeout=self.timeout)
+        except requests.exceptions.ConnectTimeout as exc:
+            raise _NotSent(f"connect timeout: {exc}") from None
+        except requests.exceptions.ConnectionError as exc:
+            reason = exc.args[0] if exc.args else None
+            if isinstance(reason, urllib3.exceptions.MaxRetryError) and isinstance(
+                    reason.reason, urllib3.exceptions.NewConnectionError):
+                raise _NotSent("connection refused") from None
+            raise _Ambiguous(f"connection lost: {exc}") from None
+        except requests.exceptions.RequestException as exc:
+            raise _Ambiguous(f"request failed: {exc}") from None
+        try:
+            answer = resp.json()
+        except ValueError:
+            answer = {"message": resp.text[:200]}
+        if resp.status_code == 200:
+            return answer
+        code = answer.get("code") if isinstance(answer, dict) else None
+        message = answer.get("message") or answer.get("error") or resp.reason
+        if code in _RETRYABLE_CODES or resp.status_code in (502, 503, 504):
+            raise _Ambiguous(f"etcd unavailable: {message}")
+        raise MetadataError(f"etcd refused {path}: {message}")
+
+    def stream_target(self) -> tuple[str, int]:
+        """The endpoint a new watch stream should connect to."""
+        return self.endpoint
+
+    def stream_failed(self, endpoint: tuple[str, int], exc: BaseException) -> None:
+        """A watch stream lost ``endpoint``: count it and move on to the next endpoint."""
+        self.failures_total += 1
+        self.last_error = f"{endpoint[0]}:{endpoint[1]}: watch stream: {exc}"
+        if self.endpoint == endpoint:
+            self._current += 1

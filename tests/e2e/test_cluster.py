@@ -1,0 +1,132 @@
+"""Three `danube broker --mode cluster` processes on one real etcd: topics are placed on the
+brokers by the leader, each broker serves only its own, lookup redirects to the owner, and
+the official client follows the redirects unchanged, for plain and partitioned topics."""
+
+import grpc
+import pytest
+
+from cluster_process import ClusterBrokers
+from danube.proto import DanubeApi_pb2 as pb
+from etcd_process import EtcdProcess
+from grpc_calls import create_producer, unary
+from official_client import run_scenario, unique_topic
+from waiting import wait_for
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    etcd = EtcdProcess(tmp_path_factory.mktemp("etcd")).start()
+    brokers = ClusterBrokers(etcd, tmp_path_factory.mktemp("cluster"))
+    try:
+        brokers.start(3)
+        yield brokers
+    finally:
+        brokers.stop()
+        etcd.stop()
+
+
+def lookup(broker, topic):
+    with grpc.insecure_channel(broker.client_addr) as ch:
+        return unary(ch, "/danube.Discovery/TopicLookup", pb.TopicLookupResponse)(
+            pb.TopicLookupRequest(request_id=1, topic=topic), timeout=10)
+
+
+def partitions(broker, topic):
+    with grpc.insecure_channel(broker.client_addr) as ch:
+        return list(unary(ch, "/danube.Discovery/TopicPartitions", pb.TopicPartitionsResponse)(
+            pb.TopicLookupRequest(request_id=1, topic=topic), timeout=10).partitions)
+
+
+def owner_of(cluster, topic):
+    """The broker every lookup names for `topic` (they all agree)."""
+    answers = {lookup(b, topic).broker_url for b in cluster.live}
+    assert len(answers) == 1, answers
+    return cluster.by_url(answers.pop())
+
+
+def test_one_leader_and_every_broker_registered(cluster):
+    ids = {b.broker_id for b in cluster.brokers}
+    assert len(ids) == 3 and None not in ids
+    leaders = [b for b in cluster.brokers if "is the cluster leader" in b.log()]
+    assert len(leaders) >= 1
+
+
+def test_lookup_answers_connect_on_the_owner_and_redirect_elsewhere(cluster):
+    topic = unique_topic("placed")
+    with grpc.insecure_channel(cluster.brokers[0].client_addr) as ch:
+        try:
+            create_producer(ch, topic, "p", pb.Reliable)
+        except grpc.RpcError as exc:
+            # Placed on another broker: the creator says "look it up again".
+            assert exc.code() == grpc.StatusCode.UNAVAILABLE
+            assert "look it up again" in exc.details()
+    owner = owner_of(cluster, topic)
+    for broker in cluster.live:
+        answer = lookup(broker, topic)
+        assert answer.broker_url == f"http://{owner.client_addr}"
+        assert answer.connect_url == answer.broker_url and not answer.proxy
+        expected = pb.TopicLookupResponse.Connect if broker is owner \
+            else pb.TopicLookupResponse.Redirect
+        assert answer.response_type == expected
+        assert partitions(broker, topic) == [topic]
+    # Only the owner serves it: a producer elsewhere is told to look it up again.
+    other = next(b for b in cluster.live if b is not owner)
+    with grpc.insecure_channel(other.client_addr) as ch:
+        with pytest.raises(grpc.RpcError) as info:
+            create_producer(ch, topic, "p2", pb.Reliable)
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert "served by broker" in info.value.details()
+
+
+def test_unknown_topic_lookup_is_not_found(cluster):
+    with pytest.raises(grpc.RpcError) as info:
+        lookup(cluster.brokers[1], unique_topic("nothing"))
+    assert info.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_official_client_follows_redirects(cluster):
+    """Producer and consumer both start at a broker that does not own the topic."""
+    topic = unique_topic("redirect")
+    messages = [{"payload": f"m{i}"} for i in range(20)]
+    result = run_scenario("produce_consume.py", {
+        "url": f"http://{cluster.brokers[2].client_addr}", "topic": topic,
+        "consumers": [{"name": "c", "subscription": "s"}],
+        "messages": messages, "expect": {"c": 20}}, timeout=60)
+    assert [m["payload"] for m in result["received"]["c"]] == [m["payload"] for m in messages]
+    owner = owner_of(cluster, topic)
+    assert owner.client_addr in {b.client_addr for b in cluster.live}
+
+
+def test_partitioned_topic_spreads_over_every_broker_and_is_consumed_whole(cluster):
+    topic = unique_topic("spread")
+    messages = [{"payload": f"m{i}", "key": f"k{i}"} for i in range(60)]
+    result = run_scenario("produce_consume.py", {
+        "url": f"http://{cluster.brokers[0].client_addr}", "topic": topic,
+        "producer": {"name": "p", "partitions": 6},
+        "consumers": [{"name": "c", "subscription": "s"}],
+        "messages": messages, "expect": {"c": 60}}, timeout=90)
+    got = sorted(m["payload"] for m in result["received"]["c"])
+    assert got == sorted(m["payload"] for m in messages)
+    names = [f"{topic}-part-{i}" for i in range(6)]
+    for broker in cluster.live:
+        assert partitions(broker, topic) == names
+    owners = {owner_of(cluster, name).broker_id for name in names}
+    assert owners == {b.broker_id for b in cluster.brokers}
+
+
+def test_assignments_are_balanced(cluster):
+    """`fair` placement: every broker ends up with a near-equal share of 12 new topics."""
+    before = {b.broker_id: sum(1 for line in b.lines if "serving topic" in line)
+              for b in cluster.brokers}
+    with grpc.insecure_channel(cluster.brokers[1].client_addr) as ch:
+        for i in range(12):
+            try:
+                create_producer(ch, unique_topic(f"bal{i}"), "p")
+            except grpc.RpcError as exc:
+                assert exc.code() == grpc.StatusCode.UNAVAILABLE
+    wait_for(lambda: sum(sum(1 for line in b.lines if "serving topic" in line)
+                         for b in cluster.brokers) >= sum(before.values()) + 12,
+             what="12 topics served")
+    counts = {b.broker_id: sum(1 for line in b.lines if "serving topic" in line)
+              for b in cluster.brokers}
+    assert max(counts.values()) - min(counts.values()) <= 1, counts

@@ -1,0 +1,125 @@
+"""What only the etcd store promises, on a real etcd: a lost connection is retried with
+backoff (and shows in ``available`` and the counters) so a call made while etcd restarts
+still succeeds; a call to an etcd that stays down fails with MetadataUnavailable, not a
+hang; watches resume after the restart without losing or repeating events; the key of a
+writer that vanished without deleting it goes when its lease does; several endpoints are
+tried in turn; stored layout is what docs/cluster.md says (plain JSON, or the envelope for a
+leased key)."""
+
+import asyncio
+import base64
+import json
+import threading
+import time
+import urllib.request
+
+import pytest
+
+from danube.metadata import DELETE, PUT, MetadataUnavailable
+from danube.metadata.etcd import EtcdStore
+from etcd_process import free_port
+
+
+def raw_get(etcd, key):
+    body = json.dumps({"key": base64.b64encode(key.encode()).decode()}).encode()
+    request = urllib.request.Request(f"http://{etcd.endpoint}/v3/kv/range", data=body,
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=5) as resp:
+        kvs = json.load(resp).get("kvs", [])
+    return [(base64.b64decode(kv["value"]).decode(), int(kv.get("lease", 0))) for kv in kvs]
+
+
+@pytest.fixture
+async def etcd(etcd_server):
+    etcd_server.start()
+    etcd_server.wipe()
+    yield etcd_server
+    etcd_server.start()
+
+
+async def test_stored_layout(etcd):
+    async with await EtcdStore.open([etcd.endpoint]) as store:
+        await store.put("/plain", {"a": [1, None]})
+        await store.put("/leased", "v", ttl=5)
+    assert raw_get(etcd, "/plain") == [('{"a":[1,null]}', 0)]
+    [(text, lease)] = raw_get(etcd, "/leased")
+    envelope = json.loads(text)
+    assert lease != 0 and envelope["v"] == "v" and 0 < envelope["x"] - time.time() <= 5
+
+
+async def test_call_during_restart_is_retried(etcd):
+    async with await EtcdStore.open([etcd.endpoint], retry_for=30) as store:
+        await store.put("/r/a", 1)
+        etcd.kill()
+        restarter = threading.Timer(1.0, etcd.start)
+        restarter.start()
+        try:
+            version = await store.put("/r/b", 2)      # sent while etcd is down
+        finally:
+            restarter.join()
+        assert (await store.get_entry("/r/b")).version == version
+        assert await store.get("/r/a") == 1
+        assert store.available and store.conn.retries_total > 0
+        assert store.conn.failures_total > 0 and "refused" in store.conn.last_error
+
+
+async def test_etcd_down_fails_cleanly(etcd):
+    store = await EtcdStore.open([etcd.endpoint], retry_for=0.5)
+    try:
+        etcd.kill()
+        started = time.monotonic()
+        with pytest.raises(MetadataUnavailable, match="unreachable"):
+            await store.get("/x")
+        assert time.monotonic() - started < 5
+        assert not store.available
+    finally:
+        await store.close()
+
+
+async def test_watch_resumes_after_restart(etcd):
+    async with await EtcdStore.open([etcd.endpoint], retry_for=30) as writer, \
+            await EtcdStore.open([etcd.endpoint], retry_for=30) as reader:
+        watch = await reader.watch("/w")
+        await writer.put("/w/1", 1)
+        assert (await asyncio.wait_for(anext(watch), 5)).key == "/w/1"
+        etcd.kill()
+        etcd.start()
+        for i in range(2, 6):
+            await writer.put(f"/w/{i}", i)
+        events = [await asyncio.wait_for(anext(watch), 10) for _ in range(4)]
+        assert [(e.kind, e.value) for e in events] == [(PUT, i) for i in range(2, 6)]
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(anext(watch), 0.3)
+
+
+async def test_lease_removes_key_of_vanished_writer(etcd):
+    """A writer that dies cannot reap its own keys; etcd's lease does."""
+    async with await EtcdStore.open([etcd.endpoint]) as observer:
+        watch = await observer.watch("/cluster/brokers")
+        writer = await EtcdStore.open([etcd.endpoint])
+        await writer.put("/cluster/brokers/1/broker_addr", "h:1", ttl=1)
+        writer._reaper.cancel()        # as if killed: nothing of it deletes the key
+        assert (await asyncio.wait_for(anext(watch), 5)).kind == PUT
+        started = time.monotonic()
+        event = await asyncio.wait_for(anext(watch), 5)
+        assert (event.kind, event.key) == (DELETE, "/cluster/brokers/1/broker_addr")
+        assert 0.5 < time.monotonic() - started < 3.5
+        await writer.close()
+
+
+async def test_dead_endpoint_is_skipped(etcd):
+    dead = f"127.0.0.1:{free_port()}"
+    async with await EtcdStore.open([dead, etcd.endpoint]) as store:
+        await store.put("/e", 1)
+        assert await store.get("/e") == 1
+        watch = await store.watch("/e")
+        await store.put("/e", 2)
+        assert (await asyncio.wait_for(anext(watch), 5)).value == 2
+
+
+def test_bad_endpoint_is_a_clear_error():
+    for bad in ["nohost", "h:port", "https://h:1", "h:70000"]:
+        with pytest.raises(ValueError, match="etcd endpoint"):
+            EtcdStore([bad])
+    with pytest.raises(ValueError, match="at least one"):
+        EtcdStore([])

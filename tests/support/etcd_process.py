@@ -1,0 +1,153 @@
+"""A real etcd (Debian ``etcd-server``, installed by bin/test) on free 127.0.0.1 ports, for the
+etcd metadata store and the cluster tests.
+
+One single-member cluster per instance, with its data in its own directory. It can be
+stopped (SIGTERM), killed (SIGKILL), paused (SIGSTOP: to its clients etcd hangs, as on a
+network partition) and started again on the same ports with the same data. Short heartbeat
+and election timeouts make etcd's minimum lease TTL one second (it is 1.5 election timeouts,
+rounded up), so tests can use short leases. Every process started is stopped at teardown,
+and at interpreter exit should a run be cut short.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+INSTALL_HINT = "etcd is not installed: run `bash bin/test` (it installs Debian etcd-server)"
+
+_live: set = set()
+
+
+@atexit.register
+def _kill_leftovers():
+    for etcd in list(_live):
+        etcd.stop()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class EtcdProcess:
+    def __init__(self, workdir, *, ready_timeout: float = 30.0):
+        self.binary = shutil.which("etcd")
+        if self.binary is None:
+            raise RuntimeError(INSTALL_HINT)
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.client_port = free_port()
+        self.peer_port = free_port()
+        self.ready_timeout = ready_timeout
+        self.proc: subprocess.Popen | None = None
+        self._log = None
+
+    @property
+    def endpoint(self) -> str:
+        """``host:port``, the form of ``meta_store.etcd_endpoints``."""
+        return f"127.0.0.1:{self.client_port}"
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def command(self) -> list[str]:
+        client = f"http://127.0.0.1:{self.client_port}"
+        peer = f"http://127.0.0.1:{self.peer_port}"
+        return [self.binary, "--name", "test", "--data-dir", str(self.workdir / "data"),
+                "--listen-client-urls", client, "--advertise-client-urls", client,
+                "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+                "--initial-cluster", f"test={peer}", "--initial-cluster-state", "new",
+                "--heartbeat-interval", "20", "--election-timeout", "200",
+                "--log-level", "warn", "--logger", "zap"]
+
+    def start(self) -> EtcdProcess:
+        if self.running:
+            return self
+        _live.add(self)
+        self._log = open(self.workdir / "etcd.log", "ab")
+        self.proc = subprocess.Popen(self.command(), stdout=self._log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + self.ready_timeout
+        last = None
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"etcd exited with {self.proc.returncode}: "
+                                   f"{self.log_tail()}")
+            try:
+                with urllib.request.urlopen(
+                        f"http://{self.endpoint}/health", timeout=1) as resp:
+                    if json.load(resp).get("health") == "true":
+                        return
+            except (OSError, urllib.error.URLError, ValueError) as exc:
+                last = exc
+            time.sleep(0.05)
+        raise RuntimeError(f"etcd not ready after {self.ready_timeout}s ({last}): "
+                           f"{self.log_tail()}")
+
+    def log_tail(self, n: int = 2000) -> str:
+        try:
+            return (self.workdir / "etcd.log").read_bytes()[-n:].decode(errors="replace")
+        except OSError:
+            return ""
+
+    def signal(self, sig: int) -> None:
+        if self.running:
+            self.proc.send_signal(sig)
+
+    def pause(self) -> None:
+        self.signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self.signal(signal.SIGCONT)
+
+    def kill(self) -> None:
+        """SIGKILL and reap; ``start()`` brings it back with the same data."""
+        if self.proc is not None:
+            self.resume()
+            self.proc.kill()
+            self.proc.wait()
+        self._close_log()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.resume()
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._close_log()
+        _live.discard(self)
+
+    def _close_log(self) -> None:
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def wipe(self) -> None:
+        """Delete every key (between tests sharing one etcd)."""
+        body = json.dumps({"key": "AA==", "range_end": "AA=="}).encode()  # "\0".."\0": all
+        request = urllib.request.Request(f"http://{self.endpoint}/v3/kv/deleterange", data=body,
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=5):
+            pass
