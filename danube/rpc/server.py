@@ -15,6 +15,7 @@ other exception fails only that call, with INTERNAL.
 import asyncio
 import collections
 import logging
+import re
 import resource
 import time
 
@@ -28,12 +29,19 @@ from danube.rpc.connection import H2Connection
 from danube.rpc.headers import encode_headers, parse_timeout
 from danube.rpc.idle import IdleStreams
 from danube.rpc.method import Kind, RpcMethod
+from danube.rpc.request_errors import request_parser
 from danube.rpc.server_stream import ServerStream
 # The handler-failure log is the server's: re-exported, tests reach it here.
 from danube.rpc.server_stream import _failures_logged, _log_handler_failure  # noqa: F401
 from danube.rpc.status import RpcError, StatusCode
 
 log = logging.getLogger("danube.rpc.server")
+
+# RFC 9113 8.2.1: a field name is a lowercase token (after the ':' of a pseudo-header); a
+# value has no NUL, CR or LF and no leading or trailing whitespace. A request breaking either
+# is malformed, and its metadata could not be handed to a handler (nor sent back) as it is.
+_FIELD_NAME = re.compile(rb"^:?[!#$%&'*+\-.^_`|~0-9a-z]+\Z")
+_BAD_VALUE = re.compile(rb"[\x00\r\n]|^[ \t]|[ \t]\Z")
 
 
 class RequestHead:
@@ -53,6 +61,9 @@ class RequestHead:
         self.error = None
         method = content_type = None
         for name, value in fields:
+            if not _FIELD_NAME.match(name) or _BAD_VALUE.search(value):
+                self.http_error = 400
+                return
             if name == b":path":
                 self.path = value
             elif name == b":method":
@@ -318,7 +329,8 @@ class Server:
             handler = getattr(servicer, m.name, None)
             if handler is None:
                 continue
-            self.add_method(path, kind, handler, request_cls.FromString, _serialize_message)
+            self.add_method(path, kind, handler, request_parser(request_cls),
+                            _serialize_message)
 
     def refuse_connection(self, peer):
         """Count a connection refused for grpc.max_connections; one warning a minute at most,
