@@ -26,7 +26,7 @@ from danube.codec.http2 import rst_stream_frame
 from danube.rpc import compression
 from danube.rpc.config import TransportConfig
 from danube.rpc.connection import H2Connection
-from danube.rpc.headers import encode_headers, parse_timeout
+from danube.rpc.headers import RESERVED_HEADERS, encode_headers, parse_timeout
 from danube.rpc.idle import IdleStreams
 from danube.rpc.method import Kind, RpcMethod
 from danube.rpc.request_errors import request_parser
@@ -42,6 +42,8 @@ log = logging.getLogger("danube.rpc.server")
 # is malformed, and its metadata could not be handed to a handler (nor sent back) as it is.
 _FIELD_NAME = re.compile(rb"^:?[!#$%&'*+\-.^_`|~0-9a-z]+\Z")
 _BAD_VALUE = re.compile(rb"[\x00\r\n]|^[ \t]|[ \t]\Z")
+# gRPC's ASCII-Value for custom metadata: what a handler can be given as str and send back.
+_NOT_ASCII_VALUE = re.compile(rb"[^\x20-\x7e]")
 
 
 class RequestHead:
@@ -79,6 +81,11 @@ class RequestHead:
                 self.encoding = value.decode("ascii", "replace")
             elif name == b"grpc-accept-encoding":
                 self.accept_encoding = value
+            elif (_NOT_ASCII_VALUE.search(value) and name[:1] != b":"
+                  and name not in RESERVED_HEADERS and not name.endswith(b"-bin")):
+                self.error = (StatusCode.INVALID_ARGUMENT,
+                              f"metadata {name.decode()!r}: a value must be printable ASCII "
+                              f"(use a '-bin' key for other bytes)")
         if method != b"POST":
             self.http_error = 405
         elif content_type is None or not content_type.startswith(b"application/grpc"):

@@ -2,6 +2,7 @@
 
     .venv/bin/python -P tests/fuzz/run.py TARGET [--runs N] [--seconds S]
                      [--engine atheris|mutate] [--crashes DIR] [--seed N]
+    .venv/bin/python -P tests/fuzz/run.py TARGET --replay FILE...
     .venv/bin/python -P tests/fuzz/run.py --list
 
 --engine atheris (the default when atheris is installed: pip install '.[fuzz]') runs the
@@ -191,6 +192,23 @@ def run_atheris_parent(args):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def replay(spec, paths):
+    failed = 0
+    with spec.open() as (target, _):
+        for path in paths:
+            with open(path, "rb") as f:
+                data = f.read()
+            try:
+                target(data)
+            except Exception:  # noqa: BLE001 - reported, as a finding is
+                failed += 1
+                print(f"{path}: still a finding")
+                traceback.print_exc()
+            else:
+                print(f"{path}: passes")
+    return 1 if failed else 0
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("target", nargs="?", choices=sorted(TARGETS))
@@ -204,11 +222,15 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=1, help="random seed of the engine")
     parser.add_argument("--timeout", type=int, default=30,
                         help="seconds one input may take before it counts as a hang")
+    parser.add_argument("--replay", nargs="+", metavar="FILE",
+                        help="run these saved inputs through the target and stop")
     args = parser.parse_args(argv)
     if args.list or not args.target:
         for name, spec in TARGETS.items():
             print(f"{name:18} {spec.description}")
         return 0
+    if args.replay:
+        return replay(TARGETS[args.target], args.replay)
     if args.engine == "atheris" and not _have_atheris():
         parser.error("atheris is not installed (pip install '.[fuzz]'); use --engine mutate")
     if args.runs is None and args.seconds is None:

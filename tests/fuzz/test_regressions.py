@@ -42,6 +42,18 @@ def test_header_name_not_a_token_is_refused_before_the_handler(server_target):
     assert RequestHead([*GRPC_HEAD, (b"x-key-b\xc3\xa9", b"v")]).http_error == 400
 
 
+@pytest.mark.parametrize("value", [b"caf\xc3\xa9", b"a\x01b", b"a\x7fb"])
+def test_metadata_value_not_printable_ascii_is_invalid_argument(server_target, value):
+    # Found: a Metadata call with x-val: caf\xc3\xa9 reached the handler as 'cafÃ©', which
+    # it could not send back ("metadata value for 'x-val' must be printable ASCII").
+    server_target(b"\x00" + http2.settings_frame([]) + _request(
+        1, "Metadata", [b""], extra=[(b"x-val", value)]))
+    head = RequestHead([*GRPC_HEAD, (b"x-val", value)])
+    assert head.http_error is None and head.error[0] == StatusCode.INVALID_ARGUMENT
+    assert "x-val" in head.error[1]
+    assert RequestHead([*GRPC_HEAD, (b"x-val-bin", value)]).error is None
+
+
 @pytest.mark.parametrize("field", [(b"X-Upper", b"v"), (b"", b"v"), (b"a b", b"v"),
                                    (b"x-nul", b"a\x00b"), (b"x-crlf", b"a\r\nb"),
                                    (b"x-space", b" v"), (b"x-tab", b"v\t")])

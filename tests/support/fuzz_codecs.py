@@ -31,7 +31,7 @@ def _chunks(data, size):
 
 
 def _feed_all(feed, pieces):
-    """Feed pieces in order: (outputs, error) where error is the expected error raised."""
+    """Feed pieces in order; the outputs of all of them."""
     out = []
     for piece in pieces:
         out.extend(feed(piece))
