@@ -42,7 +42,9 @@ log = logging.getLogger("danube.rpc.server")
 # is malformed, and its metadata could not be handed to a handler (nor sent back) as it is.
 _FIELD_NAME = re.compile(rb"^:?[!#$%&'*+\-.^_`|~0-9a-z]+\Z")
 _BAD_VALUE = re.compile(rb"[\x00\r\n]|^[ \t]|[ \t]\Z")
-# gRPC's ASCII-Value for custom metadata: what a handler can be given as str and send back.
+# gRPC's Header-Name and ASCII-Value for custom metadata: what a handler can be given and
+# send back.
+_GRPC_KEY = re.compile(rb"^[0-9a-z_.\-]+\Z")
 _NOT_ASCII_VALUE = re.compile(rb"[^\x20-\x7e]")
 
 
@@ -81,11 +83,8 @@ class RequestHead:
                 self.encoding = value.decode("ascii", "replace")
             elif name == b"grpc-accept-encoding":
                 self.accept_encoding = value
-            elif (_NOT_ASCII_VALUE.search(value) and name[:1] != b":"
-                  and name not in RESERVED_HEADERS and not name.endswith(b"-bin")):
-                self.error = (StatusCode.INVALID_ARGUMENT,
-                              f"metadata {name.decode()!r}: a value must be printable ASCII "
-                              f"(use a '-bin' key for other bytes)")
+            elif name[:1] != b":" and name not in RESERVED_HEADERS:
+                self._check_metadata(name, value)
         if method != b"POST":
             self.http_error = 405
         elif content_type is None or not content_type.startswith(b"application/grpc"):
@@ -95,6 +94,17 @@ class RequestHead:
         elif self.encoding not in (None, "identity", "gzip", "deflate"):
             self.error = (StatusCode.UNIMPLEMENTED,
                           f"grpc-encoding {self.encoding!r} is not supported")
+
+    def _check_metadata(self, name, value):
+        # gRPC's grammar for custom metadata, which a handler must be able to send back.
+        if not _GRPC_KEY.match(name):
+            self.error = (StatusCode.INVALID_ARGUMENT,
+                          f"metadata key {name.decode()!r} is not a gRPC metadata key "
+                          f"(0-9, a-z, '_', '-', '.')")
+        elif not name.endswith(b"-bin") and _NOT_ASCII_VALUE.search(value):
+            self.error = (StatusCode.INVALID_ARGUMENT,
+                          f"metadata {name.decode()!r}: a value must be printable ASCII "
+                          f"(use a '-bin' key for other bytes)")
 
 
 class ServerConnection(H2Connection):
