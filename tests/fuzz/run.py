@@ -184,12 +184,18 @@ def run_atheris_parent(args):
     """Run the atheris engine in a child with its own temporary directory, then clean up."""
     tmp = tempfile.mkdtemp(prefix="danube-fuzz-")
     env = dict(os.environ, **{CHILD_ENV: "1", "TMPDIR": tmp, "DANUBE_FUZZ_TMP": tmp})
+    before = set(os.listdir(args.crashes)) if os.path.isdir(args.crashes) else set()
     try:
         proc = subprocess.run([sys.executable, "-P", os.path.abspath(__file__), *sys.argv[1:]],
                               env=env)
-        return proc.returncode
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    # libFuzzer exits 0 at the end of a run whatever the target raised (the child saves and
+    # goes on): what it found is what it saved.
+    found = sorted(set(os.listdir(args.crashes)) - before) if os.path.isdir(args.crashes) else []
+    saved = [name for name in found if name.endswith(".bin")]
+    print(f"{len(saved)} new findings saved in {args.crashes}")
+    return proc.returncode or (1 if saved else 0)
 
 
 def replay(spec, paths):
