@@ -28,7 +28,7 @@ def test_every_method_with_its_seeds(target):
     assert target.codes["OK"] + target.codes["NOT_FOUND"] > 30, target.codes
 
 
-@fuzz_settings(600)
+@fuzz_settings(400)
 @given(st.data())
 def test_fuzz_broker_requests(target, data):
     target(data.draw(fuzz_inputs(target.seeds())))

@@ -20,25 +20,25 @@ def test_seeds_are_accepted(name):
             target(seed)
 
 
-@fuzz_settings(1000)
+@fuzz_settings(700)
 @given(fuzz_inputs(fc.h2_seeds()))
 def test_fuzz_h2_frames(data):
     fc.h2_frames(data)
 
 
-@fuzz_settings(1000)
+@fuzz_settings(700)
 @given(fuzz_inputs(fc.hpack_seeds()))
 def test_fuzz_hpack_blocks(data):
     fc.hpack_block(data)
 
 
-@fuzz_settings(600)
+@fuzz_settings(400)
 @given(fuzz_inputs(fc.grpc_seeds()))
 def test_fuzz_grpc_frames(data):
     fc.grpc_frames(data)
 
 
-@fuzz_settings(800)
+@fuzz_settings(600)
 @given(fuzz_inputs(fc.wal_seeds()))
 def test_fuzz_wal_frames(data):
     fc.wal_frames(data)

@@ -38,7 +38,7 @@ def test_a_handler_failure_is_a_finding(target):
         target.extra_methods = []
 
 
-@fuzz_settings(300)
+@fuzz_settings(250)
 @given(st.data())
 def test_fuzz_server_connection(target, data):
     target(data.draw(fuzz_inputs(SEEDS)))

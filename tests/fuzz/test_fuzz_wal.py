@@ -50,7 +50,7 @@ def test_a_forged_message_is_a_finding(target):
         target(pack({"wal.00000000000000000000.log": forged}))
 
 
-@fuzz_settings(250)
+@fuzz_settings(200)
 @given(st.data())
 def test_fuzz_wal_recovery(target, data):
     target(data.draw(fuzz_inputs(seeds(), max_random=256)))
