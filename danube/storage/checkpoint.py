@@ -80,15 +80,28 @@ def read_checkpoint(directory: str) -> dict[str, Any] | None:
     try:
         doc = json.loads(raw)
         body = doc["checkpoint"]
+        if not isinstance(body, dict):
+            raise ValueError("checkpoint body is not an object")
         if zlib.crc32(_canonical(body)) != doc["crc32"]:
             raise ValueError("CRC mismatch")
         if body.get("version") != VERSION:
             raise ValueError(f"unknown version {body.get('version')!r}")
-        for key in ("first_offset", "next_offset", "durable_offset"):
-            if not isinstance(body.get(key), int):
+        for key, low in (("first_offset", 0), ("next_offset", 0), ("durable_offset", -1)):
+            value = body.get(key)
+            if not isinstance(value, int):
                 raise ValueError(f"{key} missing")
+            # Offsets are signed 64-bit integers in the frame scanner (MAX_OFFSET of
+            # segment_files, which imports this module).
+            if not low <= value <= 2**63 - 1:
+                raise ValueError(f"{key} {value} out of range")
         if not isinstance(body.get("segments"), list):
             raise ValueError("segments missing")
+        # Recovery looks entries up by name: each must be an object with a string name.
+        active = [body["active"]] if body.get("active") is not None else []
+        for entry in [*body["segments"], *active]:
+            if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+                raise ValueError(f"segment entry {str(entry)[:80]} is not an object with a "
+                                 f"name")
         return body
     except (ValueError, KeyError, TypeError) as exc:
         log.warning("WAL %s: ignoring checkpoint %s: %s", directory, path, exc)

@@ -32,7 +32,8 @@ from danube.storage.checkpoint import (build_checkpoint, read_checkpoint, remove
                                        write_checkpoint)
 from danube.storage.errors import CorruptSegmentError, WALLockedError
 from danube.storage.segment import STATUS_NAMES, Segment
-from danube.storage.segment_files import parse_segment_name, remove_unshare_leftovers
+from danube.storage.segment_files import (MAX_OFFSET, parse_segment_name,
+                                          remove_unshare_leftovers)
 
 LOCK_NAME = "wal.lock"
 
@@ -94,6 +95,10 @@ def recover(directory: str, config, start_offset: int, clock) -> Recovered:
         dropped, dropped_status, trimmed, lazy = 0, None, 0, 0
         for i, (base, name) in enumerate(found):
             path = os.path.join(directory, name)
+            if base > MAX_OFFSET:
+                raise CorruptSegmentError(
+                    f"WAL {directory}: segment file {name} names first offset {base}, beyond "
+                    f"the largest offset a WAL can hold ({MAX_OFFSET})", path=path, offset=base)
             if segments and base != segments[-1].end_offset:
                 prev = segments[-1]
                 raise CorruptSegmentError(

@@ -10,6 +10,9 @@ from danube.storage.checkpoint import fsync_dir
 
 
 _NAME_RE = re.compile(r"^wal\.(\d{20})\.log$")
+# The largest offset the WAL handles: its frame scanner takes offsets as signed 64-bit
+# integers. A segment name's 20 digits can say more; such a file is not one the WAL wrote.
+MAX_OFFSET = 2**63 - 1
 
 
 def segment_name(first_offset: int) -> str:

@@ -254,7 +254,8 @@ def test_dispatch_strategy_mismatch_is_failed_precondition(stubs):
     stubs.assert_serving()
 
 
-def test_ack_for_unknown_topic_or_subscription_is_internal(stubs):
+def test_ack_for_unknown_topic_or_subscription_is_not_found(stubs):
+    # Upstream answers INTERNAL; a client error is NOT_FOUND here (docs/compatibility.md).
     pb = stubs.api
     topic = unique_topic("ack-errors")
     producer_id = stubs.create_producer(topic).producer_id
@@ -262,7 +263,7 @@ def test_ack_for_unknown_topic_or_subscription_is_internal(stubs):
         err = rpc_error(stubs.consumer.Ack, pb.AckRequest(
             request_id=1, subscription_name=sub,
             msg_id=pb.MsgID(producer_id=producer_id, topic_name=msg_topic)), timeout=5)
-        assert err.code() == grpc.StatusCode.INTERNAL, err
+        assert err.code() == grpc.StatusCode.NOT_FOUND, err
         assert "Error acknowledging message" in err.details()
     stubs.assert_serving()
 

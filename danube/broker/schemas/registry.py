@@ -50,6 +50,9 @@ def validate_subject(subject, field="subject"):
                               f"(the CLI derives /ns/topic's as ns-topic)")
     if len(subject.encode()) > MAX_SUBJECT_BYTES:
         raise InvalidArgument(f"{field} is longer than {MAX_SUBJECT_BYTES} bytes")
+    if not subject.isprintable():
+        # NUL cannot be in a metadata key, and no control character belongs in a name.
+        raise InvalidArgument(f"{field} {subject!r} must not contain control characters")
     return subject
 
 

@@ -27,6 +27,14 @@ def _scope(scope):
 def _no_slash(value, what):
     if "/" in value:
         raise _invalid(f"{what} must not contain '/': {value!r}")
+    _printable(value, what)
+
+
+def _printable(value, what):
+    # Names become metadata keys, which cannot hold NUL (and no name needs a control
+    # character): refused here, not as a store failure.
+    if not value.isprintable():
+        raise _invalid(f"{what} must not contain control characters: {value!r}")
 
 
 def role_to_proto(role):
@@ -112,6 +120,7 @@ class SecurityAdmin:
         resource = "" if d.scope == "cluster" else d.resource_name
         if d.scope != "cluster" and not resource.strip("/"):
             raise _invalid(f"a {d.scope} binding needs a resource_name")
+        _printable(resource, "resource_name")
         binding = {"id": d.id, "principal_type": d.principal_type,
                    "principal_name": d.principal_name, "role_names": list(d.role_names),
                    "scope": d.scope, "resource_name": resource}
