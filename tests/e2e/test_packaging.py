@@ -11,6 +11,8 @@ import sys
 import pytest
 
 from broker_process import EXECUTABLE_ENV, BrokerProcess
+from cluster_process import ClusterBrokers
+from etcd_process import EtcdProcess
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # The attack suites of the hardening issue (17), run again with the executable as the broker.
@@ -123,6 +125,25 @@ def test_produce_consume_admin_and_schema_from_the_executable(executable, bare, 
     r = bare(exe, "produce", "-s", service, "-t", topic, "-m", "x", "--interval", "oops",
              check=False)
     assert r.returncode == 2 and "Traceback" not in r.stderr
+
+
+def test_a_cluster_on_etcd_from_the_executable(executable, bare, tmp_path, monkeypatch):
+    """etcd3gw is inside: two brokers of the one file form a cluster on a real etcd."""
+    monkeypatch.setenv(EXECUTABLE_ENV, executable)
+    etcd = EtcdProcess(tmp_path / "etcd").start()
+    cluster = ClusterBrokers(etcd, tmp_path / "cluster")
+    try:
+        first, second = cluster.start(2).brokers
+        status = bare(executable, "admin", "--endpoint", f"http://{first.admin_addr}",
+                      "cluster", "status").stdout
+        assert "leader" in status.lower()
+        for broker in (first, second):
+            r = bare(executable, "produce", "-s", f"http://{broker.client_addr}", "-t",
+                     "/default/exe-cluster", "-m", "hi", "--reliable")
+            assert "sent successfully" in r.stdout
+    finally:
+        cluster.stop()
+        etcd.stop()
 
 
 def test_attack_suites_against_the_executable(executable):
