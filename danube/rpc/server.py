@@ -65,7 +65,14 @@ class RequestHead:
         self.error = None
         method = content_type = None
         for name, value in fields:
-            if not _FIELD_NAME.match(name) or _BAD_VALUE.search(value):
+            if not _FIELD_NAME.match(name):
+                self.http_error = 400
+                return
+            if name == b"authorization":
+                # The token's own check answers a malformed one (UNAUTHENTICATED naming
+                # why, security/tokens.py); with authentication off the header is unused.
+                continue
+            if _BAD_VALUE.search(value):
                 self.http_error = 400
                 return
             if name == b":path":

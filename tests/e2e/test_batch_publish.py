@@ -154,7 +154,7 @@ def test_malformed_batch_is_refused_whole(broker):
                 .SerializeToString() + b"\x1a\x02\x1a\x09")   # a payload past its message
         with pytest.raises(grpc.RpcError) as err:
             send(body, timeout=10)
-        assert err.value.code() == grpc.StatusCode.INTERNAL
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "malformed StreamMessage 1" in err.value.details()
         resp = send(ext.MessageBatchRaw(producer_id=producer_id, messages=[ok])
                     .SerializeToString(), timeout=10)
