@@ -68,12 +68,14 @@ class ClusterOps:
         await self.store.put(keys.cluster_unassigned(topic), marker)
         await self.store.delete(keys.cluster_broker_topic(source, topic))
 
-    async def _moved(self, topics, source: str, timeout: float) -> list[str]:
-        """Wait until every topic has an owner other than ``source``; the ones that did
-        not make it."""
-        await self.view.until(lambda: all(self.view.owners.get(t) not in (None, source)
-                                          for t in topics), timeout)
-        return [t for t in topics if self.view.owners.get(t) in (None, source)]
+    async def _moved(self, topics, source, timeout: float) -> list[str]:
+        """Wait until every topic has an owner other than its source (``source``: one broker
+        id for all, or a mapping topic -> broker id); the ones that did not make it."""
+        def pending(t):
+            src = source.get(t) if isinstance(source, dict) else source
+            return self.view.owners.get(t) in (None, src)
+        await self.view.until(lambda: not any(pending(t) for t in topics), timeout)
+        return [t for t in topics if pending(t)]
 
     async def unload_topic(self, topic: str, timeout: float = 30.0) -> None:
         source = self.view.owners.get(topic)
@@ -173,7 +175,10 @@ class ClusterOps:
         for move in moves:
             await self._move(move["topic_name"], str(move["from_broker"]),
                              str(move["to_broker"]), reason="rebalance")
-        left = await self._moved([m["topic_name"] for m in moves], "", timeout)
+        # each topic has left its own source (the view shows the old owner until it has)
+        left = await self._moved([m["topic_name"] for m in moves],
+                                 {m["topic_name"]: str(m["from_broker"]) for m in moves},
+                                 timeout)
         stuck = [m for m in moves if self.view.owners.get(m["topic_name"]) ==
                  str(m["from_broker"]) or m["topic_name"] in left]
         return {"success": not stuck, "moves_executed": len(moves) - len(stuck),

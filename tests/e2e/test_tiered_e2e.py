@@ -115,9 +115,16 @@ async def test_replay_crosses_cloud_wal_and_live(backend, tmp_path):
 
         # What the catalogue says is what the store holds, named by offsets.
         tier = broker.topic(topic).log.tier
-        listed = await asyncio.to_thread(backend.store.list, topic_object_prefix(topic))
-        spans = [parse_object_key(o.key) for o in listed]
-        assert spans == [(d.start_offset, d.end_offset) for d in tier.catalog.segments]
+
+        async def store_matches_catalog():
+            # An upload writes its object before the catalog names it: while the live
+            # messages' segment is on its way the two differ for a moment.
+            found = await asyncio.to_thread(backend.store.list, topic_object_prefix(topic))
+            spans = [parse_object_key(o.key) for o in found]
+            ok = spans == [(d.start_offset, d.end_offset) for d in tier.catalog.segments]
+            return (found, spans) if ok else None
+        listed, spans = await async_wait_for(store_matches_catalog,
+                                             what="the durable tier's objects and catalog")
         assert spans[0][0] == 0
         assert all(a[1] + 1 == b[0] for a, b in zip(spans, spans[1:]))
         assert [o.size for o in listed] == [d.size for d in tier.catalog.segments]
