@@ -12,6 +12,7 @@ public key used as an HMAC secret) cannot pass.
 
 import collections
 import dataclasses
+import functools
 import time
 import warnings
 
@@ -77,9 +78,11 @@ def load_public_key(path):
                          f"accepted (an RSA key for RS256 or a P-256 key for ES256)")
 
 
+@functools.cache
 def _jwt():
     """pyjwt, imported on first use: it and cryptography take ~130 ms to import, which a
-    broker without authentication (and every CLI start) should not pay."""
+    broker without authentication (and every CLI start) should not pay. Cached, so the
+    warning filter is installed once, not on every token verified."""
     import jwt
     from jwt.warnings import InsecureKeyLengthWarning
 
