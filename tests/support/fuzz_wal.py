@@ -180,9 +180,13 @@ async def _write_seed(directory, counts, rotate_every, close):
 def _snapshot(directory):
     files = {}
     for name in os.listdir(directory):
-        if name != "wal.lock":
+        if name == "wal.lock":
+            continue
+        try:
             with open(os.path.join(directory, name), "rb") as f:
                 files[name] = f.read()
+        except FileNotFoundError:
+            pass            # the open WAL's checkpoint writer renamed its temporary file
     return files
 
 
