@@ -50,6 +50,7 @@ EXTENSION_MODULES = [
     "danube.broker._stamp",
     "danube.storage._walframes",
     "danube.schema._avrocheck",
+    "danube.client._delivery",
     "danube.storage._tailcache",
 ]
 extensions = [

@@ -10,6 +10,9 @@ Sections, each against a peer measured in the same run:
 - ``assign``: 10,000 topics marked unassigned at once in etcd; the time until the leader has
   placed them all on 3 brokers, and the coefficient of variation of the topics per broker.
   Peer: the time to write the 10,000 markers themselves (etcd's own write cost).
+- ``publish``: aggregate batched reliable publish (1000 x 100 B per batch, fsync before the
+  ack) to 6 reliable topics from 3 load processes, on a 3-broker cluster and on a 1-broker
+  cluster of the same etcd and configuration; rounds alternate the order.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import asyncio
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -232,9 +236,47 @@ async def _assign(etcd, cluster, count):
                 "cv": statistics.pstdev(counts) / mean if mean else 0.0}
 
 
+def bench_publish(workdir, rounds, duration, topics, loaders, producers):
+    from bench._proc import REPO, popen, proc_cpu, repo_env
+    names = [f"/default/pub-{i}" for i in range(topics)]
+    shares = [",".join(names[i::loaders]) for i in range(loaders)]
+    out = {"1": [], "3": []}
+    for r in range(rounds):
+        for n in ((1, 3) if r % 2 == 0 else (3, 1)):
+            etcd = EtcdProcess(workdir / f"etcd-{r}-{n}").start()
+            cluster = ClusterBrokers(etcd, workdir / f"cluster-{r}-{n}")
+            try:
+                cluster.start(n)
+                pids = [b.pid for b in cluster.brokers]
+                cpu0, t0 = sum(proc_cpu(p) for p in pids), time.monotonic()
+                procs = [popen([sys.executable, "-P", "-m", "bench.cluster.publish_worker",
+                                "--url", f"http://{cluster.brokers[i % n].client_addr}",
+                                "--topics", share, "--producers", str(producers),
+                                "--duration", str(duration)],
+                               stdout=subprocess.PIPE, text=True, env=repo_env(), cwd=REPO)
+                         for i, share in enumerate(shares)]
+                results = [json.loads(p.communicate(timeout=duration + 120)[0]) for p in procs]
+                cpu = (sum(proc_cpu(p) for p in pids) - cpu0) / (time.monotonic() - t0)
+                placed = {}
+                for t in names:
+                    owner = _owner(cluster, t)
+                    placed[owner] = placed.get(owner, 0) + 1
+                rate = sum(x["acked"] / x["seconds"] for x in results)
+                out[str(n)].append({"msgs_per_s": rate, "broker_cores": cpu,
+                                    "errors": sum(x["errors"] for x in results),
+                                    "topics_per_broker": sorted(placed.values())})
+                print(f"  round {r} {n} broker(s): {rate:,.0f} msgs/s, brokers used "
+                      f"{cpu:.2f} cores, topics per broker {sorted(placed.values())}",
+                      flush=True)
+            finally:
+                cluster.stop()
+                etcd.stop()
+    return out
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m bench.cluster")
-    parser.add_argument("--sections", default="failover,lookup,assign")
+    parser.add_argument("--sections", default="failover,lookup,assign,publish")
     parser.add_argument("--runs", type=int, default=10, help="failover runs (default 10)")
     parser.add_argument("--lease", type=float, default=3, help="lease TTL seconds (3)")
     parser.add_argument("--lookups", type=int, default=2000)
@@ -244,6 +286,8 @@ def main(argv=None):
     # etcd's commits up for seconds: a 3 s lease would fence the brokers meanwhile.
     parser.add_argument("--assign-lease", type=float, default=10,
                         help="lease TTL seconds of the assign section (10)")
+    parser.add_argument("--publish-rounds", type=int, default=3)
+    parser.add_argument("--publish-duration", type=float, default=10)
     parser.add_argument("--json", default=str(ROOT / "bench" / "results" / "cluster.json"))
     args = parser.parse_args(argv)
     sections = args.sections.split(",")
@@ -268,6 +312,15 @@ def main(argv=None):
             print(f"  markers written in {r['markers_written_s']:.2f}s; all placed after "
                   f"{r['all_placed_s']:.2f}s; per broker {sorted(r['per_broker'].values())}; "
                   f"CV {r['cv']:.4f}")
+        if "publish" in sections:
+            print("aggregate reliable publish, 3 brokers against 1 (6 topics, 3 load "
+                  "processes):")
+            r = results["publish"] = bench_publish(tmp / "publish", args.publish_rounds,
+                                                   args.publish_duration, 6, 3, 2)
+            one = statistics.median(x["msgs_per_s"] for x in r["1"])
+            three = statistics.median(x["msgs_per_s"] for x in r["3"])
+            print(f"  median: 1 broker {one:,.0f} msgs/s, 3 brokers {three:,.0f} msgs/s, "
+                  f"{three / one:.2f}x")
     results["loadavg_after"] = os.getloadavg()
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(results, indent=2))

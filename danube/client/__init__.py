@@ -8,6 +8,7 @@
             await consumer.ack(msg)
 """
 
+from danube.client._delivery import Message, MsgId
 from danube.client.client import DanubeClient
 from danube.client.connection import BrokerAddress
 from danube.client.consumer import Consumer
@@ -21,6 +22,7 @@ from danube.client.retry import RetryPolicy
 from danube.client.schema import register_schema, schema_reference
 
 __all__ = [
+    "Message", "MsgId",
     "DanubeClient", "Producer", "Consumer", "BrokerAddress", "RetryPolicy", "fnv1a64",
     "schema_reference", "register_schema",
     "DanubeError", "Unavailable", "DeadlineExceeded", "NotFound", "NoTopicsFound",

@@ -12,28 +12,12 @@ acknowledged before it is never delivered again, even after a broker crash."""
 import asyncio
 import logging
 
+from danube.client._delivery import ack_ranges
 from danube.proto import DanubeApi_pb2 as pb
 from danube.proto import DanubeExt_pb2 as ext
 from danube.rpc import RpcError, StatusCode
 
 log = logging.getLogger("danube.client.acks")
-
-
-def to_ranges(offsets):
-    """Offsets (any order, repeats allowed) as AckRanges' flat (first, last) pairs."""
-    ranges = []
-    first = last = None
-    for o in sorted(offsets):
-        if last is not None and o <= last + 1:
-            if o > last:
-                last = o
-            continue
-        if first is not None:
-            ranges += (first, last)
-        first = last = o
-    if first is not None:
-        ranges += (first, last)
-    return ranges
 
 
 class AckBatcher:
@@ -75,7 +59,7 @@ class AckBatcher:
                     await c._stub.ack_ranges(ext.AckRangesRequest(
                         request_id=next(c._ids), topic_name=c.topic,
                         subscription_name=self.subscription,
-                        ranges=to_ranges([m.msg_id.topic_offset for m in msgs]),
+                        ranges=ack_ranges(msgs),
                         durable=durable),
                         timeout=c.client.rpc_timeout, metadata=c._metadata)
                     return
@@ -84,7 +68,8 @@ class AckBatcher:
                         raise
                     self.ranges_supported = False
             await asyncio.gather(*(c._stub.ack(pb.AckRequest(
-                request_id=m.request_id, msg_id=m.msg_id, subscription_name=self.subscription),
+                request_id=m.request_id, msg_id=m.msg_id.to_proto(),
+                subscription_name=self.subscription),
                 timeout=c.client.rpc_timeout, metadata=c._metadata) for m in msgs))
         except RpcError as exc:
             log.debug("acknowledging %d messages of %s failed: %s", len(msgs), c.topic, exc)

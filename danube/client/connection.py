@@ -3,11 +3,13 @@ producer, consumer and lookup that talks to that broker, and the method stubs on
 
 import dataclasses
 
+from danube.client._delivery import decode_delivery_batch, decode_stream_message
 from danube.proto import DanubeApi_pb2 as pb
 from danube.proto import DanubeExt_pb2 as ext
 from danube.proto import SchemaRegistry_pb2 as sr
 from danube.rpc.client import Channel
 from danube.rpc.config import MAX_GRPC_MESSAGE, TransportConfig
+from danube.rpc.status import RpcError, StatusCode
 
 # No size cap of our own on requests: the broker's limit is the one that counts, and it
 # refuses an oversize publish from the length prefix, with its reason (a local cap would
@@ -32,6 +34,17 @@ def _method(channel, path, request_cls, response_cls):
     return channel.unary_unary(path, request_cls.SerializeToString, response_cls.FromString)
 
 
+def _decoding(decode, what):
+    """Deliveries decoded by danube.client._delivery; a malformed one fails the stream with
+    INTERNAL naming the fault, as a protobuf parse error would be reported."""
+    def deserialize(data):
+        try:
+            return decode(data)
+        except ValueError as exc:
+            raise RpcError(StatusCode.INTERNAL, f"malformed {what} from the broker: {exc}")
+    return deserialize
+
+
 class BrokerStub:
     """The client-port methods of one broker, bound to its channel."""
 
@@ -54,12 +67,13 @@ class BrokerStub:
                            pb.ConsumerRequest, pb.ConsumerResponse)
         self.receive_messages = channel.unary_stream(
             "/danube.ConsumerService/ReceiveMessages", pb.ReceiveRequest.SerializeToString,
-            pb.StreamMessage.FromString)
+            _decoding(decode_stream_message, "StreamMessage"))
         self.ack = m(channel, "/danube.ConsumerService/Ack", pb.AckRequest, pb.AckResponse)
         # Our extension's batched consume (UNIMPLEMENTED on an upstream broker).
         self.receive_batches = channel.unary_stream(
             "/danube_ext.BatchConsumer/ReceiveBatches",
-            ext.ReceiveBatchesRequest.SerializeToString, ext.DeliveryBatch.FromString)
+            ext.ReceiveBatchesRequest.SerializeToString,
+            _decoding(decode_delivery_batch, "DeliveryBatch"))
         self.ack_ranges = m(channel, "/danube_ext.BatchConsumer/AckRanges",
                             ext.AckRangesRequest, ext.AckRangesResponse)
         self.nack = m(channel, "/danube.ConsumerService/Nack", pb.NackRequest, pb.NackResponse)

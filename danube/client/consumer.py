@@ -117,12 +117,13 @@ class TopicConsumer:
         return self._call
 
     async def ack(self, msg, subscription):
-        await self._stub.ack(pb.AckRequest(request_id=msg.request_id, msg_id=msg.msg_id,
+        await self._stub.ack(pb.AckRequest(request_id=msg.request_id,
+                                           msg_id=msg.msg_id.to_proto(),
                                            subscription_name=subscription),
                              timeout=self.client.rpc_timeout, metadata=self._metadata)
 
     async def nack(self, msg, subscription, delay_ms=None, reason=None):
-        request = pb.NackRequest(request_id=msg.request_id, msg_id=msg.msg_id,
+        request = pb.NackRequest(request_id=msg.request_id, msg_id=msg.msg_id.to_proto(),
                                  subscription_name=subscription)
         if delay_ms is not None:
             request.delay_ms = delay_ms
@@ -142,7 +143,8 @@ class Consumer:
     """`await client.subscribe(topic, consumer_name, subscription, sub_type="shared")`;
     then `async for msg in consumer.messages()` (or `await consumer.receive()`, or
     `await consumer.receive_many()`), and `await consumer.ack(msg)` for each. Messages are
-    DanubeApi_pb2.StreamMessage.
+    danube.client.Message: StreamMessage's fields, decoded without a protobuf object
+    (`msg.to_proto()` gives one).
 
     ``max_unacked_messages`` (1..10000): the reliable subscription's window while this
     consumer's stream is open (our broker; an operator's SetSubscriptionDispatchConfig
@@ -362,7 +364,7 @@ class Consumer:
                     attempt = 0
                     if consumer.batched:
                         for delivery in batch:
-                            await self._put_many(delivery.messages)
+                            await self._put_many(delivery)
                     else:
                         await self._put_many(batch)
                 resubscribe = True      # the broker ended the stream cleanly

@@ -4,9 +4,6 @@ import dataclasses
 import hashlib
 import json
 
-import fastavro
-from fastavro.schema import to_parsing_canonical_form
-
 from danube.schema.errors import SchemaError
 
 #: Attributes the Parsing Canonical Form drops that resolution or decoding depend on.
@@ -36,6 +33,7 @@ def load(text):
     except RecursionError:
         raise SchemaError("avro schema nests too deeply") from None
     _check_records(value)
+    import fastavro     # on first use: it costs a broker or CLI start ~0.1 s otherwise
     names = {}
     try:
         parsed = fastavro.parse_schema(value, named_schemas=names, _write_hint=False)
@@ -48,6 +46,7 @@ def load(text):
 
 
 def fingerprint(schema):
+    from fastavro.schema import to_parsing_canonical_form
     pcf = to_parsing_canonical_form(schema.parsed)
     extras = []
     _extras(schema.parsed, "", extras)

@@ -17,7 +17,6 @@
 import io
 import json
 
-import fastavro
 import fastjsonschema
 
 try:
@@ -178,6 +177,7 @@ class _Avro(Validator):
     def __init__(self, defn):
         # parse_schema's default (write hint on) marks the result parsed, so the reader does
         # not parse it again for every payload.
+        import fastavro     # on first use: it costs a broker or CLI start ~0.1 s otherwise
         raw = json.loads(defn.raw)
         self._schema = fastavro.parse_schema(raw)
         self._name = loaded(defn).name
@@ -196,9 +196,10 @@ class _Avro(Validator):
         self._fastavro_check(payload)
 
     def _fastavro_check(self, payload):
+        from fastavro import schemaless_reader
         buf = io.BytesIO(payload)
         try:
-            fastavro.schemaless_reader(buf, self._schema, None)
+            schemaless_reader(buf, self._schema, None)
         except Exception as exc:  # fastavro raises EOFError, IndexError, UnicodeDecodeError...
             raise PayloadInvalid(self._message(_avro_error(exc))) from None
         left = len(payload) - buf.tell()
@@ -213,7 +214,8 @@ class _Avro(Validator):
         # Datums delimit themselves: read them from one buffer and require each to end where
         # its payload ends (a short datum would read into the next payload and miss it).
         buf = io.BytesIO(b"".join(payloads))
-        read, schema, end = fastavro.schemaless_reader, self._schema, 0
+        from fastavro import schemaless_reader as read
+        schema, end = self._schema, 0
         for i, payload in enumerate(payloads):
             end += len(payload)
             try:

@@ -6,7 +6,7 @@ import pytest
 
 from danube.broker._fanout import Outbox
 from danube.broker._window import check_ranges
-from danube.client.acks import to_ranges
+from danube.client._delivery import Message, MsgId, ack_ranges
 from danube.proto import DanubeApi_pb2 as pb
 from danube.proto import DanubeExt_pb2 as ext
 
@@ -129,9 +129,21 @@ def test_check_ranges_refuses_odd_and_backwards():
         check_ranges([0, (1 << 64) - 1])
 
 
+def at(*offsets):
+    return [Message(msg_id=MsgId(topic_offset=o)) for o in offsets]
+
+
 def test_client_ranges_merge_sorted_runs():
-    assert to_ranges([5, 3, 4, 9, 1, 1, 10]) == [1, 1, 3, 5, 9, 10]
-    assert to_ranges([]) == []
+    assert ack_ranges(at(5, 3, 4, 9, 1, 1, 10)) == [1, 1, 3, 5, 9, 10]
+    assert ack_ranges(at(1, 2, 3, 7, 8, 20)) == [1, 3, 7, 8, 20, 20]     # in order: no sort
+    assert ack_ranges(at(4, 4)) == [4, 4]
+    assert ack_ranges(at(2**64 - 2, 2**64 - 1)) == [2**64 - 2, 2**64 - 1]
+    assert ack_ranges([]) == []
+
+
+def test_client_ranges_refuse_what_is_not_a_delivered_message():
+    with pytest.raises(TypeError):
+        ack_ranges([object()])
 
 
 def messages(n, size=100):
