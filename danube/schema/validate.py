@@ -17,8 +17,6 @@
 import io
 import json
 
-import fastjsonschema
-
 try:
     # 2-3x faster than json.loads on small documents, and strict as upstream's serde_json:
     # NaN and Infinity are not JSON.
@@ -96,6 +94,7 @@ class _Number(Validator):
 
 
 def _no_remote(uri):
+    import fastjsonschema
     raise fastjsonschema.JsonSchemaDefinitionException(f"remote $ref {uri} is not fetched")
 
 
@@ -111,6 +110,7 @@ class _Json(Validator):
         schema = loaded(defn)
         self._validate = None
         if not _uses(schema, _NEWER_KEYWORDS):
+            import fastjsonschema       # on first use, as fastavro: not at every start
             try:
                 self._validate = fastjsonschema.compile(
                     schema, handlers={"http": _no_remote, "https": _no_remote},
@@ -161,6 +161,7 @@ def _uses(node, words):
 
 
 def _json_message(exc):
+    import fastjsonschema
     if isinstance(exc, fastjsonschema.JsonSchemaValueException):
         return exc.message
     path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in exc.absolute_path)

@@ -20,7 +20,6 @@ from danube.security.tls import ServerTls
 from danube.security.tokens import TokenVerifier, weak_secret_warning
 from danube.services import admin, batch_consumer, client_api, ext, health, history, schema
 from danube.services.admin import cluster as cluster_admin
-from danube.services.metrics import MetricsExporter
 
 log = logging.getLogger("danube.broker")
 
@@ -145,6 +144,9 @@ class Broker:
         # Port 0 means "pick one": what clients are told must be the port actually bound.
         cfg.client_port, cfg.admin_port = self.client_port, self.admin_port
         if cfg.prom_port is not None:
+            # prometheus_client (and the http.server, email and wsgiref modules it imports)
+            # is loaded only by a broker that exports: ~40 modules less at every start.
+            from danube.services.metrics import MetricsExporter
             self.metrics = MetricsExporter(self, cfg.prom_host, cfg.prom_port)
             cfg.prom_port = port = self.metrics.start()
             log.info("prometheus exporter listening on http://%s:%d/metrics", cfg.prom_host, port)

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-LAZY = ("fastavro", "jwt", "jsonschema")
+LAZY = ("fastavro", "fastjsonschema", "jwt", "jsonschema", "prometheus_client")
 
 
 @pytest.mark.parametrize("entry", ["danube.cli.main", "danube.services.app"])
