@@ -9,6 +9,7 @@ import os
 import yaml
 
 from danube import config_keys
+from danube.config_cluster import RebalancingConfig, load_rebalancing
 from danube.config_durable import parse_durable, require_sdk
 from danube.config_errors import ConfigError
 from danube.failure_policy import FailurePolicy, InvalidFailurePolicy
@@ -116,6 +117,7 @@ class BrokerConfig:
     lease_ttl_seconds: float = 10.0
     assignment_strategy: str = "fair"
     load_report_interval_seconds: float = 30.0
+    rebalancing: RebalancingConfig = dataclasses.field(default_factory=RebalancingConfig)
     raw: dict = dataclasses.field(default_factory=dict)
     unbuilt_keys: list = dataclasses.field(default_factory=list)   # see config_keys
 
@@ -335,6 +337,7 @@ def _load_cluster(cfg, tree):
                                        cfg.assignment_strategy))
     cfg.load_report_interval_seconds = _number(tree, "load_manager.load_report_interval_seconds",
                                                cfg.load_report_interval_seconds)
+    cfg.rebalancing = load_rebalancing(tree)
 
 
 def _resolve_aliases(tree):

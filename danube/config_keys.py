@@ -62,10 +62,10 @@ SCHEMA = {
     "load_manager": {
         "assignment_strategy": KEY,
         "load_report_interval_seconds": KEY,
-        "rebalancing": Unbuilt("automatic rebalancing", {name: KEY for name in (
+        "rebalancing": {name: KEY for name in (
             "enabled", "aggressiveness", "check_interval_seconds", "max_moves_per_hour",
             "cooldown_seconds", "min_brokers_for_rebalance", "min_topic_age_seconds",
-            "blacklist_topics")}),
+            "blacklist_topics")},
     },
     "storage": {
         "mode": KEY,

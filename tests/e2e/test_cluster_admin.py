@@ -2,8 +2,10 @@
 brokers with roles and status, the leader, ClusterStatus (etcd's members and the leader
 broker; Raft membership calls point to etcdctl), draining a broker under load with no
 acknowledged message lost, activating it again, unloading one topic, and a rebalance after
-a fourth broker joins that brings the coefficient of variation under 0.2."""
+a fourth broker joins that brings the coefficient of variation under 0.2 (automatic
+rebalancing is off in this cluster: nothing moves until the admin call)."""
 
+import asyncio
 import subprocess
 import sys
 
@@ -26,7 +28,10 @@ from danube.proto import DanubeApi_pb2 as pb
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     etcd = EtcdProcess(tmp_path_factory.mktemp("etcd")).start()
-    brokers = ClusterBrokers(etcd, tmp_path_factory.mktemp("cluster"), lease=3)
+    # Rebalancing off, with settings that would move topics within seconds if it were on.
+    brokers = ClusterBrokers(etcd, tmp_path_factory.mktemp("cluster"), lease=3, rebalancing={
+        "enabled": False, "aggressiveness": "aggressive", "check_interval_seconds": 1,
+        "cooldown_seconds": 0, "min_topic_age_seconds": 0, "max_moves_per_hour": 100})
     try:
         brokers.start(3)
         yield brokers
@@ -160,6 +165,9 @@ async def test_rebalance_after_a_fourth_broker_joins(cluster, admin):
     assert balance.coefficient_of_variation > 0.2
     assert {b.topic_count for b in balance.brokers if str(b.broker_id) == fourth.broker_id} \
         == {0}
+    # Automatic rebalancing is off: nothing moves by itself.
+    await asyncio.sleep(4)
+    assert await topics_of(admin, fourth.broker_id) == []
     dry = await admin.call("BrokerAdmin", "TriggerRebalance",
                            adm.RebalanceRequest(dry_run=True))
     assert dry.success and dry.moves_executed == 0 and dry.proposed_moves

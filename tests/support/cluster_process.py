@@ -10,6 +10,7 @@ killed) at teardown; the etcd belongs to the caller.
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import time
@@ -27,6 +28,11 @@ meta_store:
 load_manager:
   assignment_strategy: {strategy}
   load_report_interval_seconds: 1
+  rebalancing: {rebalancing}
+{storage}
+"""
+
+SHARED_STORAGE = """\
 storage:
   mode: shared_fs
   local_wal_root: "{shared}/wal"
@@ -35,14 +41,19 @@ storage:
 
 
 class ClusterBrokers:
-    def __init__(self, etcd, workdir, *, lease: float = 3, strategy: str = "fair"):
+    def __init__(self, etcd, workdir, *, lease: float = 3, strategy: str = "fair",
+                 rebalancing: dict | None = None, storage: str | None = None):
+        """``rebalancing``: the ``load_manager.rebalancing`` section (default: off);
+        ``storage``: the whole ``storage:`` section (default: everything shared)."""
         self.etcd = etcd
         self.workdir = Path(workdir)
         self.shared = self.workdir / "shared"
         self.shared.mkdir(parents=True, exist_ok=True)
         self.config = self.workdir / "broker.yml"
-        self.config.write_text(CONFIG.format(etcd=etcd.endpoint, lease=lease,
-                                             strategy=strategy, shared=self.shared))
+        self.config.write_text(CONFIG.format(
+            etcd=etcd.endpoint, lease=lease, strategy=strategy,
+            rebalancing=json.dumps(rebalancing or {"enabled": False}),
+            storage=storage or SHARED_STORAGE.format(shared=self.shared)))
         self.brokers: list[BrokerProcess] = []
 
     def add(self, name: str | None = None, *extra, timeout: float = 30) -> BrokerProcess:

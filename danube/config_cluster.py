@@ -1,0 +1,101 @@
+"""The cluster's own sections of the broker YAML: ``load_manager.rebalancing`` (upstream's
+keys and defaults) and the connection to etcd (``meta_store.etcd_tls``, ours).
+
+A module of its own so that ``config.py`` stays a list of fields and the checks for each
+section live next to the section's defaults."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from danube.config_errors import ConfigError
+
+#: Upstream's aggressiveness levels and the coefficient of variation at which each acts.
+CV_THRESHOLDS = {"conservative": 0.40, "balanced": 0.30, "aggressive": 0.20}
+
+
+@dataclasses.dataclass
+class RebalancingConfig:
+    """``load_manager.rebalancing``; the defaults are upstream's ``RebalancingConfig``."""
+    enabled: bool = False
+    aggressiveness: str = "balanced"
+    check_interval_seconds: float = 300.0
+    max_moves_per_hour: int = 10
+    cooldown_seconds: float = 60.0
+    min_brokers_for_rebalance: int = 2
+    min_topic_age_seconds: float = 300.0
+    blacklist_topics: tuple = ()
+
+    @property
+    def cv_threshold(self) -> float:
+        return CV_THRESHOLDS[self.aggressiveness]
+
+
+@dataclasses.dataclass
+class EtcdTLS:
+    """``meta_store.etcd_tls``: how to reach etcd over https. ``ca_file`` verifies etcd's
+    certificate (None: the system's CAs); ``cert_file`` and ``key_file`` are this broker's
+    client certificate, for an etcd started with ``--client-cert-auth``."""
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+
+
+def _section(tree, dotted):
+    node = tree
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or node.get(part) is None:
+            return None
+        node = node[part]
+    if not isinstance(node, dict):
+        raise ConfigError(f"{dotted}: expected a mapping, got {node!r}")
+    return node
+
+
+def _seconds(section, where, key, default, *, positive=False):
+    value = section.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or \
+            (positive and value == 0):
+        kind = "a positive" if positive else "a non-negative"
+        raise ConfigError(f"{where}.{key}: expected {kind} number of seconds, got {value!r}")
+    return float(value)
+
+
+def _count(section, where, key, default, minimum):
+    value = section.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"{where}.{key}: expected an integer of at least {minimum}, got "
+                          f"{value!r}")
+    return value
+
+
+def load_rebalancing(tree: dict) -> RebalancingConfig:
+    where = "load_manager.rebalancing"
+    section = _section(tree, where)
+    defaults = RebalancingConfig()
+    if section is None:
+        return defaults
+    enabled = section.get("enabled", defaults.enabled)
+    if not isinstance(enabled, bool):
+        raise ConfigError(f"{where}.enabled: expected true or false, got {enabled!r}")
+    aggressiveness = section.get("aggressiveness", defaults.aggressiveness)
+    if aggressiveness not in CV_THRESHOLDS:
+        raise ConfigError(f"{where}.aggressiveness: expected conservative, balanced or "
+                          f"aggressive, got {aggressiveness!r}")
+    blacklist = section.get("blacklist_topics") or []
+    if not isinstance(blacklist, list) or not all(
+            isinstance(p, str) and p.startswith("/") for p in blacklist):
+        raise ConfigError(f"{where}.blacklist_topics: expected a list of topic names or "
+                          f"'/namespace/*' patterns, got {blacklist!r}")
+    return RebalancingConfig(
+        enabled=enabled, aggressiveness=aggressiveness,
+        check_interval_seconds=_seconds(section, where, "check_interval_seconds",
+                                        defaults.check_interval_seconds, positive=True),
+        max_moves_per_hour=_count(section, where, "max_moves_per_hour",
+                                  defaults.max_moves_per_hour, 0),
+        cooldown_seconds=_seconds(section, where, "cooldown_seconds", defaults.cooldown_seconds),
+        min_brokers_for_rebalance=_count(section, where, "min_brokers_for_rebalance",
+                                         defaults.min_brokers_for_rebalance, 1),
+        min_topic_age_seconds=_seconds(section, where, "min_topic_age_seconds",
+                                       defaults.min_topic_age_seconds),
+        blacklist_topics=tuple(blacklist))
