@@ -7,6 +7,7 @@ section live next to the section's defaults."""
 from __future__ import annotations
 
 import dataclasses
+import os
 
 from danube.config_errors import ConfigError
 
@@ -99,3 +100,40 @@ def load_rebalancing(tree: dict) -> RebalancingConfig:
         min_topic_age_seconds=_seconds(section, where, "min_topic_age_seconds",
                                        defaults.min_topic_age_seconds),
         blacklist_topics=tuple(blacklist))
+
+
+def load_etcd_tls(tree: dict) -> EtcdTLS | None:
+    where = "meta_store.etcd_tls"
+    section = _section(tree, where)
+    if section is None:
+        return None
+    for key, value in section.items():
+        if value is not None and not isinstance(value, str):
+            raise ConfigError(f"{where}.{key}: expected a file path, got {value!r}")
+    return EtcdTLS(ca_file=section.get("ca_file"), cert_file=section.get("cert_file"),
+                   key_file=section.get("key_file"))
+
+
+def check_etcd_tls(endpoints: list, tls: EtcdTLS | None) -> None:
+    """One scheme for all endpoints, https with ``etcd_tls``; the files exist and a client
+    certificate comes with its key."""
+    for endpoint in endpoints:
+        scheme = endpoint.split("://", 1)[0] if "://" in endpoint else None
+        if scheme not in (None, "http", "https"):
+            raise ConfigError(f"meta_store.etcd_endpoints: {endpoint!r}: expected http:// or "
+                              "https://")
+    schemes = {e.split("://", 1)[0] for e in endpoints if "://" in e}
+    if len(schemes) > 1:
+        raise ConfigError("meta_store.etcd_endpoints: mix http:// and https://")
+    if tls is None:
+        return
+    if schemes == {"http"}:
+        raise ConfigError("meta_store.etcd_tls is set but meta_store.etcd_endpoints are "
+                          "http://: use https:// (or no scheme)")
+    if bool(tls.cert_file) != bool(tls.key_file):
+        raise ConfigError("meta_store.etcd_tls: cert_file and key_file go together (a client "
+                          "certificate and its key)")
+    for key in ("ca_file", "cert_file", "key_file"):
+        path = getattr(tls, key)
+        if path and not os.path.isfile(path):
+            raise ConfigError(f"meta_store.etcd_tls.{key}: no such file: {path}")

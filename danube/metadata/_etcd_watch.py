@@ -149,7 +149,7 @@ class _Stream:
         """Read one connection until it ends; True when the watch is over for good."""
         request = {"create_request": {"key": b64(self.range[0]), "range_end": b64(self.range[1]),
                                       "start_revision": self.next_revision}}
-        conn = http.client.HTTPConnection(endpoint[0], endpoint[1], timeout=self.conn.timeout)
+        conn = self.conn.open_stream(endpoint)
         try:
             conn.request("POST", "/v3/watch", body=json.dumps(request),
                          headers={"Content-Type": "application/json"})

@@ -252,6 +252,16 @@ def test_a_key_of_an_unbuilt_feature_is_still_checked_for_typos(tmp_path):
     ("load_manager: {rebalancing: {blacklist_topics: [default/x]}}\n", "cluster",
      "'/namespace/\\*' patterns"),
     ("load_manager: {rebalancing: 5}\n", "cluster", "expected a mapping"),
+    ("meta_store: {etcd_endpoints: ['ftp://h:1']}\n", "cluster", "expected http:// or https"),
+    ("meta_store: {etcd_endpoints: ['http://h:1', 'https://h:2']}\n", "cluster",
+     "mix http:// and https://"),
+    ("meta_store: {etcd_endpoints: ['http://h:1'], etcd_tls: {}}\n", "cluster",
+     "etcd_tls is set but"),
+    ("meta_store: {etcd_tls: {cert_file: /etc/hostname}}\n", "cluster", "go together"),
+    ("meta_store: {etcd_tls: {ca_file: /nonexistent.pem}}\n", "cluster",
+     "etcd_tls.ca_file: no such file: /nonexistent.pem"),
+    ("meta_store: {etcd_tls: {ca_file: 5}}\n", "cluster", "expected a file path"),
+    ("meta_store: {etcd_tls: {ca_fil: x}}\n", "cluster", "did you mean 'ca_file'"),
 ])
 def test_cluster_keys_are_checked(tmp_path, text, mode, message):
     with pytest.raises(ConfigError, match=message):

@@ -25,6 +25,7 @@ cluster_name: test-cluster
 meta_store:
   etcd_endpoints: ["{etcd}"]
   lease_ttl_seconds: {lease}
+  etcd_tls: {etcd_tls}
 load_manager:
   assignment_strategy: {strategy}
   load_report_interval_seconds: 1
@@ -42,9 +43,11 @@ storage:
 
 class ClusterBrokers:
     def __init__(self, etcd, workdir, *, lease: float = 3, strategy: str = "fair",
-                 rebalancing: dict | None = None, storage: str | None = None):
+                 rebalancing: dict | None = None, storage: str | None = None,
+                 etcd_tls: dict | None = None):
         """``rebalancing``: the ``load_manager.rebalancing`` section (default: off);
-        ``storage``: the whole ``storage:`` section (default: everything shared)."""
+        ``storage``: the whole ``storage:`` section (default: everything shared);
+        ``etcd_tls``: ``meta_store.etcd_tls`` (default: none, http)."""
         self.etcd = etcd
         self.workdir = Path(workdir)
         self.shared = self.workdir / "shared"
@@ -52,6 +55,7 @@ class ClusterBrokers:
         self.config = self.workdir / "broker.yml"
         self.config.write_text(CONFIG.format(
             etcd=etcd.endpoint, lease=lease, strategy=strategy,
+            etcd_tls=json.dumps(etcd_tls),
             rebalancing=json.dumps(rebalancing or {"enabled": False}),
             storage=storage or SHARED_STORAGE.format(shared=self.shared)))
         self.brokers: list[BrokerProcess] = []
