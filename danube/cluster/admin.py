@@ -38,7 +38,9 @@ class ClusterOps:
         record = self.view.registered.get(owner or "") or {}
         where = f"broker {owner} (admin port {record.get('admin_addr', 'unknown')})" \
             if owner else "no broker yet (it is being placed)"
-        return TopicElsewhere(f"topic {topic} is served by {where}; ask that broker")
+        error = TopicElsewhere(f"topic {topic} is served by {where}; ask that broker")
+        error.admin_addr = record.get("admin_addr")     # where the admin API forwards it
+        return error
 
     async def describe_remote(self, name: str, targets: list[str]) -> dict:
         """DescribeTopic of a topic served elsewhere, from the shared metadata."""

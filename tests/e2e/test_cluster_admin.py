@@ -16,8 +16,11 @@ from cluster_process import ClusterBrokers
 from danube.client import errors
 from danube.client.admin import AdminClient
 from danube.proto import DanubeAdmin_pb2 as adm
+from danube.proto import DanubeExt_pb2 as ext
+from danube.rpc.client import Channel
+from danube.rpc.status import RpcError, StatusCode
 from etcd_process import EtcdProcess
-from grpc_calls import create_producer
+from grpc_calls import create_producer, subscribe
 from official_client import unique_topic
 from waiting import async_wait_for, wait_for
 
@@ -111,6 +114,56 @@ async def test_unload_topic_moves_it_to_another_broker(cluster, admin):
     await admin.call("TopicAdmin", "UnloadTopic", adm.TopicRequest(name=topic))
     after = await admin.call("TopicAdmin", "DescribeTopic", adm.DescribeTopicRequest(name=topic))
     assert after.broker_id and after.broker_id != before.broker_id
+
+
+async def test_live_state_calls_are_forwarded_to_the_owner(cluster):
+    [topic] = create_topics(cluster, "forward", 1)
+    owner_id = (await AdminClient(f"http://{cluster.brokers[0].admin_addr}").call(
+        "TopicAdmin", "DescribeTopic", adm.DescribeTopicRequest(name=topic))).broker_id
+    owner = next(b for b in cluster.brokers if b.broker_id == owner_id)
+    other = next(b for b in cluster.brokers if b.broker_id != owner_id)
+    with grpc.insecure_channel(owner.client_addr) as ch:
+        subscribe(ch, topic, "c", "fwd-sub")
+    async with AdminClient(f"http://{other.admin_addr}") as remote:
+        subs = await remote.call("TopicAdmin", "ListSubscriptions",
+                                 adm.TopicRequest(name=topic))
+        assert list(subs.subscriptions) == ["fwd-sub"]
+        stats = await remote.call("TopicStatsService", "GetTopicStats",
+                                  ext.TopicStatsRequest(name=topic))
+        assert [t.name for t in stats.topics] == [topic]
+        assert [s.name for s in stats.topics[0].subscriptions] == ["fwd-sub"]
+        await remote.call("TopicAdmin", "SetSubscriptionDispatchConfig",
+                          adm.SetSubscriptionDispatchConfigRequest(
+                              topic=topic, subscription="fwd-sub",
+                              dispatch_config=adm.SubscriptionDispatchConfig(
+                                  max_unacked_messages=7)))
+        config = await remote.call("TopicAdmin", "GetSubscriptionDispatchConfig",
+                                   adm.GetSubscriptionDispatchConfigRequest(
+                                       topic=topic, subscription="fwd-sub"))
+        assert config.dispatch_config.max_unacked_messages == 7
+        # The owner's errors come back as they are.
+        with pytest.raises(errors.NotFound, match="subscription 'nope' not found"):
+            await remote.call("TopicAdmin", "GetSubscriptionFailurePolicy",
+                              adm.GetSubscriptionFailurePolicyRequest(topic=topic,
+                                                                      subscription="nope"))
+        await remote.call("TopicAdmin", "Unsubscribe",
+                          adm.SubscriptionRequest(topic=topic, subscription="fwd-sub"))
+    async with AdminClient(f"http://{owner.admin_addr}") as local:
+        subs = await local.call("TopicAdmin", "ListSubscriptions", adm.TopicRequest(name=topic))
+        assert list(subs.subscriptions) == []
+    # One hop: a call already forwarded is answered, not forwarded again.
+    channel = Channel(other.admin_addr)
+    try:
+        call = channel.unary_unary("/danube_admin.TopicAdmin/ListSubscriptions",
+                                   lambda m: m.SerializeToString(),
+                                   adm.SubscriptionListResponse.FromString)
+        with pytest.raises(RpcError) as info:
+            await call(adm.TopicRequest(name=topic), timeout=10,
+                       metadata=[("x-danube-forwarded-by", "1")])
+        assert info.value.code == StatusCode.UNAVAILABLE
+        assert f"admin port http://{owner.admin_addr}" in info.value.details
+    finally:
+        await channel.close()
 
 
 async def test_drain_under_load_then_activate(cluster, admin):
