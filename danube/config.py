@@ -9,8 +9,8 @@ import os
 import yaml
 
 from danube import config_keys
-from danube.config_cluster import (EtcdTLS, RebalancingConfig, check_etcd_tls, load_etcd_tls,
-                                   load_rebalancing)
+from danube.config_cluster import (EtcdTLS, RebalancingConfig, check_etcd_tls, load_etcd_auth,
+                                   load_etcd_tls, load_rebalancing)
 from danube.config_durable import parse_durable, require_sdk
 from danube.config_errors import ConfigError
 from danube.failure_policy import FailurePolicy, InvalidFailurePolicy
@@ -117,6 +117,7 @@ class BrokerConfig:
     etcd_endpoints: list = dataclasses.field(default_factory=list)
     lease_ttl_seconds: float = 10.0
     etcd_tls: EtcdTLS | None = None             # meta_store.etcd_tls (ours): https to etcd
+    etcd_auth: tuple | None = None              # meta_store.etcd_auth (ours): user, password
     assignment_strategy: str = "fair"
     load_report_interval_seconds: float = 30.0
     rebalancing: RebalancingConfig = dataclasses.field(default_factory=RebalancingConfig)
@@ -342,6 +343,7 @@ def _load_cluster(cfg, tree):
                                                cfg.load_report_interval_seconds)
     cfg.rebalancing = load_rebalancing(tree)
     cfg.etcd_tls = load_etcd_tls(tree)
+    cfg.etcd_auth = load_etcd_auth(tree)
 
 
 def _resolve_aliases(tree):

@@ -137,3 +137,18 @@ def check_etcd_tls(endpoints: list, tls: EtcdTLS | None) -> None:
         path = getattr(tls, key)
         if path and not os.path.isfile(path):
             raise ConfigError(f"meta_store.etcd_tls.{key}: no such file: {path}")
+
+
+def load_etcd_auth(tree: dict) -> tuple[str, str] | None:
+    """``meta_store.etcd_auth: {user, password}``: (user, password) for an etcd with
+    authentication enabled."""
+    where = "meta_store.etcd_auth"
+    section = _section(tree, where)
+    if section is None:
+        return None
+    user, password = section.get("user"), section.get("password")
+    if not isinstance(user, str) or not user:
+        raise ConfigError(f"{where}.user: expected an etcd user name, got {user!r}")
+    if not isinstance(password, str):
+        raise ConfigError(f"{where}.password: expected the user's password (a string)")
+    return user, password

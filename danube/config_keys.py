@@ -44,10 +44,11 @@ SCHEMA = {
         "ports": {"client": KEY, "admin": KEY, "raft": _RAFT, "prometheus": KEY},
         "advertised_listeners": {"broker_url": KEY, "connect_url": KEY},
     },
-    # etcd_endpoints, lease_ttl_seconds and etcd_tls are ours: cluster mode's metadata on etcd.
+    # etcd_endpoints, lease_ttl_seconds, etcd_tls and etcd_auth are ours: cluster mode on etcd.
     "meta_store": {"data_dir": KEY, "seed_nodes": _RAFT, "etcd_endpoints": KEY,
                    "lease_ttl_seconds": KEY,
-                   "etcd_tls": {"ca_file": KEY, "cert_file": KEY, "key_file": KEY}},
+                   "etcd_tls": {"ca_file": KEY, "cert_file": KEY, "key_file": KEY},
+                   "etcd_auth": {"user": KEY, "password": KEY}},
     "bootstrap_namespaces": KEY,
     "auto_create_topics": KEY,
     "admin_tls": KEY,

@@ -30,6 +30,7 @@ import etcd3gw
 import requests
 import urllib3
 
+from danube.metadata._etcd_auth import UNAUTHENTICATED, EtcdAuth, TokenRejected, with_token
 from danube.metadata.errors import MetadataError, MetadataUnavailable
 
 log = logging.getLogger("danube.metadata.etcd")
@@ -88,14 +89,16 @@ class EtcdConnection:
     """The endpoints of one etcd cluster and the thread pool that talks to them."""
 
     def __init__(self, endpoints: list[str], *, timeout: float = 5.0, retry_for: float = 10.0,
-                 tls=None):
+                 tls=None, auth: tuple[str, str] | None = None):
         """``tls``: an object with ``ca_file``, ``cert_file``, ``key_file`` (each may be
-        None), for https; None for http, unless the endpoints say https://."""
+        None), for https; None for http, unless the endpoints say https://. ``auth``:
+        (user, password) for an etcd with authentication enabled."""
         if not endpoints:
             raise ValueError("etcd needs at least one endpoint (host:port)")
         self.endpoints = [parse_endpoint(e) for e in endpoints]
         self.scheme = endpoints_scheme(endpoints, tls)
         self.tls = tls
+        self.auth = EtcdAuth(*auth) if auth is not None else None
         self._ssl_context: ssl.SSLContext | None = None
         self.timeout = timeout
         self.retry_for = retry_for
@@ -179,11 +182,30 @@ class EtcdConnection:
                                            context=self._ssl_context)
 
     def _post(self, endpoint: tuple[str, int], path: str, body: dict) -> dict:
-        """In a worker thread: one HTTP request, its failure classified."""
+        """In a worker thread: one request, with a token if etcd wants one."""
+        return with_token(self.auth, lambda token: self._send(endpoint, path, body, token),
+                          lambda creds: self._send(endpoint, "auth/authenticate", creds))
+
+    def stream_token(self, endpoint: tuple[str, int]) -> str | None:
+        """In a watch thread: the token for a new stream (None without authentication);
+        a failure to get one is an OSError, which the stream retries."""
+        if self.auth is None:
+            return None
+        try:
+            return self.auth.token(
+                lambda creds: self._send(endpoint, "auth/authenticate", creds))
+        except (_NotSent, _Ambiguous, MetadataError) as exc:
+            raise ConnectionError(f"no etcd token: {exc}") from None
+
+    def _send(self, endpoint: tuple[str, int], path: str, body: dict,
+              token: str | None = None) -> dict:
+        """One HTTP request, its failure classified."""
         client = self._client(endpoint)
+        headers = {"Authorization": token} if token else None
         try:
             # verify per request: requests lets REQUESTS_CA_BUNDLE override a session's.
             resp = client.session.post(client.get_url(path), json=body, timeout=self.timeout,
+                                       headers=headers,
                                        verify=(self.tls and self.tls.ca_file) or True)
         except requests.exceptions.ConnectTimeout as exc:
             raise _NotSent(f"connect timeout: {exc}") from None
@@ -209,6 +231,10 @@ class EtcdConnection:
         message = answer.get("message") or answer.get("error") or resp.reason
         if code in _RETRYABLE_CODES or resp.status_code in (502, 503, 504):
             raise _Ambiguous(f"etcd unavailable: {message}")
+        if token and code == UNAUTHENTICATED:
+            raise TokenRejected(message)
+        if "user name is empty" in str(message):
+            message = f"{message} (etcd wants a user: set meta_store.etcd_auth)"
         raise MetadataError(f"etcd refused {path}: {message}")
 
     def stream_target(self) -> tuple[str, int]:

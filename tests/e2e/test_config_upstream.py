@@ -262,6 +262,9 @@ def test_a_key_of_an_unbuilt_feature_is_still_checked_for_typos(tmp_path):
      "etcd_tls.ca_file: no such file: /nonexistent.pem"),
     ("meta_store: {etcd_tls: {ca_file: 5}}\n", "cluster", "expected a file path"),
     ("meta_store: {etcd_tls: {ca_fil: x}}\n", "cluster", "did you mean 'ca_file'"),
+    ("meta_store: {etcd_auth: {password: x}}\n", "cluster", "etcd_auth.user: expected"),
+    ("meta_store: {etcd_auth: {user: u, password: 5}}\n", "cluster",
+     "etcd_auth.password: expected"),
 ])
 def test_cluster_keys_are_checked(tmp_path, text, mode, message):
     with pytest.raises(ConfigError, match=message):

@@ -26,6 +26,7 @@ meta_store:
   etcd_endpoints: ["{etcd}"]
   lease_ttl_seconds: {lease}
   etcd_tls: {etcd_tls}
+  etcd_auth: {etcd_auth}
 load_manager:
   assignment_strategy: {strategy}
   load_report_interval_seconds: 1
@@ -44,10 +45,11 @@ storage:
 class ClusterBrokers:
     def __init__(self, etcd, workdir, *, lease: float = 3, strategy: str = "fair",
                  rebalancing: dict | None = None, storage: str | None = None,
-                 etcd_tls: dict | None = None):
+                 etcd_tls: dict | None = None, etcd_auth: dict | None = None):
         """``rebalancing``: the ``load_manager.rebalancing`` section (default: off);
         ``storage``: the whole ``storage:`` section (default: everything shared);
-        ``etcd_tls``: ``meta_store.etcd_tls`` (default: none, http)."""
+        ``etcd_tls``: ``meta_store.etcd_tls`` (default: none, http); ``etcd_auth``:
+        ``meta_store.etcd_auth`` (default: none)."""
         self.etcd = etcd
         self.workdir = Path(workdir)
         self.shared = self.workdir / "shared"
@@ -55,7 +57,7 @@ class ClusterBrokers:
         self.config = self.workdir / "broker.yml"
         self.config.write_text(CONFIG.format(
             etcd=etcd.endpoint, lease=lease, strategy=strategy,
-            etcd_tls=json.dumps(etcd_tls),
+            etcd_tls=json.dumps(etcd_tls), etcd_auth=json.dumps(etcd_auth),
             rebalancing=json.dumps(rebalancing or {"enabled": False}),
             storage=storage or SHARED_STORAGE.format(shared=self.shared)))
         self.brokers: list[BrokerProcess] = []
