@@ -69,10 +69,14 @@ class AutoRebalancer:
             owners = self.view.owners
             self.placed_at = {t: self.placed_at.get(t, now) for t in owners}
             return
-        if event.kind == "put" and event.key.startswith(keys.CLUSTER_BROKERS + "/"):
+        if event.key.startswith(keys.CLUSTER_BROKERS + "/"):
             _, _, rest = event.key[len(keys.CLUSTER_BROKERS) + 1:].partition("/")
-            if rest != "state":
+            if rest == "state":
+                return
+            if event.kind == "put":
                 self.placed_at["/" + rest] = now
+            else:                       # moving (placed again later) or deleted
+                self.placed_at.pop("/" + rest, None)
 
     def movable(self, topic: str, now: float) -> bool:
         return not policy.is_blacklisted(topic, self.cfg.blacklist_topics) and \

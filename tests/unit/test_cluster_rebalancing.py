@@ -175,3 +175,14 @@ async def test_disabled_does_not_start():
     rebalancer = AutoRebalancer(types.SimpleNamespace(view=view), RebalancingConfig())
     rebalancer.start()
     assert rebalancer._task is None
+
+
+async def test_a_placement_starts_the_age_and_a_removal_forgets_it():
+    _, _, rebalancer, clock = await cluster([1, 0])
+    key = keys.cluster_broker_topic(2, "/ns1/t0")
+    clock.now += 5
+    rebalancer.on_event(types.SimpleNamespace(kind="put", key=key))
+    assert rebalancer.placed_at["/ns1/t0"] == clock.now
+    rebalancer.on_event(types.SimpleNamespace(kind="put", key=keys.cluster_broker_state(2)))
+    rebalancer.on_event(types.SimpleNamespace(kind="delete", key=key))
+    assert "/ns1/t0" not in rebalancer.placed_at

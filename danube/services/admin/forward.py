@@ -32,7 +32,8 @@ CONNECT_TIMEOUT = 3.0
 def _target(core, exc: TopicElsewhere, context) -> str | None:
     """The owner's admin address to forward to, or None to answer ``exc`` as it is."""
     addr = getattr(exc, "admin_addr", None)
-    if not addr or core.cluster is None or core.cfg.admin_tls:
+    if not addr or core.cluster is None or (core.cfg.admin_tls and
+                                            core.cfg.auth_mode == "tls"):
         return None
     if any(key == FORWARDED_BY for key, _ in context.invocation_metadata()):
         return None
