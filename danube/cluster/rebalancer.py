@@ -37,6 +37,7 @@ class AutoRebalancer:
         self.moves_total = 0
         self.failures_total = 0
         self.last_cv = 0.0
+        self._stuck = False
         self._task: asyncio.Task | None = None
 
     def start(self) -> None:
@@ -121,10 +122,14 @@ class AutoRebalancer:
             return None
         moves = self.ops.plan(1, movable=lambda t: self.movable(t, now))
         if not moves:
-            log.info("cluster imbalanced (CV %.3f) but no topic may move (counts within one, "
-                     "or topics blacklisted or younger than %gs)", cv,
-                     self.cfg.min_topic_age_seconds)
+            # Said once per stretch of such checks, not at every one.
+            log.log(logging.DEBUG if self._stuck else logging.INFO,
+                    "cluster imbalanced (CV %.3f) but no topic may move (counts within one, "
+                    "or topics blacklisted or younger than %gs)", cv,
+                    self.cfg.min_topic_age_seconds)
+            self._stuck = True
             return None
+        self._stuck = False
         move = moves[0]
         topic, source, target = move["topic_name"], move["from_broker"], move["to_broker"]
         log.info("rebalancing (CV %.3f): moving %s from broker %s to broker %s", cv, topic,
