@@ -170,7 +170,8 @@ async def test_a_cursor_past_the_new_owners_log_misses_nothing_new(no_upload_clu
         wait_for(lambda: len(before.acked) >= 200, timeout=30, what="publishing")
         before.stop()
         wait_for(lambda: consumer.has_all(before.acked), timeout=30, what="consumed")
-        assert await uploaded_up_to(cluster, topic) == -1
+        # (an upload is due only once an hour, at a phase of its own: almost never now)
+        assert await uploaded_up_to(cluster, topic) < len(before.acked) - 1
         victim = owner(cluster, topic)
         cluster.kill(victim)
         after.start()
