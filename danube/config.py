@@ -9,6 +9,8 @@ import os
 import yaml
 
 from danube import config_keys
+from danube.config_cluster import (EtcdTLS, RebalancingConfig, check_etcd_tls, load_etcd_auth,
+                                   load_etcd_tls, load_rebalancing)
 from danube.config_durable import parse_durable, require_sdk
 from danube.config_errors import ConfigError
 from danube.failure_policy import FailurePolicy, InvalidFailurePolicy
@@ -114,8 +116,11 @@ class BrokerConfig:
     # upstream's load_manager keys.
     etcd_endpoints: list = dataclasses.field(default_factory=list)
     lease_ttl_seconds: float = 10.0
+    etcd_tls: EtcdTLS | None = None             # meta_store.etcd_tls (ours): https to etcd
+    etcd_auth: tuple | None = None              # meta_store.etcd_auth (ours): user, password
     assignment_strategy: str = "fair"
     load_report_interval_seconds: float = 30.0
+    rebalancing: RebalancingConfig = dataclasses.field(default_factory=RebalancingConfig)
     raw: dict = dataclasses.field(default_factory=dict)
     unbuilt_keys: list = dataclasses.field(default_factory=list)   # see config_keys
 
@@ -204,6 +209,7 @@ class BrokerConfig:
             raise ConfigError("meta_store.etcd_endpoints (--etcd-endpoints) needs --mode cluster")
         for endpoint in self.etcd_endpoints:
             parse_hostport(endpoint.split("://", 1)[-1], "meta_store.etcd_endpoints")
+        check_etcd_tls(self.etcd_endpoints, self.etcd_tls)
         if not 1 <= self.lease_ttl_seconds <= 3600:
             raise ConfigError("meta_store.lease_ttl_seconds: expected 1 to 3600 seconds, got "
                               f"{self.lease_ttl_seconds!r}")
@@ -335,6 +341,9 @@ def _load_cluster(cfg, tree):
                                        cfg.assignment_strategy))
     cfg.load_report_interval_seconds = _number(tree, "load_manager.load_report_interval_seconds",
                                                cfg.load_report_interval_seconds)
+    cfg.rebalancing = load_rebalancing(tree)
+    cfg.etcd_tls = load_etcd_tls(tree)
+    cfg.etcd_auth = load_etcd_auth(tree)
 
 
 def _resolve_aliases(tree):
@@ -465,6 +474,11 @@ def apply_overrides(cfg: BrokerConfig, args) -> BrokerConfig:
         cfg.data_dir = args.data_dir
     if getattr(args, "etcd_endpoints", None):
         cfg.etcd_endpoints = [e for e in args.etcd_endpoints.split(",") if e.strip()]
+    for key in ("ca_file", "cert_file", "key_file"):
+        value = getattr(args, f"etcd_{key}", None)
+        if value:
+            cfg.etcd_tls = cfg.etcd_tls or EtcdTLS()
+            setattr(cfg.etcd_tls, key, value)
     if args.advertised_addr:
         parse_hostport(args.advertised_addr.split("://")[-1], "--advertised-addr")
         url = args.advertised_addr

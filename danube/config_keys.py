@@ -44,9 +44,11 @@ SCHEMA = {
         "ports": {"client": KEY, "admin": KEY, "raft": _RAFT, "prometheus": KEY},
         "advertised_listeners": {"broker_url": KEY, "connect_url": KEY},
     },
-    # etcd_endpoints and lease_ttl_seconds are ours: cluster mode's metadata on etcd.
+    # etcd_endpoints, lease_ttl_seconds, etcd_tls and etcd_auth are ours: cluster mode on etcd.
     "meta_store": {"data_dir": KEY, "seed_nodes": _RAFT, "etcd_endpoints": KEY,
-                   "lease_ttl_seconds": KEY},
+                   "lease_ttl_seconds": KEY,
+                   "etcd_tls": {"ca_file": KEY, "cert_file": KEY, "key_file": KEY},
+                   "etcd_auth": {"user": KEY, "password": KEY}},
     "bootstrap_namespaces": KEY,
     "auto_create_topics": KEY,
     "admin_tls": KEY,
@@ -62,10 +64,10 @@ SCHEMA = {
     "load_manager": {
         "assignment_strategy": KEY,
         "load_report_interval_seconds": KEY,
-        "rebalancing": Unbuilt("automatic rebalancing", {name: KEY for name in (
+        "rebalancing": {name: KEY for name in (
             "enabled", "aggressiveness", "check_interval_seconds", "max_moves_per_hour",
             "cooldown_seconds", "min_brokers_for_rebalance", "min_topic_age_seconds",
-            "blacklist_topics")}),
+            "blacklist_topics")},
     },
     "storage": {
         "mode": KEY,

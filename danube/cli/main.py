@@ -33,6 +33,15 @@ def _add_broker(sub):
                    help="cluster mode: the etcd cluster holding the shared metadata "
                         "(meta_store.etcd_endpoints); without it a cluster-mode broker is a "
                         "one-broker cluster on the embedded store")
+    p.add_argument("--etcd-ca-file", metavar="PEM",
+                   help="https to etcd: the CA that signed etcd's certificate "
+                        "(meta_store.etcd_tls.ca_file)")
+    p.add_argument("--etcd-cert-file", metavar="PEM",
+                   help="https to etcd: this broker's client certificate "
+                        "(meta_store.etcd_tls.cert_file)")
+    p.add_argument("--etcd-key-file", metavar="PEM",
+                   help="https to etcd: the client certificate's key "
+                        "(meta_store.etcd_tls.key_file)")
     p.add_argument("--raft-addr", metavar="HOST:PORT",
                    help="upstream's Raft address; accepted and ignored (clusters share etcd)")
     p.add_argument("--seed-nodes", metavar="H1:P1,H2:P2",

@@ -38,7 +38,9 @@ class ClusterOps:
         record = self.view.registered.get(owner or "") or {}
         where = f"broker {owner} (admin port {record.get('admin_addr', 'unknown')})" \
             if owner else "no broker yet (it is being placed)"
-        return TopicElsewhere(f"topic {topic} is served by {where}; ask that broker")
+        error = TopicElsewhere(f"topic {topic} is served by {where}; ask that broker")
+        error.admin_addr = record.get("admin_addr")     # where the admin API forwards it
+        return error
 
     async def describe_remote(self, name: str, targets: list[str]) -> dict:
         """DescribeTopic of a topic served elsewhere, from the shared metadata."""
@@ -60,7 +62,7 @@ class ClusterOps:
             info["schema_subject"] = subject
         return info
 
-    async def _move(self, topic: str, source: str, target: str | None = None,
+    async def move(self, topic: str, source: str, target: str | None = None,
                     reason: str = "unload") -> None:
         marker = {"reason": reason, "from_broker": source, "ready": False}
         if target is not None:
@@ -84,7 +86,7 @@ class ClusterOps:
         if len(self.view.active_brokers()) < 2:
             raise ClusterRequired(f"Cannot unload topic {topic}: no other active broker to "
                                   "move it to")
-        await self._move(topic, source)
+        await self.move(topic, source)
         await self._moved([topic], source, timeout)
 
     async def drain(self, broker_id: str, *, dry_run=False, include=(), exclude=(),
@@ -106,7 +108,7 @@ class ClusterOps:
         step = max(1, max_parallel)
         for i in range(0, len(topics), step):
             chunk = topics[i:i + step]
-            await asyncio.gather(*(self._move(t, broker_id) for t in chunk))
+            await asyncio.gather(*(self.move(t, broker_id) for t in chunk))
             failed += await self._moved(chunk, broker_id, timeout)
         await self.store.put(keys.cluster_broker_state(broker_id),
                              {"mode": "drained", "reason": "admin_unload"})
@@ -136,20 +138,24 @@ class ClusterOps:
                 "std_deviation": std, "broker_count": len(loads),
                 "assignment_strategy": STRATEGY_NAMES[strategy], "brokers": brokers}
 
-    def plan(self, max_moves: int | None) -> list[dict]:
+    def plan(self, max_moves: int | None, movable=None) -> list[dict]:
         """Moves from the most to the least loaded broker (by topic count) until the
-        counts are within one of each other, or ``max_moves``."""
+        counts are within one of each other, or ``max_moves``. ``movable(topic)``: whether
+        a topic may be moved (automatic rebalancing's blacklist and minimum age); a broker
+        with nothing movable is passed over for the next most loaded."""
         counts = self._counts()
         if len(counts) < 2:
             return []
-        owned = {b: self.view.topics_of(b) for b in counts}
+        owned = {b: [t for t in self.view.topics_of(b) if movable is None or movable(t)]
+                 for b in counts}
         moves = []
         limit = max_moves if max_moves is not None else sum(counts.values())
         while len(moves) < limit:
-            source = max(counts, key=lambda b: (counts[b], b))
             target = min(counts, key=lambda b: (counts[b], b))
-            if counts[source] - counts[target] <= 1 or not owned[source]:
+            sources = [b for b in counts if owned[b] and counts[b] - counts[target] > 1]
+            if not sources:
                 break
+            source = max(sources, key=lambda b: (counts[b], b))
             topic = owned[source].pop()
             counts[source] -= 1
             counts[target] += 1
@@ -173,7 +179,7 @@ class ClusterOps:
                     "error_message": ""}
         started = time.monotonic()
         for move in moves:
-            await self._move(move["topic_name"], str(move["from_broker"]),
+            await self.move(move["topic_name"], str(move["from_broker"]),
                              str(move["to_broker"]), reason="rebalance")
         # each topic has left its own source (the view shows the old owner until it has)
         left = await self._moved([m["topic_name"] for m in moves],

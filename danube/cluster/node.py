@@ -20,6 +20,7 @@ from danube.cluster.election import LeaderElection
 from danube.cluster.load_manager import LoadManager
 from danube.cluster.load_report import LoadReporter
 from danube.cluster.membership import Membership
+from danube.cluster.rebalancer import AutoRebalancer
 from danube.cluster.view import ClusterView
 from danube.metadata import keys
 from danube.metadata.errors import MetadataError
@@ -62,6 +63,7 @@ class ClusterNode:
         self.reporter = LoadReporter(core, store, self.broker_id,
                                      cfg.load_report_interval_seconds)
         self.ops = ClusterOps(self)
+        self.rebalancer = AutoRebalancer(self.ops, cfg.rebalancing)
         self.redirects = 0
         self._serving: dict[str, asyncio.Task] = {}
         self._placed: dict[str, list[asyncio.Future]] = {}
@@ -87,6 +89,7 @@ class ClusterNode:
         await self.reporter.stop()
         await self.election.stop()
         await self.manager.stop()
+        await self.rebalancer.stop()
         for task in list(self._serving.values()):
             task.cancel()
         self.membership.leaving = True
@@ -168,6 +171,7 @@ class ClusterNode:
     def _on_event(self, event) -> None:
         if self.election.is_leader:
             self.manager.on_event(event)
+            self.rebalancer.on_event(event)
         if event is None:
             self._reconcile()
             return
@@ -280,9 +284,11 @@ class ClusterNode:
 
     async def _elected(self) -> None:
         self.manager.start()
+        self.rebalancer.start()
 
     async def _deposed(self) -> None:
         await self.manager.stop()
+        await self.rebalancer.stop()
 
     async def _fenced(self, reason: str) -> None:
         """Stop serving every topic at once: the leader may hand them to others any time."""

@@ -30,6 +30,7 @@ import threading
 import weakref
 from typing import TYPE_CHECKING
 
+from danube.metadata._etcd_auth import UNAUTHENTICATED
 from danube.metadata._etcd_wire import b64, unb64
 from danube.metadata._watch import Watch, WatchHub
 from danube.metadata.errors import WatchOverflow
@@ -149,16 +150,21 @@ class _Stream:
         """Read one connection until it ends; True when the watch is over for good."""
         request = {"create_request": {"key": b64(self.range[0]), "range_end": b64(self.range[1]),
                                       "start_revision": self.next_revision}}
-        conn = http.client.HTTPConnection(endpoint[0], endpoint[1], timeout=self.conn.timeout)
+        token = self.conn.stream_token(endpoint)
+        headers = {"Content-Type": "application/json"}
+        if token:
+            headers["Authorization"] = token
+        conn = self.conn.open_stream(endpoint)
         try:
-            conn.request("POST", "/v3/watch", body=json.dumps(request),
-                         headers={"Content-Type": "application/json"})
+            conn.request("POST", "/v3/watch", body=json.dumps(request), headers=headers)
             with self._lock:
                 self._sock = conn.sock
             if self._stopped.is_set():
                 return True
             resp = conn.getresponse()
             if resp.status != 200:
+                if token and resp.status == 401:
+                    self.conn.auth.rejected(token)
                 raise http.client.HTTPException(f"watch answered HTTP {resp.status}")
             conn.sock.settimeout(READ_TIMEOUT)
             buffer = b""
@@ -172,7 +178,7 @@ class _Stream:
                 buffer += chunk
                 *lines, buffer = buffer.split(b"\n")
                 for line in lines:
-                    if line.strip() and self._message(json.loads(line)):
+                    if line.strip() and self._message(json.loads(line), token):
                         return True
             return True
         finally:
@@ -180,9 +186,13 @@ class _Stream:
                 self._sock = None
             conn.close()
 
-    def _message(self, message: dict) -> bool:
+    def _message(self, message: dict, token: str | None = None) -> bool:
         if "error" in message:
-            raise http.client.HTTPException(f"watch error: {message['error']}")
+            error = message["error"]
+            if token and isinstance(error, dict) and \
+                    error.get("grpc_code", error.get("code")) == UNAUTHENTICATED:
+                self.conn.auth.rejected(token)      # a new token for the next stream
+            raise http.client.HTTPException(f"watch error: {error}")
         result = message.get("result", {})
         if result.get("canceled"):
             compacted = int(result.get("compact_revision", 0))

@@ -19,7 +19,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import concurrent.futures
+import http.client
 import logging
+import ssl
 import threading
 import time
 from typing import Any
@@ -28,6 +30,7 @@ import etcd3gw
 import requests
 import urllib3
 
+from danube.metadata._etcd_auth import UNAUTHENTICATED, EtcdAuth, TokenRejected, with_token
 from danube.metadata.errors import MetadataError, MetadataUnavailable
 
 log = logging.getLogger("danube.metadata.etcd")
@@ -48,16 +51,30 @@ def unb64(data: str | None) -> str:
 
 
 def parse_endpoint(endpoint: str) -> tuple[str, int]:
-    """``host:port`` (optionally ``http://host:port``) into its parts, or a clear ValueError."""
+    """``host:port`` (optionally ``http://`` or ``https://host:port``) into its parts, or a
+    clear ValueError."""
     text = endpoint.strip()
     if "://" in text:
         scheme, text = text.split("://", 1)
-        if scheme != "http":
-            raise ValueError(f"etcd endpoint {endpoint!r}: only http:// is supported")
+        if scheme not in ("http", "https"):
+            raise ValueError(f"etcd endpoint {endpoint!r}: expected http:// or https://")
     host, sep, port = text.rstrip("/").rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError(f"etcd endpoint {endpoint!r} is not host:port")
     return host.strip("[]"), int(port)
+
+
+def endpoints_scheme(endpoints: list[str], tls) -> str:
+    """"https" or "http" for all the endpoints: the scheme they name, else https with
+    ``tls`` (``meta_store.etcd_tls``) and http without."""
+    schemes = {e.strip().split("://", 1)[0] for e in endpoints if "://" in e}
+    if len(schemes) > 1:
+        raise ValueError(f"etcd endpoints {endpoints}: mix http:// and https://")
+    scheme = schemes.pop() if schemes else ("https" if tls is not None else "http")
+    if scheme == "http" and tls is not None:
+        raise ValueError(f"etcd endpoints {endpoints} are http:// but meta_store.etcd_tls is "
+                         "set: use https:// (or no scheme)")
+    return scheme
 
 
 class _NotSent(Exception):
@@ -71,10 +88,18 @@ class _Ambiguous(Exception):
 class EtcdConnection:
     """The endpoints of one etcd cluster and the thread pool that talks to them."""
 
-    def __init__(self, endpoints: list[str], *, timeout: float = 5.0, retry_for: float = 10.0):
+    def __init__(self, endpoints: list[str], *, timeout: float = 5.0, retry_for: float = 10.0,
+                 tls=None, auth: tuple[str, str] | None = None):
+        """``tls``: an object with ``ca_file``, ``cert_file``, ``key_file`` (each may be
+        None), for https; None for http, unless the endpoints say https://. ``auth``:
+        (user, password) for an etcd with authentication enabled."""
         if not endpoints:
             raise ValueError("etcd needs at least one endpoint (host:port)")
         self.endpoints = [parse_endpoint(e) for e in endpoints]
+        self.scheme = endpoints_scheme(endpoints, tls)
+        self.tls = tls
+        self.auth = EtcdAuth(*auth) if auth is not None else None
+        self._ssl_context: ssl.SSLContext | None = None
         self.timeout = timeout
         self.retry_for = retry_for
         self._current = 0
@@ -136,17 +161,58 @@ class EtcdConnection:
         if client is None:
             # The API path is fixed: etcd >= 3.4 serves /v3/, and discovering it would cost
             # a request per thread.
+            tls = self.tls
             client = clients[endpoint] = etcd3gw.Etcd3Client(
-                host=endpoint[0], port=endpoint[1], timeout=self.timeout, api_path="/v3/")
+                host=endpoint[0], port=endpoint[1], protocol=self.scheme,
+                ca_cert=tls and tls.ca_file, cert_cert=tls and tls.cert_file,
+                cert_key=tls and tls.key_file, timeout=self.timeout, api_path="/v3/")
         return client
 
+    def open_stream(self, endpoint: tuple[str, int]) -> http.client.HTTPConnection:
+        """An HTTP(S) connection to ``endpoint`` for a watch stream."""
+        if self.scheme == "http":
+            return http.client.HTTPConnection(endpoint[0], endpoint[1], timeout=self.timeout)
+        if self._ssl_context is None:
+            tls = self.tls
+            context = ssl.create_default_context(cafile=tls and tls.ca_file)
+            if tls is not None and tls.cert_file:
+                context.load_cert_chain(tls.cert_file, tls.key_file)
+            self._ssl_context = context
+        return http.client.HTTPSConnection(endpoint[0], endpoint[1], timeout=self.timeout,
+                                           context=self._ssl_context)
+
     def _post(self, endpoint: tuple[str, int], path: str, body: dict) -> dict:
-        """In a worker thread: one HTTP request, its failure classified."""
-        client = self._client(endpoint)
+        """In a worker thread: one request, with a token if etcd wants one."""
+        return with_token(self.auth, lambda token: self._send(endpoint, path, body, token),
+                          lambda creds: self._send(endpoint, "auth/authenticate", creds))
+
+    def stream_token(self, endpoint: tuple[str, int]) -> str | None:
+        """In a watch thread: the token for a new stream (None without authentication);
+        a failure to get one is an OSError, which the stream retries."""
+        if self.auth is None:
+            return None
         try:
-            resp = client.session.post(client.get_url(path), json=body, timeout=self.timeout)
+            return self.auth.token(
+                lambda creds: self._send(endpoint, "auth/authenticate", creds))
+        except (_NotSent, _Ambiguous, MetadataError) as exc:
+            raise ConnectionError(f"no etcd token: {exc}") from None
+
+    def _send(self, endpoint: tuple[str, int], path: str, body: dict,
+              token: str | None = None) -> dict:
+        """One HTTP request, its failure classified."""
+        client = self._client(endpoint)
+        headers = {"Authorization": token} if token else None
+        try:
+            # verify per request: requests lets REQUESTS_CA_BUNDLE override a session's.
+            resp = client.session.post(client.get_url(path), json=body, timeout=self.timeout,
+                                       headers=headers,
+                                       verify=(self.tls and self.tls.ca_file) or True)
         except requests.exceptions.ConnectTimeout as exc:
             raise _NotSent(f"connect timeout: {exc}") from None
+        except requests.exceptions.SSLError as exc:
+            # A certificate etcd or this broker refuses: trying again changes nothing.
+            raise MetadataUnavailable(f"TLS to etcd at {endpoint[0]}:{endpoint[1]} failed: "
+                                      f"{exc}") from None
         except requests.exceptions.ConnectionError as exc:
             reason = exc.args[0] if exc.args else None
             if isinstance(reason, urllib3.exceptions.MaxRetryError) and isinstance(
@@ -165,6 +231,10 @@ class EtcdConnection:
         message = answer.get("message") or answer.get("error") or resp.reason
         if code in _RETRYABLE_CODES or resp.status_code in (502, 503, 504):
             raise _Ambiguous(f"etcd unavailable: {message}")
+        if token and code == UNAUTHENTICATED:
+            raise TokenRejected(message)
+        if "user name is empty" in str(message):
+            message = f"{message} (etcd wants a user: set meta_store.etcd_auth)"
         raise MetadataError(f"etcd refused {path}: {message}")
 
     def stream_target(self) -> tuple[str, int]:

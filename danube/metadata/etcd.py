@@ -52,8 +52,9 @@ class EtcdStore(MetadataStore):
     """``MetadataStore`` on an etcd cluster. Use from one event loop."""
 
     def __init__(self, endpoints: list[str], *, timeout: float = 5.0, retry_for: float = 10.0,
-                 clock=time.time):
-        self.conn = EtcdConnection(endpoints, timeout=timeout, retry_for=retry_for)
+                 clock=time.time, tls=None, auth: tuple[str, str] | None = None):
+        self.conn = EtcdConnection(endpoints, timeout=timeout, retry_for=retry_for, tls=tls,
+                                   auth=auth)
         self._clock = clock
         self._hub = EtcdWatchHub(self.conn, decode_stored)
         self._revision = 0

@@ -173,7 +173,8 @@ class Broker:
                                       f"'danube-broker-py[etcd]' ({exc})") from None
         # A call may retry for as long as the lease lasts: past that the broker is fenced
         # anyway (danube.cluster.membership).
-        store = await EtcdStore.open(cfg.etcd_endpoints, retry_for=cfg.lease_ttl_seconds)
+        store = await EtcdStore.open(cfg.etcd_endpoints, retry_for=cfg.lease_ttl_seconds,
+                                     tls=cfg.etcd_tls, auth=cfg.etcd_auth)
         log.info("metadata on etcd at %s (lease %gs)", ", ".join(cfg.etcd_endpoints),
                  cfg.lease_ttl_seconds)
         return store

@@ -62,6 +62,13 @@ def _cluster_metrics(cluster):
                    cluster.manager.assignments_total)
     yield _counter("danube_client_redirects", "Lookups answered with another broker",
                    cluster.redirects)
+    rebalancer = cluster.rebalancer
+    yield _counter("danube_rebalancing_moves", "Topic moves made by automatic rebalancing "
+                   "on this broker as leader", rebalancer.moves_total)
+    yield _counter("danube_rebalancing_failures", "Automatic rebalancing moves that failed",
+                   rebalancer.failures_total)
+    yield _gauge("danube_cluster_imbalance_cv", "Coefficient of variation of the active "
+                 "brokers' load at the leader's last rebalancing check", rebalancer.last_cv)
     yield _gauge("danube_metadata_store_up", "1 while etcd answers, 0 after a failed call",
                  1 if conn.available else 0)
     yield _counter("danube_metadata_store_failures", "Failed calls to etcd (each retried "

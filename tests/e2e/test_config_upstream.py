@@ -119,11 +119,15 @@ def test_unbuilt_features_are_named_in_one_warning_line(tmp_path):
     cfg = load_config(_write(tmp_path, FULL.format(data=tmp_path)))
     line = unbuilt_warning(cfg.unbuilt_keys)
     assert "\n" not in line
-    for key in ("broker.ports.raft", "meta_store.seed_nodes", "load_manager.rebalancing",
+    for key in ("broker.ports.raft", "meta_store.seed_nodes",
                 "storage.write_buffer", "storage.wal.advanced.file_sync.max_batch_bytes"):
         assert key in line
     # Keys that are read are not in it.
-    assert "policies" not in line and "auth" not in line
+    assert "policies" not in line and "auth" not in line and "rebalancing" not in line
+    r = cfg.rebalancing         # upstream's values in FULL, which are also its defaults
+    assert (r.enabled, r.aggressiveness, r.check_interval_seconds, r.max_moves_per_hour,
+            r.cooldown_seconds, r.min_brokers_for_rebalance, r.min_topic_age_seconds,
+            r.blacklist_topics) == (False, "balanced", 300, 10, 60, 2, 300, ())
 
 
 @pytest.mark.parametrize("durable, expected", [
@@ -220,9 +224,9 @@ def test_a_misspelt_key_fails_with_a_suggestion(tmp_path, text, where, suggestio
 
 
 def test_a_key_of_an_unbuilt_feature_is_still_checked_for_typos(tmp_path):
-    with pytest.raises(ConfigError, match=r"load_manager.rebalancing.enabeld: unknown key "
-                                          r"\(did you mean 'enabled'\?\)"):
-        load_config(_write(tmp_path, "load_manager:\n  rebalancing:\n    enabeld: true\n"))
+    with pytest.raises(ConfigError, match=r"storage.write_buffer.backnd: unknown key "
+                                          r"\(did you mean 'backend'\?\)"):
+        load_config(_write(tmp_path, "storage:\n  write_buffer:\n    backnd: x\n"))
 
 
 @pytest.mark.parametrize("text, mode, message", [
@@ -234,6 +238,33 @@ def test_a_key_of_an_unbuilt_feature_is_still_checked_for_typos(tmp_path):
     ("load_manager: {assignment_strategy: random}\n", "cluster",
      "fair, balanced or weighted_load"),
     ("load_manager: {load_report_interval_seconds: 0}\n", "cluster", "positive number"),
+    ("load_manager: {rebalancing: {enabled: 1}}\n", "cluster", "enabled: expected true"),
+    ("load_manager: {rebalancing: {aggressiveness: wild}}\n", "cluster",
+     "conservative, balanced or aggressive"),
+    ("load_manager: {rebalancing: {check_interval_seconds: 0}}\n", "cluster",
+     "check_interval_seconds: expected a positive number"),
+    ("load_manager: {rebalancing: {cooldown_seconds: -1}}\n", "cluster",
+     "cooldown_seconds: expected a non-negative number"),
+    ("load_manager: {rebalancing: {max_moves_per_hour: 2.5}}\n", "cluster",
+     "max_moves_per_hour: expected an integer of at least 0"),
+    ("load_manager: {rebalancing: {min_brokers_for_rebalance: 0}}\n", "cluster",
+     "at least 1"),
+    ("load_manager: {rebalancing: {blacklist_topics: [default/x]}}\n", "cluster",
+     "'/namespace/\\*' patterns"),
+    ("load_manager: {rebalancing: 5}\n", "cluster", "expected a mapping"),
+    ("meta_store: {etcd_endpoints: ['ftp://h:1']}\n", "cluster", "expected http:// or https"),
+    ("meta_store: {etcd_endpoints: ['http://h:1', 'https://h:2']}\n", "cluster",
+     "mix http:// and https://"),
+    ("meta_store: {etcd_endpoints: ['http://h:1'], etcd_tls: {}}\n", "cluster",
+     "etcd_tls is set but"),
+    ("meta_store: {etcd_tls: {cert_file: /etc/hostname}}\n", "cluster", "go together"),
+    ("meta_store: {etcd_tls: {ca_file: /nonexistent.pem}}\n", "cluster",
+     "etcd_tls.ca_file: no such file: /nonexistent.pem"),
+    ("meta_store: {etcd_tls: {ca_file: 5}}\n", "cluster", "expected a file path"),
+    ("meta_store: {etcd_tls: {ca_fil: x}}\n", "cluster", "did you mean 'ca_file'"),
+    ("meta_store: {etcd_auth: {password: x}}\n", "cluster", "etcd_auth.user: expected"),
+    ("meta_store: {etcd_auth: {user: u, password: 5}}\n", "cluster",
+     "etcd_auth.password: expected"),
 ])
 def test_cluster_keys_are_checked(tmp_path, text, mode, message):
     with pytest.raises(ConfigError, match=message):

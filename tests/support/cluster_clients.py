@@ -89,9 +89,13 @@ class _Resilient(threading.Thread):
 class ResilientProducer(_Resilient):
     creates = True
 
-    def __init__(self, cluster, topic: str, *, delivery=pb.Reliable, interval: float = 0.005):
+    def __init__(self, cluster, topic: str, *, delivery=pb.Reliable, interval: float = 0.005,
+                 prefix: str = "m"):
+        """``prefix``: of the payloads (``{prefix}{n}``), so that two producers one after
+        the other on a topic send different ones."""
         super().__init__(cluster, topic)
         self.delivery = delivery
+        self.prefix = prefix
         self.interval = interval
         self.acked: list[str] = []
         self.ack_times: list[float] = []
@@ -114,7 +118,7 @@ class ResilientProducer(_Resilient):
                 if self.stopping.is_set():
                     return
             while not self.stopping.is_set():
-                payload = f"m{seq}"
+                payload = f"{self.prefix}{seq}"
                 msg = pb.StreamMessage(request_id=seq, payload=payload.encode(),
                                        producer_name="resilient",
                                        msg_id=pb.MsgID(producer_id=self.producer_id,

@@ -10,6 +10,7 @@ killed) at teardown; the etcd belongs to the caller.
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import time
@@ -24,9 +25,16 @@ cluster_name: test-cluster
 meta_store:
   etcd_endpoints: ["{etcd}"]
   lease_ttl_seconds: {lease}
+  etcd_tls: {etcd_tls}
+  etcd_auth: {etcd_auth}
 load_manager:
   assignment_strategy: {strategy}
   load_report_interval_seconds: 1
+  rebalancing: {rebalancing}
+{storage}
+"""
+
+SHARED_STORAGE = """\
 storage:
   mode: shared_fs
   local_wal_root: "{shared}/wal"
@@ -35,14 +43,23 @@ storage:
 
 
 class ClusterBrokers:
-    def __init__(self, etcd, workdir, *, lease: float = 3, strategy: str = "fair"):
+    def __init__(self, etcd, workdir, *, lease: float = 3, strategy: str = "fair",
+                 rebalancing: dict | None = None, storage: str | None = None,
+                 etcd_tls: dict | None = None, etcd_auth: dict | None = None):
+        """``rebalancing``: the ``load_manager.rebalancing`` section (default: off);
+        ``storage``: the whole ``storage:`` section (default: everything shared);
+        ``etcd_tls``: ``meta_store.etcd_tls`` (default: none, http); ``etcd_auth``:
+        ``meta_store.etcd_auth`` (default: none)."""
         self.etcd = etcd
         self.workdir = Path(workdir)
         self.shared = self.workdir / "shared"
         self.shared.mkdir(parents=True, exist_ok=True)
         self.config = self.workdir / "broker.yml"
-        self.config.write_text(CONFIG.format(etcd=etcd.endpoint, lease=lease,
-                                             strategy=strategy, shared=self.shared))
+        self.config.write_text(CONFIG.format(
+            etcd=etcd.endpoint, lease=lease, strategy=strategy,
+            etcd_tls=json.dumps(etcd_tls), etcd_auth=json.dumps(etcd_auth),
+            rebalancing=json.dumps(rebalancing or {"enabled": False}),
+            storage=storage or SHARED_STORAGE.format(shared=self.shared)))
         self.brokers: list[BrokerProcess] = []
 
     def add(self, name: str | None = None, *extra, timeout: float = 30) -> BrokerProcess:

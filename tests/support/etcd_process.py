@@ -16,6 +16,7 @@ import json
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import time
 import urllib.error
@@ -40,7 +41,14 @@ def free_port() -> int:
 
 
 class EtcdProcess:
-    def __init__(self, workdir, *, ready_timeout: float = 30.0):
+    def __init__(self, workdir, *, ready_timeout: float = 30.0, tls: dict | None = None,
+                 auth_token_ttl: int | None = None):
+        """``tls``: serve https with ``cert_file``/``key_file``; with ``ca_file`` too, ask
+        clients for a certificate signed by it (``--client-cert-auth``), which this object
+        presents from ``client_cert_file``/``client_key_file``. ``auth_token_ttl``: how
+        long etcd keeps an unused authentication token (``enable_auth``)."""
+        self.tls = tls
+        self.auth_token_ttl = auth_token_ttl
         self.binary = shutil.which("etcd")
         if self.binary is None:
             raise RuntimeError(INSTALL_HINT)
@@ -58,13 +66,38 @@ class EtcdProcess:
         return f"127.0.0.1:{self.client_port}"
 
     @property
+    def url(self) -> str:
+        return f"{'https' if self.tls else 'http'}://{self.endpoint}"
+
+    def _urlopen(self, path: str, data: bytes | None = None, timeout: float = 5,
+                 token: str | None = None):
+        context = None
+        if self.tls:
+            context = ssl.create_default_context(cafile=self.tls.get("ca_file"))
+            if self.tls.get("client_cert_file"):
+                context.load_cert_chain(self.tls["client_cert_file"],
+                                        self.tls["client_key_file"])
+        headers = {"Content-Type": "application/json"}
+        if token:
+            headers["Authorization"] = token
+        request = urllib.request.Request(f"{self.url}{path}", data=data, headers=headers)
+        return urllib.request.urlopen(request, timeout=timeout, context=context)
+
+    @property
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
     def command(self) -> list[str]:
-        client = f"http://127.0.0.1:{self.client_port}"
+        client = f"{'https' if self.tls else 'http'}://127.0.0.1:{self.client_port}"
         peer = f"http://127.0.0.1:{self.peer_port}"
-        return [self.binary, "--name", "test", "--data-dir", str(self.workdir / "data"),
+        tls = []
+        if self.tls:
+            tls = ["--cert-file", self.tls["cert_file"], "--key-file", self.tls["key_file"]]
+            if self.tls.get("ca_file"):
+                tls += ["--trusted-ca-file", self.tls["ca_file"], "--client-cert-auth"]
+        if self.auth_token_ttl is not None:
+            tls += ["--auth-token-ttl", str(self.auth_token_ttl)]
+        return [self.binary, *tls, "--name", "test", "--data-dir", str(self.workdir / "data"),
                 "--listen-client-urls", client, "--advertise-client-urls", client,
                 "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
                 "--initial-cluster", f"test={peer}", "--initial-cluster-state", "new",
@@ -93,8 +126,7 @@ class EtcdProcess:
                 raise RuntimeError(f"etcd exited with {self.proc.returncode}: "
                                    f"{self.log_tail()}")
             try:
-                with urllib.request.urlopen(
-                        f"http://{self.endpoint}/health", timeout=1) as resp:
+                with self._urlopen("/health", timeout=1) as resp:
                     if json.load(resp).get("health") == "true":
                         return
             except (OSError, urllib.error.URLError, ValueError) as exc:
@@ -144,10 +176,28 @@ class EtcdProcess:
             self._log.close()
             self._log = None
 
+    def call(self, path: str, body: dict, token: str | None = None) -> dict:
+        """One call to the JSON gateway (``/v3/...``)."""
+        request = self._urlopen(path, json.dumps(body).encode(), token=token)
+        with request as resp:
+            return json.load(resp)
+
+    def enable_auth(self, users: dict[str, str]) -> None:
+        """Turn on etcd's authentication: user ``root`` (password ``root``) and each of
+        ``users`` (name -> password) with read and write on every key."""
+        everything = {"permType": "READWRITE", "key": "AA==", "range_end": "AA=="}
+        self.call("/v3/auth/role/add", {"name": "root"})
+        self.call("/v3/auth/user/add", {"name": "root", "password": "root"})
+        self.call("/v3/auth/user/grant", {"user": "root", "role": "root"})
+        self.call("/v3/auth/role/add", {"name": "readwrite"})
+        self.call("/v3/auth/role/grant", {"name": "readwrite", "perm": everything})
+        for name, password in users.items():
+            self.call("/v3/auth/user/add", {"name": name, "password": password})
+            self.call("/v3/auth/user/grant", {"user": name, "role": "readwrite"})
+        self.call("/v3/auth/enable", {})
+
     def wipe(self) -> None:
         """Delete every key (between tests sharing one etcd)."""
         body = json.dumps({"key": "AA==", "range_end": "AA=="}).encode()  # "\0".."\0": all
-        request = urllib.request.Request(f"http://{self.endpoint}/v3/kv/deleterange", data=body,
-                                         headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=5):
+        with self._urlopen("/v3/kv/deleterange", body):
             pass

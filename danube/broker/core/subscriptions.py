@@ -47,10 +47,19 @@ class Subscriptions:
             policy = await self._load_failure_policy(topic.name, sub_name)
             window = await self._load_window(topic.name, sub_name)
             acked = await self.store.get(keys.subscription_acked(topic.name, sub_name))
-            self._attach_subscription(topic, Subscription(topic, sub_name, sub_type),
-                                      cursor if isinstance(cursor, int) else
-                                      topic.log.next_offset - 1, policy, window,
-                                      acked if isinstance(acked, list) else ())
+            last = topic.log.next_offset - 1
+            if not isinstance(cursor, int):
+                cursor = last
+            elif cursor > last:
+                # The log resumed behind what was acknowledged (a broker's own WAL lost with
+                # it; the durable tier held less): the offsets after `last` go to new
+                # messages, which this subscription has not seen.
+                log.warning("%s/%s: cursor %d is past the end of the log (%d): offsets %d-%d "
+                            "were lost with a WAL; delivering from %d", topic.name, sub_name,
+                            cursor, last, last + 1, cursor, last + 1)
+                cursor, acked = last, ()
+            self._attach_subscription(topic, Subscription(topic, sub_name, sub_type), cursor,
+                                      policy, window, acked if isinstance(acked, list) else ())
 
     # -- subscriptions and consumers -----------------------------------------------------
 

@@ -5,6 +5,7 @@ from danube.broker import names
 from danube.proto import DanubeExt_pb2 as ext
 from danube.services import checks
 from danube.services.admin.codes import ADMIN_CODES
+from danube.services.admin.forward import forwarded
 from danube.services.errors import maps_errors
 
 
@@ -28,6 +29,7 @@ class TopicStatsService:
         self.core = core
 
     @maps_errors(ADMIN_CODES)
+    @forwarded(ext.TopicStatsResponse)
     async def GetTopicStats(self, request, context):
         checks.topic_request(request)
         return ext.TopicStatsResponse(topics=[_topic(t) for t in

@@ -6,6 +6,7 @@ from danube.broker.topic import NON_RELIABLE, RELIABLE
 from danube.proto import DanubeAdmin_pb2 as pb
 from danube.services import checks
 from danube.services.admin.codes import ADMIN_CODES
+from danube.services.admin.forward import forwarded
 from danube.services.errors import maps_errors
 
 _BACKOFF = {pb.Fixed: fp.FIXED, pb.Exponential: fp.EXPONENTIAL}
@@ -103,6 +104,7 @@ class TopicAdmin:
         return pb.TopicResponse(success=True)
 
     @maps_errors(ADMIN_CODES)
+    @forwarded(pb.SubscriptionListResponse)
     async def ListSubscriptions(self, request, context):
         checks.topic_request(request)
         return pb.SubscriptionListResponse(
@@ -114,12 +116,14 @@ class TopicAdmin:
         return pb.DescribeTopicResponse(**await self.core.describe_topic(request.name))
 
     @maps_errors(ADMIN_CODES)
+    @forwarded(pb.SubscriptionResponse)
     async def Unsubscribe(self, request, context):
         checks.subscription_request(request)
         await self.core.unsubscribe(request.topic, request.subscription)
         return pb.SubscriptionResponse(success=True)
 
     @maps_errors(ADMIN_CODES)
+    @forwarded(pb.SubscriptionResponse)
     async def SetSubscriptionFailurePolicy(self, request, context):
         checks.failure_policy_request(request)
         await self.core.set_failure_policy(request.topic, request.subscription,
@@ -127,6 +131,7 @@ class TopicAdmin:
         return pb.SubscriptionResponse(success=True)
 
     @maps_errors(ADMIN_CODES)
+    @forwarded(pb.GetSubscriptionFailurePolicyResponse)
     async def GetSubscriptionFailurePolicy(self, request, context):
         checks.subscription_request(request)
         policy, sub_type = await self.core.failure_policy(request.topic, request.subscription)
@@ -136,6 +141,7 @@ class TopicAdmin:
         return response
 
     @maps_errors(ADMIN_CODES)
+    @forwarded(pb.SubscriptionResponse)
     async def SetSubscriptionDispatchConfig(self, request, context):
         checks.dispatch_config_request(request)
         await self.core.set_dispatch_config(request.topic, request.subscription,
@@ -143,6 +149,7 @@ class TopicAdmin:
         return pb.SubscriptionResponse(success=True)
 
     @maps_errors(ADMIN_CODES)
+    @forwarded(pb.GetSubscriptionDispatchConfigResponse)
     async def GetSubscriptionDispatchConfig(self, request, context):
         checks.subscription_request(request)
         value = await self.core.dispatch_config(request.topic, request.subscription)
