@@ -34,12 +34,15 @@ class AckBatcher:
         self._acked_since_durable = False
 
     def add(self, msg):
+        """Queue ``msg``; True when this filled a batch and its call was started."""
         self._acked_since_durable = True
         self._pending.append(msg)
         if len(self._pending) >= self.batch:
             self._send()
-        elif self._timer is None:
+            return True
+        if self._timer is None:
             self._timer = asyncio.get_running_loop().call_later(self.delay, self._send)
+        return False
 
     def _send(self):
         if self._timer is not None:

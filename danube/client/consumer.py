@@ -53,6 +53,17 @@ class _Failure:
 _CLOSED = object()
 
 
+async def _let_the_call_out():
+    # A batch of acks just became an AckRanges call. A reader that acks a whole delivery
+    # batch in one go never gives the event loop a turn, so without this the call would
+    # wait for the end of the batch, and the broker, its window full, would wait for the
+    # call: delivery and processing would take turns instead of overlapping (a drain at
+    # window 1,000 ran ~25 % slower). Two turns: one for the call's task to write its
+    # frames, one for the connection to flush them.
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+
+
 class TopicConsumer:
     def __init__(self, client, topic, name, subscription, sub_type, key_filters, window=0):
         self.client = client
@@ -273,12 +284,14 @@ class Consumer:
 
     async def ack(self, msg):
         if self._only_acks is not None:         # batch_acks on a single partition
-            self._only_acks.add(msg)
+            if self._only_acks.add(msg):
+                await _let_the_call_out()
             return
         if self.batch_acks:
             consumer = self._consumers.get(msg.msg_id.topic_name)
             if consumer is not None:
-                consumer.acks.add(msg)
+                if consumer.acks.add(msg):
+                    await _let_the_call_out()
                 return
         await self._call_for(msg, "acknowledge", lambda c: c.ack(msg, self.subscription))
 
