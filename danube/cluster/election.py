@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 
 from danube.metadata import keys
 from danube.metadata.errors import MetadataError
+from danube.tasks import cancel_and_wait
 
 log = logging.getLogger("danube.cluster")
 
@@ -46,11 +47,7 @@ class LeaderElection:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+            await cancel_and_wait(self._task)
         if self.is_leader:
             await self._step_down("broker stopping")
             try:

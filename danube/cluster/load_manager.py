@@ -30,6 +30,7 @@ from danube.broker.core.topics import SYSTEM_TOPIC
 from danube.cluster import strategies
 from danube.metadata import keys
 from danube.metadata.errors import MetadataError
+from danube.tasks import cancel_and_wait
 
 log = logging.getLogger("danube.cluster")
 
@@ -60,11 +61,7 @@ class LoadManager:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+            await cancel_and_wait(self._task)
             self._task = None
 
     def on_event(self, event) -> None:

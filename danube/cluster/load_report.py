@@ -18,6 +18,7 @@ import time
 from danube.broker import stats
 from danube.metadata import keys
 from danube.metadata.errors import MetadataError
+from danube.tasks import cancel_and_wait
 
 log = logging.getLogger("danube.cluster")
 
@@ -46,11 +47,7 @@ class LoadReporter:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+            await cancel_and_wait(self._task)
 
     def _cpu_percent(self) -> float:
         now, used = time.monotonic(), sum(os.times()[:2])

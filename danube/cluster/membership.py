@@ -23,6 +23,7 @@ from collections.abc import Awaitable, Callable
 
 from danube.metadata import keys
 from danube.metadata.errors import MetadataError
+from danube.tasks import cancel_and_wait
 
 log = logging.getLogger("danube.cluster")
 
@@ -62,13 +63,7 @@ class Membership:
 
     async def stop(self, *, deregister: bool = True) -> None:
         self.leaving = True
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            try:
-                await task
-            except asyncio.CancelledError:
-                pass
+        await cancel_and_wait(*self._tasks)
         if deregister and not self.fenced:
             try:
                 await self.store.delete(self.key)

@@ -19,6 +19,7 @@ import time
 from danube.cluster import rebalance_policy as policy
 from danube.metadata import keys
 from danube.metadata.errors import MetadataError
+from danube.tasks import cancel_and_wait
 
 log = logging.getLogger("danube.cluster")
 
@@ -54,11 +55,7 @@ class AutoRebalancer:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+            await cancel_and_wait(self._task)
             self._task = None
 
     def on_event(self, event) -> None:

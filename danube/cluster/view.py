@@ -19,6 +19,7 @@ from collections.abc import Callable
 from danube.metadata import keys
 from danube.metadata.errors import MetadataError
 from danube.metadata.store import DELETE, WatchEvent
+from danube.tasks import cancel_and_wait
 
 log = logging.getLogger("danube.cluster")
 
@@ -76,11 +77,7 @@ class ClusterView:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+            await cancel_and_wait(self._task)
 
     async def _resync(self):
         watch = await self.store.watch(keys.CLUSTER)

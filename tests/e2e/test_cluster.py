@@ -5,9 +5,8 @@ the official client follows the redirects unchanged, for plain and partitioned t
 import grpc
 import pytest
 
-from cluster_process import ClusterBrokers
+from cluster_process import etcd_cluster
 from danube.proto import DanubeApi_pb2 as pb
-from etcd_process import EtcdProcess
 from grpc_calls import create_producer, unary
 from official_client import run_scenario, unique_topic
 from waiting import wait_for
@@ -15,14 +14,8 @@ from waiting import wait_for
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    etcd = EtcdProcess(tmp_path_factory.mktemp("etcd")).start()
-    brokers = ClusterBrokers(etcd, tmp_path_factory.mktemp("cluster"))
-    try:
-        brokers.start(3)
+    with etcd_cluster(tmp_path_factory) as brokers:
         yield brokers
-    finally:
-        brokers.stop()
-        etcd.stop()
 
 
 def lookup(broker, topic):

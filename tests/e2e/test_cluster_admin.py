@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from cluster_clients import ResilientConsumer, ResilientProducer
-from cluster_process import ClusterBrokers
+from cluster_process import etcd_cluster
 from danube.client import errors
 from danube.client.admin import AdminClient
 from danube.metadata.etcd import EtcdStore
@@ -20,7 +20,6 @@ from danube.proto import DanubeAdmin_pb2 as adm
 from danube.proto import DanubeExt_pb2 as ext
 from danube.rpc.client import Channel
 from danube.rpc.status import RpcError, StatusCode
-from etcd_process import EtcdProcess
 from grpc_calls import create_producer, subscribe
 from official_client import unique_topic
 from waiting import async_wait_for, wait_for
@@ -31,17 +30,12 @@ from danube.proto import DanubeApi_pb2 as pb
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    etcd = EtcdProcess(tmp_path_factory.mktemp("etcd")).start()
     # Rebalancing off, with settings that would move topics within seconds if it were on.
-    brokers = ClusterBrokers(etcd, tmp_path_factory.mktemp("cluster"), lease=3, rebalancing={
-        "enabled": False, "aggressiveness": "aggressive", "check_interval_seconds": 1,
-        "cooldown_seconds": 0, "min_topic_age_seconds": 0, "max_moves_per_hour": 100})
-    try:
-        brokers.start(3)
+    with etcd_cluster(tmp_path_factory, lease=3, rebalancing={
+            "enabled": False, "aggressiveness": "aggressive", "check_interval_seconds": 1,
+            "cooldown_seconds": 0, "min_topic_age_seconds": 0,
+            "max_moves_per_hour": 100}) as brokers:
         yield brokers
-    finally:
-        brokers.stop()
-        etcd.stop()
 
 
 @pytest.fixture

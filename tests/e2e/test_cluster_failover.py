@@ -10,21 +10,14 @@ import time
 import pytest
 
 from cluster_failover import kill_owner_under_load
-from cluster_process import ClusterBrokers
-from etcd_process import EtcdProcess
+from cluster_process import etcd_cluster
 from official_client import unique_topic
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    etcd = EtcdProcess(tmp_path_factory.mktemp("etcd")).start()
-    brokers = ClusterBrokers(etcd, tmp_path_factory.mktemp("cluster"), lease=3)
-    try:
-        brokers.start(3)
+    with etcd_cluster(tmp_path_factory, lease=3) as brokers:
         yield brokers
-    finally:
-        brokers.stop()
-        etcd.stop()
 
 
 @pytest.mark.parametrize("run", range(5))

@@ -15,12 +15,11 @@ import grpc
 import pytest
 
 from cluster_clients import ResilientConsumer, ResilientProducer
-from cluster_process import ClusterBrokers
+from cluster_process import etcd_cluster
 from danube.client.admin import AdminClient
 from danube.metadata.etcd import EtcdStore
 from danube.proto import DanubeAdmin_pb2 as adm
 from danube.proto import DanubeApi_pb2 as pb
-from etcd_process import EtcdProcess
 from grpc_calls import create_producer
 from official_client import unique_topic
 from waiting import async_wait_for, wait_for
@@ -34,17 +33,10 @@ REBALANCING = {"enabled": True, "aggressiveness": "aggressive", "check_interval_
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    etcd = EtcdProcess(tmp_path_factory.mktemp("etcd")).start()
     # A longer lease than the failover tests': a broker of a loaded machine missing its
     # renewal would move topics by failover, not by rebalancing.
-    brokers = ClusterBrokers(etcd, tmp_path_factory.mktemp("cluster"), lease=6,
-                             rebalancing=REBALANCING)
-    try:
-        brokers.start(3)
+    with etcd_cluster(tmp_path_factory, lease=6, rebalancing=REBALANCING) as brokers:
         yield brokers
-    finally:
-        brokers.stop()
-        etcd.stop()
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ killed) at teardown; the etcd belongs to the caller.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import signal
@@ -17,6 +18,7 @@ import time
 from pathlib import Path
 
 from broker_process import BrokerProcess
+from etcd_process import EtcdProcess
 
 BROKER_ID = re.compile(r"broker (\d+) joined the cluster")
 
@@ -109,3 +111,17 @@ class ClusterBrokers:
                 if broker.proc is not None and broker.proc.poll() is None:
                     broker.proc.kill()
                     broker.proc.wait()
+
+
+@contextlib.contextmanager
+def etcd_cluster(tmp_path_factory, n: int = 3, **options):
+    """A fresh etcd and ``n`` brokers on it (ClusterBrokers ``options``), all stopped at
+    exit: the module fixture of the cluster tests."""
+    etcd = EtcdProcess(tmp_path_factory.mktemp("etcd")).start()
+    brokers = ClusterBrokers(etcd, tmp_path_factory.mktemp("cluster"), **options)
+    try:
+        brokers.start(n)
+        yield brokers
+    finally:
+        brokers.stop()
+        etcd.stop()

@@ -54,6 +54,7 @@ from danube.storage.tiered.catalog import (DEFAULT_METADATA_PREFIX, Catalog, Cat
                                            topic_object_prefix)
 from danube.storage.tiered.segments import SegmentUploadError, upload_segment
 from danube.storage.tiered.upload_worker import IN_PROCESS_BACKENDS, ProcessUploader, run_idle
+from danube.tasks import cancel_and_wait
 
 log = logging.getLogger("danube.tiered")
 
@@ -197,11 +198,7 @@ class TieredStorage:
 
     async def close(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+            await cancel_and_wait(self._task)
             self._task = None
         await self._tasks.close()
         self.executor.shutdown(wait=True)
