@@ -33,8 +33,9 @@ from typing import Any
 from danube.metadata._watch import Change, Watch, WatchHub
 from danube.metadata.errors import MetadataError, MetadataUnavailable
 from danube.metadata.store import (DEFAULT_MAX_PENDING, DELETE, PUT, Entry, MetadataStore,
-                                   decode_value, encode_value, prefix_bounds, validate_key,
-                                   validate_prefix, validate_ttl, validate_version)
+                                   decode_value, encode_value, prefix_bounds, put_many_args,
+                                   validate_key, validate_prefix, validate_ttl,
+                                   validate_version)
 
 log = logging.getLogger("danube.metadata")
 
@@ -247,12 +248,7 @@ class LocalStore(MetadataStore):
 
     async def put_many(self, items: Mapping[str, Any] | Iterable[tuple[str, Any]],
                        ttl: float | None = None, *, durable: bool = True) -> int:
-        entries = [(validate_key(key), value) for key, value in
-                   (items.items() if isinstance(items, Mapping) else items)]
-        ttl = validate_ttl(ttl)
-        if len({key for key, _ in entries}) != len(entries):
-            raise ValueError("put_many: a key is given more than once")
-        texts = [(key, encode_value(value)) for key, value in entries]
+        texts, ttl = put_many_args(items, ttl)
         if not texts:
             self._check_open()
             return self._revision

@@ -38,8 +38,8 @@ from danube.metadata._etcd_wire import EtcdConnection, b64
 from danube.metadata._watch import Watch
 from danube.metadata.errors import MetadataError, MetadataUnavailable
 from danube.metadata.store import (DEFAULT_MAX_PENDING, Entry, MetadataStore, decode_value,
-                                   encode_value, prefix_bounds, validate_key, validate_prefix,
-                                   validate_ttl, validate_version)
+                                   encode_value, prefix_bounds, put_many_args, validate_key,
+                                   validate_prefix, validate_ttl, validate_version)
 
 log = logging.getLogger("danube.metadata.etcd")
 
@@ -200,12 +200,7 @@ class EtcdStore(MetadataStore):
 
     async def put_many(self, items: Mapping[str, Any] | Iterable[tuple[str, Any]],
                        ttl: float | None = None, *, durable: bool = True) -> int:
-        entries = [(validate_key(key), value) for key, value in
-                   (items.items() if isinstance(items, Mapping) else items)]
-        ttl = validate_ttl(ttl)
-        if len({key for key, _ in entries}) != len(entries):
-            raise ValueError("put_many: a key is given more than once")
-        texts = [(key, encode_value(value)) for key, value in entries]
+        texts, ttl = put_many_args(items, ttl)
         if not texts:
             await self._call("kv/range", {"key": b64("/"), "count_only": True})
             return self._revision

@@ -123,6 +123,18 @@ def decode_value(text: str | None) -> Any:
     return None if text is None else json.loads(text)
 
 
+def put_many_args(items: Any, ttl: Any) -> tuple[list[tuple[str, str]], float | None]:
+    """put_many's arguments checked, in every store's order: the items (a mapping, or
+    (key, value) pairs) as (key, JSON text) pairs, and the TTL. InvalidKey, ValueError for
+    a bad TTL or a key given twice, TypeError or ValueError for a value JSON cannot hold."""
+    entries = [(validate_key(key), value) for key, value in
+               (items.items() if isinstance(items, Mapping) else items)]
+    ttl = validate_ttl(ttl)
+    if len({key for key, _ in entries}) != len(entries):
+        raise ValueError("put_many: a key is given more than once")
+    return [(key, encode_value(value)) for key, value in entries], ttl
+
+
 def validate_ttl(ttl: Any) -> float | None:
     if ttl is None:
         return None
