@@ -13,6 +13,7 @@ real SeaweedFS), three brokers on one etcd, checking what docs/cluster.md promis
   the new owner's log still receives every message published after the failover.
 """
 
+import contextlib
 import json
 
 import pytest
@@ -34,7 +35,9 @@ storage:
 """
 
 
-def start_cluster(tmp_path_factory, seaweedfs, shared_wal: bool, upload_interval=1):
+@contextlib.contextmanager
+def cluster_on_s3(tmp_path_factory, seaweedfs, shared_wal: bool, upload_interval=1):
+    """Three brokers on a fresh etcd with the durable tier on SeaweedFS, stopped at exit."""
     etcd = EtcdProcess(tmp_path_factory.mktemp("etcd")).start()
     workdir = tmp_path_factory.mktemp("cluster")
     durable = durable_config("s3", seaweedfs, name="cluster",
@@ -45,42 +48,29 @@ def start_cluster(tmp_path_factory, seaweedfs, shared_wal: bool, upload_interval
                              storage=STORAGE.format(wal=wal, durable=json.dumps(durable)))
     try:
         brokers.start(3)
-    except BaseException:
+        yield brokers
+    finally:
         brokers.stop()
         etcd.stop()
-        raise
-    return etcd, brokers
 
 
 @pytest.fixture(scope="module")
 def shared_wal_cluster(tmp_path_factory, seaweedfs_server):
-    etcd, brokers = start_cluster(tmp_path_factory, seaweedfs_server, shared_wal=True)
-    try:
+    with cluster_on_s3(tmp_path_factory, seaweedfs_server, shared_wal=True) as brokers:
         yield brokers
-    finally:
-        brokers.stop()
-        etcd.stop()
 
 
 @pytest.fixture(scope="module")
 def own_wal_cluster(tmp_path_factory, seaweedfs_server):
-    etcd, brokers = start_cluster(tmp_path_factory, seaweedfs_server, shared_wal=False)
-    try:
+    with cluster_on_s3(tmp_path_factory, seaweedfs_server, shared_wal=False) as brokers:
         yield brokers
-    finally:
-        brokers.stop()
-        etcd.stop()
 
 
 @pytest.fixture(scope="module")
 def no_upload_cluster(tmp_path_factory, seaweedfs_server):
-    etcd, brokers = start_cluster(tmp_path_factory, seaweedfs_server, shared_wal=False,
-                                  upload_interval=3600)
-    try:
+    with cluster_on_s3(tmp_path_factory, seaweedfs_server, shared_wal=False,
+                       upload_interval=3600) as brokers:
         yield brokers
-    finally:
-        brokers.stop()
-        etcd.stop()
 
 
 @pytest.mark.parametrize("run", range(2))
