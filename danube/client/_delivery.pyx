@@ -129,7 +129,8 @@ cdef class Message:
     def to_proto(self):
         """This message as a danube.StreamMessage protobuf message."""
         from danube.proto import DanubeApi_pb2 as pb
-        m = pb.StreamMessage(request_id=self.request_id, payload=self.payload, publish_time=self.publish_time,
+        m = pb.StreamMessage(request_id=self.request_id, payload=self.payload,
+                             publish_time=self.publish_time,
                              producer_name=self.producer_name,
                              subscription_name=self.subscription_name,
                              attributes=self._attributes or {})
@@ -322,29 +323,26 @@ def ack_ranges(list messages):
     """The offsets of ``messages`` (any order, repeats allowed) as AckRanges' flat
     (first, last) pairs."""
     cdef Py_ssize_t i, n = len(messages)
-    cdef unsigned long long o, first = 0, last = 0
-    cdef bint ascending = True
+    cdef unsigned long long o, first, last
     cdef list offsets
     cdef list ranges = []
     if n == 0:
         return ranges
-    # The usual case, offsets delivered in order, needs no sort.
-    for i in range(n):
+    # The usual case, offsets delivered in order, is one pass with no sort; the first
+    # offset out of order sends the whole list to the sorted pass below.
+    first = last = (<Message?>messages[0])._msg_id.topic_offset
+    for i in range(1, n):
         o = (<Message?>messages[i])._msg_id.topic_offset
-        if i and o <= last:
-            ascending = False
+        if o <= last:
             break
+        if o != last + 1:
+            ranges += (first, last)
+            first = o
         last = o
-    if ascending:
-        first = last = (<Message?>messages[0])._msg_id.topic_offset
-        for i in range(1, n):
-            o = (<Message?>messages[i])._msg_id.topic_offset
-            if o != last + 1:
-                ranges += (first, last)
-                first = o
-            last = o
+    else:
         ranges += (first, last)
         return ranges
+    ranges = []
     offsets = sorted([(<Message?>m)._msg_id.topic_offset for m in messages])
     first = last = offsets[0]
     for i in range(1, n):

@@ -58,8 +58,8 @@ async def _let_the_call_out():
     # batch in one go never gives the event loop a turn, so without this the call would
     # wait for the end of the batch, and the broker, its window full, would wait for the
     # call: delivery and processing would take turns instead of overlapping (a drain at
-    # window 1,000 ran ~25 % slower). Two turns: one for the call's task to write its
-    # frames, one for the connection to flush them.
+    # window 1,000 ran at 246,000 msgs/s instead of ~440,000). Two turns: one for the
+    # call's task to write its frames, one for the connection to flush them.
     await asyncio.sleep(0)
     await asyncio.sleep(0)
 
