@@ -134,6 +134,12 @@ class BrokerConfig:
         return self.broker_url or f"{scheme}://{self.host}:{self.client_port}"
 
     @property
+    def admin_scheme(self):
+        """What the admin port speaks. Upstream registers https whenever auth.mode is tls,
+        even with admin_tls off (the port then serves plain text); ours says what it is."""
+        return "https" if self.auth_mode == "tls" and self.admin_tls else "http"
+
+    @property
     def advertised_connect_url(self):
         return self.connect_url or self.advertised_broker_url
 

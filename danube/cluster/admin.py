@@ -40,6 +40,7 @@ class ClusterOps:
             if owner else "no broker yet (it is being placed)"
         error = TopicElsewhere(f"topic {topic} is served by {where}; ask that broker")
         error.admin_addr = record.get("admin_addr")     # where the admin API forwards it
+        error.broker_url = record.get("broker_url")     # its host, if admin_addr's is 0.0.0.0
         return error
 
     async def describe_remote(self, name: str, targets: list[str]) -> dict:

@@ -34,6 +34,7 @@ load_manager:
   load_report_interval_seconds: 1
   rebalancing: {rebalancing}
 {storage}
+{extra}
 """
 
 SHARED_STORAGE = """\
@@ -47,11 +48,13 @@ storage:
 class ClusterBrokers:
     def __init__(self, etcd, workdir, *, lease: float = 3, strategy: str = "fair",
                  rebalancing: dict | None = None, storage: str | None = None,
-                 etcd_tls: dict | None = None, etcd_auth: dict | None = None):
+                 etcd_tls: dict | None = None, etcd_auth: dict | None = None,
+                 extra_config: str = ""):
         """``rebalancing``: the ``load_manager.rebalancing`` section (default: off);
         ``storage``: the whole ``storage:`` section (default: everything shared);
         ``etcd_tls``: ``meta_store.etcd_tls`` (default: none, http); ``etcd_auth``:
-        ``meta_store.etcd_auth`` (default: none)."""
+        ``meta_store.etcd_auth`` (default: none); ``extra_config``: more top-level YAML
+        (``auth:``, ``admin_tls:``)."""
         self.etcd = etcd
         self.workdir = Path(workdir)
         self.shared = self.workdir / "shared"
@@ -61,7 +64,7 @@ class ClusterBrokers:
             etcd=etcd.endpoint, lease=lease, strategy=strategy,
             etcd_tls=json.dumps(etcd_tls), etcd_auth=json.dumps(etcd_auth),
             rebalancing=json.dumps(rebalancing or {"enabled": False}),
-            storage=storage or SHARED_STORAGE.format(shared=self.shared)))
+            storage=storage or SHARED_STORAGE.format(shared=self.shared), extra=extra_config))
         self.brokers: list[BrokerProcess] = []
 
     def add(self, name: str | None = None, *extra, timeout: float = 30) -> BrokerProcess:

@@ -110,7 +110,7 @@ class BrokerCore(Topics, Producers, Subscriptions, TopicSchemas, Admin):
         return {
             "broker_url": self.cfg.advertised_broker_url,
             "connect_url": self.cfg.advertised_connect_url,
-            "admin_addr": f"http://{self.cfg.admin_host}:{self.cfg.admin_port}",
+            "admin_addr": f"{self.cfg.admin_scheme}://{self.cfg.admin_host}:{self.cfg.admin_port}",
             **({"prom_exporter": f"{self.cfg.prom_host}:{self.cfg.prom_port}"}
                if self.cfg.prom_port is not None else {}),
         }

@@ -8,8 +8,11 @@ that receives one for a topic it does not serve (it moved meanwhile) answers UNA
 naming the owner, as without forwarding. The caller's ``authorization`` goes along, so the
 owner authorizes the caller, not the forwarding broker.
 
-Not forwarded: when the admin port serves TLS (``admin_tls``: the owner's certificate would
-need a client side this broker does not configure), and when the topic has no owner yet.
+When the admin ports serve TLS (``admin_tls``), the forwarding broker checks the owner's
+certificate against ``auth.tls.ca_file`` (the system's CAs without one) and, when the ports
+ask for client certificates (``auth.tls.require_client_cert``), presents its own. An owner
+registered with a wildcard admin host (``--admin-addr 0.0.0.0:50051``) is reached on the
+host of its advertised broker URL. Not forwarded: when the topic has no owner yet.
 """
 
 from __future__ import annotations
@@ -18,8 +21,9 @@ import functools
 import logging
 
 from danube.broker.errors import TopicElsewhere
-from danube.rpc.client import Channel
+from danube.rpc.client import Channel, client_ssl_context
 from danube.rpc.status import RpcError, StatusCode
+from danube.rpc.target import parse_target
 
 log = logging.getLogger("danube.admin")
 
@@ -29,15 +33,33 @@ FORWARD_TIMEOUT = 10.0
 CONNECT_TIMEOUT = 3.0
 
 
+WILDCARD_HOSTS = ("0.0.0.0", "::", "")
+
+
 def _target(core, exc: TopicElsewhere, context) -> str | None:
     """The owner's admin address to forward to, or None to answer ``exc`` as it is."""
     addr = getattr(exc, "admin_addr", None)
-    if not addr or core.cluster is None or (core.cfg.admin_tls and
-                                            core.cfg.auth_mode == "tls"):
+    if not addr or core.cluster is None:
         return None
     if any(key == FORWARDED_BY for key, _ in context.invocation_metadata()):
         return None
-    return addr
+    try:
+        host, port, secure = parse_target(addr)
+        if host in WILDCARD_HOSTS:
+            host = parse_target(getattr(exc, "broker_url", None) or "")[0]
+    except ValueError:
+        return None                 # nothing to reach it by: answer where it is
+    scheme = "https" if secure else "http"
+    return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
+
+
+def _tls(cfg):
+    """The client side of TLS to another broker's admin port, from this broker's own TLS
+    files. Made per call (forwarded calls are rare), so reloaded files count at once."""
+    mutual = cfg.tls_require_client_cert
+    return client_ssl_context(ca_file=cfg.tls_ca_file,
+                              cert_file=cfg.tls_cert_file if mutual else None,
+                              key_file=cfg.tls_key_file if mutual else None)
 
 
 async def _forward(core, addr, path, request, response_type, context):
@@ -45,7 +67,11 @@ async def _forward(core, addr, path, request, response_type, context):
     metadata.append((FORWARDED_BY, str(core.broker_id)))
     remaining = context.time_remaining()
     timeout = FORWARD_TIMEOUT if remaining is None else min(FORWARD_TIMEOUT, remaining)
-    channel = Channel(addr, connect_timeout=CONNECT_TIMEOUT)
+    try:
+        ssl = _tls(core.cfg) if addr.startswith("https://") else None
+    except (OSError, ValueError) as exc:       # ssl.SSLError is an OSError
+        raise RpcError(StatusCode.UNAVAILABLE, f"TLS to {addr}: {exc}") from None
+    channel = Channel(addr, ssl=ssl, connect_timeout=CONNECT_TIMEOUT)
     try:
         call = channel.unary_unary(path, lambda m: m.SerializeToString(),
                                    response_type.FromString)
