@@ -58,6 +58,30 @@ class Broker:
         self.log.close()
 
 
+class NoopServer:
+    """bench.consume.noop_server: our transport answering with no broker behind it."""
+
+    def __init__(self, scratch, window):
+        self.log_path = scratch / "noop.log"
+        self.log = open(self.log_path, "w")
+        self.proc = popen([sys.executable, "-P", "-m", "bench.consume.noop_server",
+                           str(window)], stdout=self.log, stderr=subprocess.STDOUT,
+                          env=repo_env(), cwd=REPO)
+        deadline = time.monotonic() + 30
+        while not self.log_path.read_text().startswith("ready "):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"no-op server did not start:\n{tail(self.log_path)}")
+            time.sleep(0.1)
+        self.url = f"http://127.0.0.1:{self.log_path.read_text().split()[1]}"
+
+    def cpu(self):
+        return proc_cpu(self.proc.pid)
+
+    def stop(self):
+        reap(self.proc, 10.0)
+        self.log.close()
+
+
 class Nats:
     def __init__(self, scratch):
         exe = shutil.which("nats-server") or "/usr/sbin/nats-server"
@@ -99,8 +123,9 @@ def official_cmd():
 
 
 def drain_case(label, server, fill_cmd, fill_cfg, drain_cmd, drain_cfg, n, timeout):
-    run_worker(fill_cmd, fill_cfg, timeout)
-    time.sleep(0.5)
+    if fill_cmd:
+        run_worker(fill_cmd, fill_cfg, timeout)
+        time.sleep(0.5)
     cpu0 = server.cpu()
     r = run_worker(drain_cmd, drain_cfg, timeout)
     r["server_cpu_s"] = server.cpu() - cpu0
@@ -113,7 +138,7 @@ def drain_case(label, server, fill_cmd, fill_cfg, drain_cmd, drain_cfg, n, timeo
     return r
 
 
-SLOW_CASES = ("each", "official", "nack10")
+SLOW_CASES = ("each", "official", "nack10", "noop")
 
 
 def ours_cases(broker, tag, n, slow_n, size, window, cases, timeout):
@@ -138,6 +163,18 @@ def ours_cases(broker, tag, n, slow_n, size, window, cases, timeout):
     return out
 
 
+def noop_case(scratch, slow_n, window, timeout):
+    """The official client against the no-op server: the ceiling of its drain."""
+    server = NoopServer(scratch, window)
+    try:
+        drain = {"url": server.url, "topic": "/default/noop", "sub": "s", "n": slow_n,
+                 "ack_window": 1000}
+        return drain_case("official client, no-op server (its ceiling)", server, None, None,
+                          official_cmd(), drain, slow_n, timeout)
+    finally:
+        server.stop()
+
+
 def nats_cases(server, n, size, window, timeout):
     out = []
     for acks in ("each", "all"):
@@ -155,10 +192,10 @@ def table(results, nats_best):
     lines = ["| case | messages | msgs/s | vs best NATS | lost | duplicates | redelivered | "
              "server CPU us/msg |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results:
-        ratio = r["msgs_per_s"] / nats_best if nats_best else float("nan")
+        ratio = f"{r['msgs_per_s'] / nats_best:.1f}x" if nats_best else "-"
         redeliv = r["received"] - r["distinct"] - r["duplicates"]
         lines.append(f"| {r['case']} | {r['distinct'] + r['lost']:,} | "
-                     f"{r['msgs_per_s']:,.0f} | {ratio:.1f}x | {r['lost']} | "
+                     f"{r['msgs_per_s']:,.0f} | {ratio} | {r['lost']} | "
                      f"{r['duplicates']} | {redeliv} | {r['server_us_per_msg']:.2f} |")
     return "\n".join(lines)
 
@@ -174,7 +211,9 @@ def main(argv=None):
                          "100,000), as 1,000,000 would take many minutes each")
     ap.add_argument("--size", type=int, default=100)
     ap.add_argument("--window", type=int, default=1000)
-    ap.add_argument("--cases", default="batched,each,official,nack10,nats")
+    ap.add_argument("--cases", default="batched,each,official,nack10,noop,nats",
+                    help="noop: the official client against a server that only answers "
+                         "(bench.consume.noop_server), the ceiling any broker could give it")
     ap.add_argument("--baseline-python", default=None,
                     help="also run the official client (and one-Ack-per-message) against a "
                          "broker of this interpreter (e.g. main's .venv/bin/python): "
@@ -193,7 +232,7 @@ def main(argv=None):
         broker = Broker(sys.executable, scratch, "ours", args.window)
         try:
             results += ours_cases(broker, "this branch", n, slow_n, args.size, args.window,
-                                  [c for c in cases if c != "nats"], args.timeout)
+                                  [c for c in cases if c not in ("nats", "noop")], args.timeout)
         finally:
             broker.stop()
         if args.baseline_python:
@@ -205,6 +244,8 @@ def main(argv=None):
                                       args.timeout)
             finally:
                 base.stop()
+        if "noop" in cases:
+            results.append(noop_case(scratch, slow_n, args.window, args.timeout))
         nats_best = 0.0
         if "nats" in cases:
             server = Nats(scratch)

@@ -4,10 +4,16 @@
 # acknowledgements (danube_ext.BatchConsumer/AckRanges), as C loops over the dispatcher's
 # dicts instead of a Python call per offset.
 
+cimport cython
+
 from danube.broker._fanout cimport Outbox
 from danube.broker._canon cimport DeliveryStamp
 
 
+# A window's Deliveries are made and freed at the drain's rate. Taken from a free list, one
+# costs no malloc and does not count towards the collector's next generation-0 pass (a pass
+# every 700 new tracked objects was ~7 % of a broker draining at 300k msgs/s).
+@cython.freelist(4096)
 cdef class Delivery:
     """One message in flight: to whom, until when, and what (for a redelivery)."""
     cdef public object offset
