@@ -156,7 +156,12 @@ def ours_cases(broker, tag, n, slow_n, size, window, cases, timeout):
             cmd = OURS
             acks = "each" if case == "each" else "batched"
             drain.update(acks=acks, window=window, nack_every=10 if case == "nack10" else 0)
+            if case in ("shared", "key_shared"):
+                fill["sub_type"] = drain["sub_type"] = case
             label = {"batched": f"our client, batched acks, window {window} ({tag})",
+                     "shared": f"our client, batched acks, Shared subscription ({tag})",
+                     "key_shared": f"our client, batched acks, KeyShared subscription "
+                                   f"({tag})",
                      "each": f"our client, one Ack per message ({tag})",
                      "nack10": f"our client, batched acks, 10 % nacked ({tag})"}[case]
         out.append(drain_case(label, broker, OURS, fill, cmd, drain, n_case, timeout))
@@ -211,7 +216,8 @@ def main(argv=None):
                          "100,000), as 1,000,000 would take many minutes each")
     ap.add_argument("--size", type=int, default=100)
     ap.add_argument("--window", type=int, default=1000)
-    ap.add_argument("--cases", default="batched,each,official,nack10,noop,nats",
+    ap.add_argument("--cases",
+                    default="batched,shared,key_shared,each,official,nack10,noop,nats",
                     help="noop: the official client against a server that only answers "
                          "(bench.consume.noop_server), the ceiling any broker could give it")
     ap.add_argument("--baseline-python", default=None,
@@ -240,7 +246,8 @@ def main(argv=None):
             try:
                 results += ours_cases(base, "baseline broker", n, slow_n, args.size,
                                       args.window,
-                                      [c for c in ("official", "each") if c in cases],
+                                      [c for c in ("official", "each", "shared",
+                                                   "key_shared") if c in cases],
                                       args.timeout)
             finally:
                 base.stop()

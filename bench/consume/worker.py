@@ -27,7 +27,8 @@ SEQ = struct.Struct("<Q")
 async def fill(client, cfg):
     topic, n, size = cfg["topic"], cfg["n"], cfg["size"]
     producer = await client.create_producer(topic, "bench-p", reliable=True)
-    consumer = await client.subscribe(topic, "bench-c", cfg["sub"], sub_type="exclusive")
+    consumer = await client.subscribe(topic, "bench-c", cfg["sub"],
+                                      sub_type=cfg.get("sub_type", "exclusive"))
     await asyncio.sleep(0.5)
     await consumer.close()
     pad = bytes(max(0, size - SEQ.size))
@@ -42,7 +43,8 @@ async def drain(client, cfg):
     n, batched = cfg["n"], cfg["acks"] == "batched"
     nack_every = cfg.get("nack_every", 0)
     cpu0, t0 = time.process_time(), time.perf_counter()
-    consumer = await client.subscribe(cfg["topic"], "bench-c", cfg["sub"], sub_type="exclusive",
+    consumer = await client.subscribe(cfg["topic"], "bench-c", cfg["sub"],
+                                      sub_type=cfg.get("sub_type", "exclusive"),
                                       max_unacked_messages=cfg.get("window"),
                                       batch_acks=batched, ack_batch=cfg.get("ack_batch"))
     seen = bytearray(n)

@@ -10,6 +10,7 @@
 # fields and known numbers with the wrong wire type dropped (prost keeps neither).
 
 from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING, PyBytes_GET_SIZE
+from cpython.unicode cimport PyUnicode_DecodeUTF8
 from libc.stdint cimport uint8_t, uint64_t
 from libc.string cimport memcpy
 
@@ -256,3 +257,23 @@ def canonical_stream_message(bytes data not None, DeliveryStamp stamp=None):
     out = PyBytes_FromStringAndSize(NULL, size)
     _canon_write(p, n, &d, s, &mid, <uint8_t *>PyBytes_AS_STRING(out))
     return out
+
+
+def routing_key(bytes data not None):
+    """The key a KeyShared subscription routes ``data`` (a serialized StreamMessage) by, as
+    protobuf reads it: ``routing_key`` when present (proto3 optional: even if empty), else
+    ``producer_name`` ('' when absent); the last occurrence of a field wins. ValueError if
+    ``data`` is not well-formed or the string is not UTF-8 (as protobuf refuses it)."""
+    cdef _Decoded d
+    cdef const uint8_t *p = <const uint8_t *>PyBytes_AS_STRING(data)
+    cdef Py_ssize_t pos, vstart = 0
+    cdef uint64_t field, value
+    cdef int wt, f
+    if not _decode(p, PyBytes_GET_SIZE(data), &d):
+        raise ValueError("malformed StreamMessage")
+    f = 10 if d.start[10] >= 0 else 5
+    if d.start[f] < 0:
+        return ""
+    pos = d.start[f]
+    _read_field(p, d.end[f], &pos, &field, &wt, &value, &vstart)    # read once already
+    return PyUnicode_DecodeUTF8(<const char *>p + vstart, <Py_ssize_t>value, NULL)

@@ -52,6 +52,32 @@ def deliver_run(dict inflight, list batch, consumer, double deadline, DeliverySt
     return n
 
 
+def deliver_round_robin(dict inflight, list batch, list consumers, Py_ssize_t rr,
+                        double deadline, DeliveryStamp stamp):
+    """Shared: offer ``batch`` (as for ``deliver_run``) to ``consumers`` in turn, starting
+    with ``consumers[rr % len(consumers)]``, and record each message taken as in flight.
+    Stops at the first refusal, as the per-message path does (that consumer's turn is
+    spent). Returns ``(taken, rr)``: how many were taken and the next turn."""
+    cdef Py_ssize_t i, n = len(batch), k = len(consumers)
+    cdef tuple entry
+    cdef Delivery d
+    cdef object consumer
+    for i in range(n):
+        entry = <tuple>batch[i]
+        consumer = consumers[rr % k]
+        rr += 1
+        if not (<Outbox>consumer.outbox).offer(<bytes>entry[1], stamp):
+            return i, rr
+        d = Delivery.__new__(Delivery)
+        d.offset = entry[0]
+        d.consumer = consumer
+        d.deadline = deadline
+        d.payload = <bytes>entry[1]
+        d.key = None
+        inflight[entry[0]] = d
+    return n, rr
+
+
 def to_ranges(list offsets):
     """Sorted distinct offsets as inclusive ``[first, last]`` runs."""
     cdef list out = []

@@ -38,10 +38,10 @@ import logging
 
 from danube import failure_policy as fp
 from danube.broker import _window
+from danube.broker._canon import routing_key
 from danube.broker._window import Delivery
 from danube.broker.cursor import CursorPersistence
-from danube.broker.subscription import EXCLUSIVE, FAILOVER, KEY_SHARED
-from danube.proto import DanubeApi_pb2 as pb
+from danube.broker.subscription import EXCLUSIVE, FAILOVER, KEY_SHARED, SHARED
 from danube.storage.errors import OffsetTruncatedError
 
 log = logging.getLogger("danube.broker.reliable")
@@ -349,13 +349,22 @@ class ReliableDispatcher(CursorPersistence):
                     return          # being fetched from the durable tier; notify() follows
             if not batch:
                 return
-            if self.sub.sub_type in (EXCLUSIVE, FAILOVER):
-                # One consumer takes every message, none has a key: the whole run in C.
+            kind = self.sub.sub_type
+            if kind != KEY_SHARED:
+                # No message has a key: the whole run in C, to the one consumer (Exclusive,
+                # Failover) or round robin (Shared).
+                if orphan_keys:
+                    return          # Shared: a left consumer's messages go first
                 end_of_batch = batch[-1][0] + 1
                 if self.acked:
                     batch = [e for e in batch if e[0] not in self.acked]
-                taken = _window.deliver_run(self.inflight, batch, consumers[0], deadline,
-                                            self.topic.delivery_stamp)
+                if kind == SHARED:
+                    taken, self._rr = _window.deliver_round_robin(
+                        self.inflight, batch, consumers, self._rr, deadline,
+                        self.topic.delivery_stamp)
+                else:
+                    taken = _window.deliver_run(self.inflight, batch, consumers[0], deadline,
+                                                self.topic.delivery_stamp)
                 if taken:
                     self._earliest_deadline = min(self._earliest_deadline, deadline)
                 if taken < len(batch):
@@ -409,8 +418,7 @@ class ReliableDispatcher(CursorPersistence):
     def _key(self, payload):
         if self.sub.sub_type != KEY_SHARED:
             return None
-        msg = pb.StreamMessage.FromString(payload)
-        return msg.routing_key if msg.HasField("routing_key") else msg.producer_name
+        return routing_key(payload)
 
     def _unroutable(self, key):
         """KeyShared only (key is None otherwise); called with consumers connected. The
