@@ -30,6 +30,17 @@ cdef class Delivery:
         self.key = key
 
 
+cdef inline void _record(dict inflight, tuple entry, consumer, double deadline) except *:
+    """``entry`` (offset, payload) taken by ``consumer``: in flight until ``deadline``."""
+    cdef Delivery d = Delivery.__new__(Delivery)
+    d.offset = entry[0]
+    d.consumer = consumer
+    d.deadline = deadline
+    d.payload = <bytes>entry[1]
+    d.key = None
+    inflight[entry[0]] = d
+
+
 def deliver_run(dict inflight, list batch, consumer, double deadline, DeliveryStamp stamp):
     """Offer ``batch`` (``(offset, payload)`` pairs in offset order, no routing key) to
     ``consumer``'s outbox and record each message taken as in flight; returns how many
@@ -37,18 +48,11 @@ def deliver_run(dict inflight, list batch, consumer, double deadline, DeliverySt
     cdef Outbox box = consumer.outbox
     cdef Py_ssize_t i, n = len(batch)
     cdef tuple entry
-    cdef Delivery d
     for i in range(n):
         entry = <tuple>batch[i]
         if not box.offer(<bytes>entry[1], stamp):
             return i
-        d = Delivery.__new__(Delivery)
-        d.offset = entry[0]
-        d.consumer = consumer
-        d.deadline = deadline
-        d.payload = <bytes>entry[1]
-        d.key = None
-        inflight[entry[0]] = d
+        _record(inflight, entry, consumer, deadline)
     return n
 
 
@@ -60,7 +64,6 @@ def deliver_round_robin(dict inflight, list batch, list consumers, Py_ssize_t rr
     spent). Returns ``(taken, rr)``: how many were taken and the next turn."""
     cdef Py_ssize_t i, n = len(batch), k = len(consumers)
     cdef tuple entry
-    cdef Delivery d
     cdef object consumer
     for i in range(n):
         entry = <tuple>batch[i]
@@ -68,13 +71,7 @@ def deliver_round_robin(dict inflight, list batch, list consumers, Py_ssize_t rr
         rr += 1
         if not (<Outbox>consumer.outbox).offer(<bytes>entry[1], stamp):
             return i, rr
-        d = Delivery.__new__(Delivery)
-        d.offset = entry[0]
-        d.consumer = consumer
-        d.deadline = deadline
-        d.payload = <bytes>entry[1]
-        d.key = None
-        inflight[entry[0]] = d
+        _record(inflight, entry, consumer, deadline)
     return n, rr
 
 
