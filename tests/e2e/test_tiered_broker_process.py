@@ -49,7 +49,7 @@ def test_sigterm_uploads_and_a_lost_wal_is_recovered(request, tmp_path):
     try:
         asyncio.run(_publish(broker.client_addr, topic, 0, 500, subscription="survivor"))
     finally:
-        assert broker.stop() == 0
+        assert broker.stop(timeout=60) == 0     # the last upload may be slow on a busy machine
     assert "every reliable topic is in the durable tier" in broker.log()
 
     store = objstore_servers.store_from_config(durable)

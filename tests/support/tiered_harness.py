@@ -73,7 +73,7 @@ class InProcBroker:
     def topic(self, name):
         return self.core.topics[name]
 
-    async def wait_uploaded(self, name, offset, timeout=30):
+    async def wait_uploaded(self, name, offset, timeout=60):
         """Until the durable tier holds ``offset`` of topic ``name``."""
         deadline = time.monotonic() + timeout
         while self.topic(name).log.tier.uploaded_end < offset:
