@@ -1,13 +1,19 @@
 # cython: language_level=3
 # The per-message bookkeeping of a reliable subscription's window (danube.broker.reliable)
-# where it runs once per message: recording a run of deliveries to one consumer, and range
-# acknowledgements (danube_ext.BatchConsumer/AckRanges), as C loops over the dispatcher's
+# where it runs once per message: recording a run of deliveries (to one consumer, round
+# robin, or by routing key), and range acknowledgements (danube_ext.BatchConsumer/AckRanges), as C loops over the dispatcher's
 # dicts instead of a Python call per offset.
 
 cimport cython
 
 from danube.broker._fanout cimport Outbox
 from danube.broker._canon cimport DeliveryStamp
+from danube.broker._canon import routing_key
+
+# deliver_keyed's outcomes.
+KEYED_DONE = 0          # every message of the batch handled
+KEYED_REFUSED = 1       # the message's consumer refused it: stop
+KEYED_SLOW = 2          # the message needs the per-message path
 
 
 # A window's Deliveries are made and freed at the drain's rate. Taken from a free list, one
@@ -30,14 +36,15 @@ cdef class Delivery:
         self.key = key
 
 
-cdef inline void _record(dict inflight, tuple entry, consumer, double deadline) except *:
+cdef inline void _record(dict inflight, tuple entry, consumer, double deadline,
+                         key=None) except *:
     """``entry`` (offset, payload) taken by ``consumer``: in flight until ``deadline``."""
     cdef Delivery d = Delivery.__new__(Delivery)
     d.offset = entry[0]
     d.consumer = consumer
     d.deadline = deadline
     d.payload = <bytes>entry[1]
-    d.key = None
+    d.key = key
     inflight[entry[0]] = d
 
 
@@ -73,6 +80,34 @@ def deliver_round_robin(dict inflight, list batch, list consumers, Py_ssize_t rr
             return i, rr
         _record(inflight, entry, consumer, deadline)
     return n, rr
+
+
+def deliver_keyed(dict inflight, list batch, Py_ssize_t start, list consumers, ring,
+                  double deadline, DeliveryStamp stamp, set acked, dict blocked, dict held,
+                  orphan_keys):
+    """KeyShared: from ``batch[start]`` on, skip what ``acked`` holds and offer each message
+    to the consumer that owns its routing key (``ring.owner_of``, an index into
+    ``consumers``), recording it in flight with its key. Returns ``(i, outcome)``:
+    KEYED_DONE with ``i == len(batch)``; KEYED_REFUSED when ``batch[i]``'s consumer refused
+    it; KEYED_SLOW when ``batch[i]`` needs the per-message path: its key has no owner here,
+    is blocked or held back (``blocked``, ``held``), or is a left consumer's
+    (``orphan_keys``)."""
+    cdef Py_ssize_t i, n = len(batch), k = len(consumers), owner
+    cdef tuple entry
+    cdef object consumer
+    for i in range(start, n):
+        entry = <tuple>batch[i]
+        if entry[0] in acked:
+            continue
+        key = routing_key(<bytes>entry[1])
+        owner = ring.owner_of(key)
+        if owner < 0 or owner >= k or key in orphan_keys or key in blocked or key in held:
+            return i, KEYED_SLOW
+        consumer = consumers[owner]
+        if not (<Outbox>consumer.outbox).offer(<bytes>entry[1], stamp):
+            return i, KEYED_REFUSED
+        _record(inflight, entry, consumer, deadline, key)
+    return n, KEYED_DONE
 
 
 def to_ranges(list offsets):

@@ -373,25 +373,43 @@ class ReliableDispatcher(CursorPersistence):
                     return
                 self.next_read = end_of_batch
                 continue
-            for offset, payload in batch:
-                if offset in self.acked:
-                    self.next_read = offset + 1
-                    continue
-                key = self._key(payload)
-                if self._unroutable(key):
-                    self.next_read = offset + 1
-                    self._skip_unroutable(offset, key)
-                    continue
-                if key in orphan_keys:
+            # KeyShared: runs of messages whose keys' owners take them, in C; a message
+            # whose key is unowned, blocked, held back or a left consumer's goes through
+            # _deliver_keyed_one.
+            i = 0
+            while i < len(batch):
+                start = i
+                i, outcome = _window.deliver_keyed(
+                    self.inflight, batch, i, consumers, self.sub.fanout, deadline,
+                    self.topic.delivery_stamp, self.acked, self.blocked_keys, self.held,
+                    orphan_keys)
+                if i > start:
+                    self.next_read = batch[i - 1][0] + 1
+                    self._earliest_deadline = min(self._earliest_deadline, deadline)
+                if outcome == _window.KEYED_REFUSED:
                     return
-                if key in self.blocked_keys or key in self.held:
-                    # Behind a blocked message of the same key: keep key order.
-                    self.held.setdefault(key, []).append(offset)
+                if outcome == _window.KEYED_SLOW:
+                    offset, payload = batch[i]
+                    if not self._deliver_keyed_one(consumers, offset, payload, deadline,
+                                                   orphan_keys):
+                        return
                     self.next_read = offset + 1
-                    continue
-                if not self._deliver(consumers, offset, payload, key, deadline):
-                    return
-                self.next_read = offset + 1
+                    i += 1
+
+    def _deliver_keyed_one(self, consumers, offset, payload, deadline, orphan_keys):
+        """One KeyShared message the C run left (see _window.deliver_keyed); False: stop
+        delivering for now."""
+        key = self._key(payload)
+        if self._unroutable(key):
+            self._skip_unroutable(offset, key)
+            return True
+        if key in orphan_keys:
+            return False
+        if key in self.blocked_keys or key in self.held:
+            # Behind a blocked message of the same key: keep key order.
+            self.held.setdefault(key, []).append(offset)
+            return True
+        return self._deliver(consumers, offset, payload, key, deadline)
 
     def _read_history(self, want, local_first):
         """Offsets older than the local WAL: the topic's log reads them from its durable

@@ -1,12 +1,16 @@
-"""The C runs of deliveries (danube/broker/_window.pyx) against the per-message rule they
+"""The C runs of deliveries (danube/broker/_window.pyx) against the per-message rules they
 replace: round robin over Shared consumers, stopping at the first refusal (that consumer's
-turn spent), each message taken recorded in flight with its consumer, deadline and payload."""
+turn spent); KeyShared by each key's owner, handing back to the per-message path a message
+whose key is unowned, blocked, held back or a left consumer's; each message taken recorded
+in flight with its consumer, deadline, payload and key."""
 
 import random
 from types import SimpleNamespace
 
 from danube.broker._fanout import Outbox
-from danube.broker._window import deliver_round_robin, deliver_run
+from danube.broker._window import (KEYED_DONE, KEYED_REFUSED, KEYED_SLOW, deliver_keyed,
+                                   deliver_round_robin, deliver_run)
+from danube.proto import DanubeApi_pb2 as pb
 
 
 def consumers(limits):
@@ -55,3 +59,58 @@ def test_one_consumer_run_stops_at_the_first_refusal():
     batch = [(o, bytes(10)) for o in range(5)]
     assert deliver_run(inflight, batch, c, 1.0, None) == 3
     assert list(inflight) == [0, 1, 2] and c.outbox.count == 3
+
+
+class Ring:
+    def __init__(self, owners):
+        self.owners = owners
+
+    def owner_of(self, key):
+        return self.owners.get(key, -1)
+
+
+def keyed_model(batch, start, keys, limits, owners, acked, blocked, held, orphans):
+    used = [0] * len(limits)
+    taken = []
+    for i in range(start, len(batch)):
+        offset, payload = batch[i]
+        if offset in acked:
+            continue
+        key = keys[i]
+        owner = owners.get(key, -1)
+        if not 0 <= owner < len(limits) or key in orphans or key in blocked or key in held:
+            return i, KEYED_SLOW, taken
+        if used[owner] and used[owner] + len(payload) + 5 > limits[owner]:
+            return i, KEYED_REFUSED, taken
+        used[owner] += len(payload) + 5
+        taken.append((offset, owner, key))
+    return len(batch), KEYED_DONE, taken
+
+
+def test_keyed_runs_equal_the_per_message_rule():
+    rng = random.Random(5)
+    names = ["a", "b", "c", "d", "e"]
+    for _ in range(400):
+        limits = [rng.choice((0, 60, 200, 10_000)) for _ in range(rng.randint(1, 3))]
+        # Mostly a consumer's index; sometimes none (-1) or one past the consumers.
+        owners = {k: rng.choice([-1, len(limits)] + list(range(len(limits))) * 4)
+                  for k in names}
+        keys = [rng.choice(names) for _ in range(rng.randint(0, 25))]
+        batch = [(100 + i, pb.StreamMessage(producer_name="p", routing_key=k,
+                                            payload=rng.randbytes(rng.randint(0, 9)))
+                  .SerializeToString()) for i, k in enumerate(keys)]
+        acked = {o for o, _ in batch if rng.random() < 0.15}
+        blocked = {k: 1 for k in names if rng.random() < 0.05}
+        held = {k: [2] for k in names if rng.random() < 0.05}
+        orphans = {k for k in names if rng.random() < 0.05}
+        start = rng.randint(0, len(batch))
+        group = consumers(limits)
+        inflight = {}
+        got = deliver_keyed(inflight, batch, start, group, Ring(owners), 3.0, None, acked,
+                            blocked, held, orphans)
+        i, outcome, taken = keyed_model(batch, start, keys, limits, owners, acked, blocked,
+                                        held, orphans)
+        assert got == (i, outcome)
+        assert [(o, d.consumer.name, d.key) for o, d in inflight.items()] == taken
+        assert all(d.deadline == 3.0 and d.payload == dict(batch)[o]
+                   for o, d in inflight.items())
