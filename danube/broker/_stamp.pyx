@@ -25,38 +25,102 @@ from danube.codec.protowire cimport (_WT_VARINT, _WT_LEN, _varint_size, _put_var
 
 cdef _carray.array _U64_ARRAY = _array.array("Q")
 
-cdef bint _walk_fields(const uint8_t *p, Py_ssize_t pos, Py_ssize_t end) noexcept nogil:
-    """True if p[pos:end] is a sequence of well-formed fields."""
+cdef bint _utf8_ok(const uint8_t *s, Py_ssize_t n) noexcept nogil:
+    """True if s[:n] is UTF-8 as protobuf requires of a string field: no overlong forms, no
+    surrogates, nothing above U+10FFFF."""
+    cdef Py_ssize_t i = 0, j, need
+    cdef uint8_t c, lo, hi
+    while i < n:
+        c = s[i]
+        if c < 0x80:
+            i += 1
+            continue
+        lo, hi = 0x80, 0xBF
+        if 0xC2 <= c <= 0xDF:
+            need = 1
+        elif 0xE0 <= c <= 0xEF:
+            need = 2
+            if c == 0xE0:
+                lo = 0xA0
+            elif c == 0xED:
+                hi = 0x9F
+        elif 0xF0 <= c <= 0xF4:
+            need = 3
+            if c == 0xF0:
+                lo = 0x90
+            elif c == 0xF4:
+                hi = 0x8F
+        else:
+            return False
+        if i + need >= n:
+            return False                # cut short
+        if not lo <= s[i + 1] <= hi:
+            return False
+        for j in range(i + 2, i + need + 1):
+            if not 0x80 <= s[j] <= 0xBF:
+                return False
+        i += need + 1
+    return True
+
+
+cdef enum:
+    _OK = 0
+    _MALFORMED = 1
+    _NOT_UTF8 = 2
+
+
+cdef int _walk_strings(const uint8_t *p, Py_ssize_t pos, Py_ssize_t end, uint64_t a,
+                       uint64_t b) noexcept nogil:
+    """p[pos:end] as a message's fields: _MALFORMED unless well formed, _NOT_UTF8 if field
+    ``a`` or ``b`` (length-delimited: strings) is not UTF-8."""
     cdef uint64_t field, value
     cdef int wt
     cdef Py_ssize_t start
     while pos < end:
         if not _read_plain_field(p, end, &pos, &field, &wt, &value, &start):
-            return False
-    return True
+            return _MALFORMED
+        if wt == _WT_LEN and (field == a or field == b) and \
+                not _utf8_ok(p + start, <Py_ssize_t>value):
+            return _NOT_UTF8
+    return _OK
 
 
-cdef bint _walk_stream_message(const uint8_t *p, Py_ssize_t pos, Py_ssize_t end,
-                               Py_ssize_t *payload_len, bint *has_msg_id) noexcept nogil:
-    """Check a serialized StreamMessage's top level (and its msg_id) is well formed; find
-    its payload's length (the last occurrence wins, as protobuf merges) and whether it has a
-    msg_id."""
+cdef int _walk_stream_message(const uint8_t *p, Py_ssize_t pos, Py_ssize_t end,
+                              Py_ssize_t *payload_len, bint *has_msg_id,
+                              uint64_t *bad_field) noexcept nogil:
+    """Check a serialized StreamMessage as protobuf would parse it: well formed, its msg_id
+    and attribute entries too, and its strings UTF-8 (else _NOT_UTF8, the field's number in
+    ``bad_field``: 2 for msg_id's strings, 7 for an attribute's). Finds its payload's
+    length (the last occurrence wins, as protobuf merges) and whether it has a msg_id."""
     cdef uint64_t field, value
-    cdef int wt
+    cdef int wt, status
     cdef Py_ssize_t start
     payload_len[0] = 0
     has_msg_id[0] = False
     while pos < end:
         if not _read_plain_field(p, end, &pos, &field, &wt, &value, &start):
-            return False
-        if wt == _WT_LEN:
-            if field == 2:
-                has_msg_id[0] = True
-                if not _walk_fields(p, start, start + <Py_ssize_t>value):
-                    return False
-            elif field == 3:
-                payload_len[0] = <Py_ssize_t>value
-    return True
+            return _MALFORMED
+        if wt != _WT_LEN:
+            continue
+        status = _OK
+        if field == 2:                  # msg_id: topic_name (2), broker_addr (3)
+            has_msg_id[0] = True
+            status = _walk_strings(p, start, start + <Py_ssize_t>value, 2, 3)
+        elif field == 7:                # an attributes entry: key (1), value (2)
+            status = _walk_strings(p, start, start + <Py_ssize_t>value, 1, 2)
+        elif field == 5 or field == 6 or field == 10:
+            if not _utf8_ok(p + start, <Py_ssize_t>value):
+                status = _NOT_UTF8
+        elif field == 3:
+            payload_len[0] = <Py_ssize_t>value
+        if status != _OK:
+            bad_field[0] = field
+            return status
+    return _OK
+
+
+_STRING_FIELDS = {2: "msg_id (topic_name or broker_addr)", 5: "producer_name",
+                  6: "subscription_name", 7: "an attributes entry", 10: "routing_key"}
 
 
 cdef class MessageBatchView:
@@ -230,14 +294,15 @@ cdef class MessageBatchView:
 
 def parse_message_batch(data):
     """Index a serialized danube_ext.MessageBatch / MessageBatchRaw (any bytes-like) as a
-    MessageBatchView. Raises ValueError if the batch, or the top level of one of its
-    messages, is not well-formed protobuf. Unknown fields are skipped, as protobuf does."""
+    MessageBatchView. Raises ValueError if the batch or one of its messages is not
+    well-formed protobuf, or a message's string is not UTF-8 (what SendMessage refuses, and
+    what no client could decode). Unknown fields are skipped, as protobuf does."""
     cdef MessageBatchView v = MessageBatchView.__new__(MessageBatchView)
     cdef bytes body = data if PyBytes_CheckExact(data) else bytes(data)
     cdef const uint8_t *p = <const uint8_t *>PyBytes_AS_STRING(body)
     cdef Py_ssize_t end = PyBytes_GET_SIZE(body), pos = 0, start, plen
-    cdef uint64_t field, value
-    cdef int wt
+    cdef uint64_t field, value, bad_field = 0
+    cdef int wt, status
     cdef bint has_msg_id
     v.body = body
     while pos < end:
@@ -251,10 +316,14 @@ def parse_message_batch(data):
             elif field == 4:
                 v.offsets_as_range = value != 0
         elif wt == _WT_LEN and field == 3:
-            if not _walk_stream_message(p, start, start + <Py_ssize_t>value, &plen,
-                                        &has_msg_id):
+            status = _walk_stream_message(p, start, start + <Py_ssize_t>value, &plen,
+                                          &has_msg_id, &bad_field)
+            if status == _MALFORMED:
                 raise ValueError(f"malformed StreamMessage {v.count} of the batch (at byte "
                                  f"{start})")
+            if status == _NOT_UTF8:
+                raise ValueError(f"StreamMessage {v.count} of the batch: "
+                                 f"{_STRING_FIELDS[bad_field]} is not valid UTF-8")
             v._add(start, <Py_ssize_t>value, has_msg_id)
             v.payload_bytes += plen
             if plen > v.max_payload:

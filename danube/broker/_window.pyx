@@ -99,7 +99,10 @@ def deliver_keyed(dict inflight, list batch, Py_ssize_t start, list consumers, r
         entry = <tuple>batch[i]
         if entry[0] in acked:
             continue
-        key = routing_key(<bytes>entry[1])
+        try:
+            key = routing_key(<bytes>entry[1])
+        except ValueError:
+            return i, KEYED_SLOW        # stored before publish checked its strings
         owner = ring.owner_of(key)
         if owner < 0 or owner >= k or key in orphan_keys or key in blocked or key in held:
             return i, KEYED_SLOW

@@ -436,7 +436,15 @@ class ReliableDispatcher(CursorPersistence):
     def _key(self, payload):
         if self.sub.sub_type != KEY_SHARED:
             return None
-        return routing_key(payload)
+        try:
+            return routing_key(payload)
+        except ValueError as exc:
+            # Only a message stored before the batch publish checked its strings can get
+            # here; it is delivered (to the empty key's owner) rather than stop the
+            # subscription.
+            log.warning("%s/%s: a message's routing key cannot be read (%s); routing it by "
+                        "the empty key", self.topic.name, self.sub.name, exc)
+            return ""
 
     def _unroutable(self, key):
         """KeyShared only (key is None otherwise); called with consumers connected. The

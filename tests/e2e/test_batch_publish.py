@@ -159,3 +159,29 @@ def test_malformed_batch_is_refused_whole(broker):
         resp = send(ext.MessageBatchRaw(producer_id=producer_id, messages=[ok])
                     .SerializeToString(), timeout=10)
         assert list(resp.offsets) == [0]       # nothing of the refused batch was stored
+
+
+@pytest.mark.parametrize("bad, named", [
+    (b"\x52\x02\xff\xfe", "routing_key"),                       # field 10
+    (b"\x2a\x03\xed\xa0\x80", "producer_name"),                 # a surrogate, field 5
+    (b"\x3a\x07\x0a\x01k\x12\x02\xc3\x28", "an attributes entry"),
+])
+def test_a_string_that_is_not_utf8_is_refused_whole(broker, bad, named):
+    # SendMessage refuses these (protobuf does); a batch must too, or they are stored and
+    # no client can decode them (and a KeyShared dispatcher could not route them).
+    topic = f"/default/batch-utf8-{named.split()[-1].replace('_', '-')}"
+    with grpc.insecure_channel(broker.client_addr) as ch:
+        producer_id = create_producer(ch, topic, "up", pb.Reliable)
+        send = ch.unary_unary("/danube_ext.BatchProducer/SendMessages",
+                              request_serializer=lambda b: b,
+                              response_deserializer=ext.BatchResponse.FromString)
+        ok = pb.StreamMessage(payload=b"fine").SerializeToString()
+        with pytest.raises(grpc.RpcError) as err:
+            send(ext.MessageBatchRaw(producer_id=producer_id, messages=[ok, ok + bad])
+                 .SerializeToString(), timeout=10)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert f"StreamMessage 1 of the batch: {named} is not valid UTF-8" in \
+            err.value.details()
+        resp = send(ext.MessageBatchRaw(producer_id=producer_id, messages=[ok])
+                    .SerializeToString(), timeout=10)
+        assert list(resp.offsets) == [0]       # nothing of the refused batch was stored
