@@ -47,6 +47,8 @@ from danube.storage.errors import OffsetTruncatedError
 log = logging.getLogger("danube.broker.reliable")
 
 HEARTBEAT = 0.5          # upstream's dispatcher heartbeat
+#: Seconds between passes after one failed unexpectedly.
+DISPATCH_RETRY = 1.0
 ORDERED = (EXCLUSIVE, FAILOVER)      # one consumer at a time: the topic's order is promised
 READ_BATCH = 256
 # Skipped KeyShared messages settle without taking the window, so behind one unacked message
@@ -272,8 +274,21 @@ class ReliableDispatcher(CursorPersistence):
     # -- the dispatch loop ---------------------------------------------------------------
 
     async def _run(self):
+        failed = None
         while not self._closing:
-            timeout = self._dispatch()
+            try:
+                timeout = self._dispatch()
+                failed = None
+            except Exception as exc:  # noqa: BLE001 - a bug must not stop the subscription
+                # Logged once per kind of failure; the pass is tried again every second,
+                # so what it could not do is done once the cause is gone.
+                if repr(exc) != failed:
+                    log.exception("%s/%s: dispatch failed; retrying every second",
+                                  self.topic.name, self.sub.name)
+                    failed = repr(exc)
+                self._wake.clear()
+                await asyncio.sleep(DISPATCH_RETRY)
+                continue
             # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation
             # that arrives as the event is set, and close() would then wait forever.
             try:

@@ -348,3 +348,24 @@ async def test_key_shared_delivers_a_stored_message_whose_key_cannot_be_read():
 def drain_raw(consumer):
     """The delivered messages as bytes (drain() parses them, and one here does not)."""
     return list(GrpcDeframer().feed(bytes(consumer.outbox.take())))
+
+
+async def test_a_failing_pass_is_logged_and_tried_again(monkeypatch, caplog):
+    import danube.broker.reliable as reliable
+    monkeypatch.setattr(reliable, "DISPATCH_RETRY", 0.05)
+    topic = MemoryTopic()
+    read, failures = topic.read, []
+
+    def flaky(offset, n):
+        if len(failures) < 3:
+            failures.append(offset)
+            raise RuntimeError("the log is unreadable for a moment")
+        return read(offset, n)
+    topic.read = flaky
+    topic.publish(b"m0")
+    topic, d, (c,), _, _ = await make(topic=topic)
+    got = await async_wait_for(lambda: drain(c), what="the message once reads work again")
+    assert [m.payload for m in got] == [b"m0"] and len(failures) == 3
+    logged = [r for r in caplog.records if "dispatch failed" in r.getMessage()]
+    assert len(logged) == 1                     # once per kind of failure, not per pass
+    await d.close()
