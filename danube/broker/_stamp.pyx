@@ -22,46 +22,9 @@ import array as _array
 
 from danube.codec.protowire cimport (_WT_VARINT, _WT_LEN, _varint_size, _put_varint,
                                      _read_plain_field)
+from danube.codec.utf8 cimport utf8_valid
 
 cdef _carray.array _U64_ARRAY = _array.array("Q")
-
-cdef bint _utf8_ok(const uint8_t *s, Py_ssize_t n) noexcept nogil:
-    """True if s[:n] is UTF-8 as protobuf requires of a string field: no overlong forms, no
-    surrogates, nothing above U+10FFFF."""
-    cdef Py_ssize_t i = 0, j, need
-    cdef uint8_t c, lo, hi
-    while i < n:
-        c = s[i]
-        if c < 0x80:
-            i += 1
-            continue
-        lo, hi = 0x80, 0xBF
-        if 0xC2 <= c <= 0xDF:
-            need = 1
-        elif 0xE0 <= c <= 0xEF:
-            need = 2
-            if c == 0xE0:
-                lo = 0xA0
-            elif c == 0xED:
-                hi = 0x9F
-        elif 0xF0 <= c <= 0xF4:
-            need = 3
-            if c == 0xF0:
-                lo = 0x90
-            elif c == 0xF4:
-                hi = 0x8F
-        else:
-            return False
-        if i + need >= n:
-            return False                # cut short
-        if not lo <= s[i + 1] <= hi:
-            return False
-        for j in range(i + 2, i + need + 1):
-            if not 0x80 <= s[j] <= 0xBF:
-                return False
-        i += need + 1
-    return True
-
 
 cdef enum:
     _OK = 0
@@ -80,7 +43,7 @@ cdef int _walk_strings(const uint8_t *p, Py_ssize_t pos, Py_ssize_t end, uint64_
         if not _read_plain_field(p, end, &pos, &field, &wt, &value, &start):
             return _MALFORMED
         if wt == _WT_LEN and (field == a or field == b) and \
-                not _utf8_ok(p + start, <Py_ssize_t>value):
+                not utf8_valid(p + start, <Py_ssize_t>value):
             return _NOT_UTF8
     return _OK
 
@@ -109,7 +72,7 @@ cdef int _walk_stream_message(const uint8_t *p, Py_ssize_t pos, Py_ssize_t end,
         elif field == 7:                # an attributes entry: key (1), value (2)
             status = _walk_strings(p, start, start + <Py_ssize_t>value, 1, 2)
         elif field == 5 or field == 6 or field == 10:
-            if not _utf8_ok(p + start, <Py_ssize_t>value):
+            if not utf8_valid(p + start, <Py_ssize_t>value):
                 status = _NOT_UTF8
         elif field == 3:
             payload_len[0] = <Py_ssize_t>value

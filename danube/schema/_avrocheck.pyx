@@ -11,6 +11,8 @@
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
 from libc.stdint cimport int64_t, uint8_t, uint64_t
 
+from danube.codec.utf8 cimport utf8_valid
+
 cdef enum:
     _NULL = 0
     _BOOLEAN
@@ -52,38 +54,6 @@ cdef inline bint _varint(const uint8_t *p, Py_ssize_t end, Py_ssize_t *pos, int 
             return True
         shift += 7
     return False
-
-
-cdef bint _utf8(const uint8_t *p, Py_ssize_t n) noexcept nogil:
-    cdef Py_ssize_t i = 0
-    cdef uint8_t c
-    cdef int more
-    cdef uint64_t cp
-    while i < n:
-        c = p[i]
-        if c < 0x80:
-            i += 1
-            continue
-        if 0xC2 <= c <= 0xDF:
-            more, cp = 1, c & 0x1F
-        elif 0xE0 <= c <= 0xEF:
-            more, cp = 2, c & 0x0F
-        elif 0xF0 <= c <= 0xF4:
-            more, cp = 3, c & 0x07
-        else:
-            return False
-        i += 1
-        while more:
-            if i >= n or (p[i] & 0xC0) != 0x80:
-                return False
-            cp = (cp << 6) | (p[i] & 0x3F)
-            i += 1
-            more -= 1
-        if cp > 0x10FFFF or (0xD800 <= cp <= 0xDFFF):
-            return False
-        if (cp < 0x800 and c >= 0xE0) or (cp < 0x10000 and c >= 0xF0):
-            return False                      # overlong
-    return True
 
 
 cdef class AvroChecker:
@@ -201,7 +171,7 @@ cdef class AvroChecker:
         if kind == _BYTES or kind == _STRING:
             if not _varint(p, end, pos, 10, &size) or size < 0 or size > end - pos[0]:
                 return False
-            if kind == _STRING and not _utf8(p + pos[0], <Py_ssize_t>size):
+            if kind == _STRING and not utf8_valid(p + pos[0], <Py_ssize_t>size):
                 return False
             pos[0] += size
             return True
@@ -232,7 +202,7 @@ cdef class AvroChecker:
                 for i in range(count):
                     if kind == _MAP:
                         if not _varint(p, end, pos, 10, &size) or size < 0 \
-                                or size > end - pos[0] or not _utf8(p + pos[0], size):
+                                or size > end - pos[0] or not utf8_valid(p + pos[0], size):
                             return False
                         pos[0] += size
                     if not self._walk(p, end, pos, self._a[node], depth + 1):

@@ -32,7 +32,7 @@ ALLOWED = {
     "danube.client": {"danube.codec", "danube.rpc"},
     # Schema formats, compatibility and payload validation: pure functions, used by the
     # registry, the publish path and the CLI alike.
-    "danube.schema": set(),
+    "danube.schema": {"danube.codec"},
     # The broker process: builds the stores, the broker and the server, and serves them.
     "danube.services.app": {"danube.codec", "danube.rpc", "danube.services", "danube.broker",
                             "danube.storage", "danube.metadata", "danube.security",
