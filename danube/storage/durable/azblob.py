@@ -9,21 +9,28 @@ import binascii
 import logging
 from urllib.parse import urlparse
 
-from danube.storage.durable.base import (ObjectExists, ObjectInfo, ObjectNotFound, ObjectStore,
+from danube.storage.durable.base import (ObjectInfo, ObjectNotFound, ObjectStore,
                                          ObjectStoreConfigError, ObjectStoreError, FileSlice,
+                                         ServiceCodes, http_error,
                                          PROBE_CONNECT_TIMEOUT, PROBE_READ_TIMEOUT, check_key,
                                          check_prefix, check_range, join, normalize_prefix,
                                          probe, shorten, strip)
 
-_AUTH_CODES = {"AuthenticationFailed", "AuthorizationFailure", "AuthorizationPermissionMismatch",
-               "AuthorizationSourceIPMismatch", "AuthorizationProtocolMismatch",
-               "AuthorizationResourceTypeMismatch", "AuthorizationServiceMismatch",
-               "InsufficientAccountPermissions", "InvalidAuthenticationInfo",
-               "AccountIsDisabled", "NoAuthenticationInformation"}
-_CONFIG_CODES = {"ContainerNotFound", "ContainerBeingDeleted", "ContainerDisabled",
-                 "AccountNotFound", "ResourceNotFound", "InvalidResourceName",
-                 "OutOfRangeInput", "InvalidUri"}
-_EXISTS_CODES = {"BlobAlreadyExists", "ConditionNotMet"}
+_CODES = ServiceCodes(
+    container="container",
+    auth=frozenset({
+        "AuthenticationFailed", "AuthorizationFailure", "AuthorizationPermissionMismatch",
+        "AuthorizationSourceIPMismatch", "AuthorizationProtocolMismatch",
+        "AuthorizationResourceTypeMismatch", "AuthorizationServiceMismatch",
+        "InsufficientAccountPermissions", "InvalidAuthenticationInfo", "AccountIsDisabled",
+        "NoAuthenticationInformation"}),
+    missing_container=frozenset({"ContainerNotFound"}),
+    config=frozenset({"ContainerBeingDeleted", "ContainerDisabled", "AccountNotFound",
+                      "ResourceNotFound", "InvalidResourceName", "OutOfRangeInput",
+                      "InvalidUri"}),
+    missing_object=frozenset({"BlobNotFound"}),
+    exists=frozenset({"BlobAlreadyExists", "ConditionNotMet"}),
+)
 # Uploads above this are sent as blocks of _BLOCK bytes, so one upload holds at most one
 # block in memory (the SDK's single-put default is 64 MiB, a whole WAL segment).
 _SINGLE_PUT = 8 << 20
@@ -120,26 +127,14 @@ class AzureBlobObjectStore(ObjectStore):
         where = f"{self.describe()}: {op}" + (f" {key!r}" if key is not None else "")
         core = self._core
         if isinstance(exc, core.HttpResponseError) and exc.status_code is not None:
-            status = exc.status_code
             code = str(getattr(exc.error_code, "value", exc.error_code) or "")
-            message = shorten(": ".join(p for p in (code, exc.reason) if p) or "no detail")
-            if conditional and (code in _EXISTS_CODES or status in (409, 412)):
-                return ObjectExists(f"{where}: already exists ({message})")
-            if code in _AUTH_CODES or status in (401, 403):
-                who = f"account {self.account_name!r}" if self.account_name else \
-                    "the credentials given"
-                return ObjectStoreConfigError(
-                    f"{where}: access denied for {who} ({message}, HTTP {status}); check "
-                    f"account_name and account_key (or connection_string)")
-            if code == "ContainerNotFound" or (container_level and status == 404
-                                               and code != "BlobNotFound"):
-                return ObjectStoreConfigError(f"{where}: the container does not exist "
-                                              f"({message})")
-            if code in _CONFIG_CODES:
-                return ObjectStoreConfigError(f"{where}: {message} (HTTP {status})")
-            if status == 404:
-                return ObjectNotFound(f"{where}: not found")
-            return ObjectStoreError(f"{where}: HTTP {status} {message}")
+            detail = shorten(": ".join(p for p in (code, exc.reason) if p))
+            who = f"account {self.account_name!r}" if self.account_name else \
+                "the credentials given"
+            return http_error(where, exc.status_code, code, detail, _CODES,
+                              conditional=conditional, container_level=container_level,
+                              who=who, hint="account_name and account_key (or "
+                                            "connection_string)")
         if isinstance(exc, core.ClientAuthenticationError):
             return ObjectStoreConfigError(f"{where}: the credentials were refused: "
                                           f"{shorten(exc)}")

@@ -33,6 +33,47 @@ class ObjectExists(ObjectStoreError):
 
 
 @dataclasses.dataclass(frozen=True)
+class ServiceCodes:
+    """A cloud backend's own error codes, sorted into the kinds ``http_error`` decides on. A
+    code in none of them is judged by its HTTP status alone."""
+    container: str                          # what the backend calls a bucket
+    exists: frozenset = frozenset()         # a conditional write found the key
+    auth: frozenset = frozenset()           # credentials refused or not allowed
+    missing_container: frozenset = frozenset()
+    config: frozenset = frozenset()         # what retrying cannot fix
+    not_found: frozenset = frozenset()      # a missing object, whatever the status says
+    missing_object: frozenset = frozenset()  # a 404 that names the object, never the container
+    bad_request_is_config: bool = False     # an HTTP 400 without a known code
+
+
+def http_error(where: str, status: int | None, code: str, detail: str, codes: ServiceCodes, *,
+               conditional: bool = False, container_level: bool = False,
+               who: str = "", hint: str = "") -> ObjectStoreError:
+    """The one decision table from a cloud store's answer to the error the tier acts on.
+
+    ``where`` names the store, the operation and the key; ``detail`` is the service's own
+    words; ``container_level`` says the operation can only miss the container (an upload, a
+    listing), so a 404 there is a configuration error rather than a missing object; ``who``
+    and ``hint`` say whose credentials were refused and which settings to check."""
+    http = f"HTTP {status}" if status is not None else "no HTTP status"
+    said = f"{detail}, {http}" if detail else http
+    if conditional and (code in codes.exists or status in (409, 412)):
+        return ObjectExists(f"{where}: already exists ({said})")
+    if code in codes.auth or status in (401, 403):
+        return ObjectStoreConfigError(
+            f"{where}: access denied" + (f" for {who}" if who else "") + f" ({said})"
+            + (f"; check {hint}" if hint else ""))
+    if code in codes.missing_container or (
+            container_level and status == 404 and code not in codes.missing_object):
+        return ObjectStoreConfigError(f"{where}: the {codes.container} does not exist ({said})")
+    if code in codes.config or (codes.bad_request_is_config and status == 400):
+        return ObjectStoreConfigError(f"{where}: {said}")
+    if code in codes.not_found or status == 404:
+        return ObjectNotFound(f"{where}: not found")
+    return ObjectStoreError(f"{where}: {said}")
+
+
+@dataclasses.dataclass(frozen=True)
 class ObjectInfo:
     key: str            # relative to the store's root, as given to put()
     size: int

@@ -4,12 +4,16 @@ The SDK is imported when a store is made, not when this module is."""
 
 from __future__ import annotations
 
-from danube.storage.durable.base import (ObjectExists, ObjectInfo, ObjectNotFound, ObjectStore,
+from danube.storage.durable.base import (ObjectInfo, ObjectNotFound, ObjectStore,
                                          ObjectStoreConfigError, ObjectStoreError, FileSlice,
+                                         ServiceCodes, http_error,
                                          PROBE_CONNECT_TIMEOUT, PROBE_READ_TIMEOUT, check_key,
                                          check_prefix, check_range, join, normalize_prefix,
                                          probe, shorten, strip)
 
+# GCS's JSON API carries no error code worth sorting on: the HTTP status decides, and a 400
+# is a malformed name or request, which retrying cannot fix.
+_CODES = ServiceCodes(container="bucket", bad_request_is_config=True)
 _SCOPES = ["https://www.googleapis.com/auth/devstorage.read_write"]
 # Resumable uploads send the file in chunks of this size (a multiple of 256 KiB); the SDK's
 # default of 100 MiB would hold a whole WAL segment in memory per upload.
@@ -128,37 +132,21 @@ class GcsObjectStore(ObjectStore):
         where = f"{self.describe()}: {op}" + (f" {key!r}" if key is not None else "")
         api = self._api
         if isinstance(exc, api.GoogleAPICallError):
-            code = exc.code
             message = shorten(getattr(exc, "message", None) or exc)
-            if conditional and code in (409, 412):
-                return ObjectExists(f"{where}: already exists")
-            if code in (401, 403):
-                return ObjectStoreConfigError(f"{where}: access denied (HTTP {code}: "
-                                              f"{message}); check the credentials")
-            if code == 404:
-                # 404 means a missing bucket or a missing object; an upload or a listing can
-                # only miss the bucket, and GCS says so in the message.
-                if bucket_level or "bucket does not exist" in message.lower():
-                    return ObjectStoreConfigError(f"{where}: the bucket does not exist "
-                                                  f"(HTTP 404: {message})")
-                return ObjectNotFound(f"{where}: not found")
-            if code == 400:
-                return ObjectStoreConfigError(f"{where}: rejected (HTTP 400: {message})")
-            return ObjectStoreError(f"{where}: HTTP {code}: {message}")
+            # GCS answers 404 for a missing bucket and a missing object alike; an upload or a
+            # listing can only miss the bucket, and GCS says so in the message.
+            bucket_missing = bucket_level or "bucket does not exist" in message.lower()
+            return http_error(where, exc.code, "", message, _CODES, conditional=conditional,
+                              container_level=bucket_missing, hint="the credentials")
         if isinstance(exc, self._auth.RefreshError):
             return ObjectStoreConfigError(f"{where}: the credentials were refused: "
                                           f"{shorten(exc)}")
         if isinstance(exc, self._auth.GoogleAuthError):
             return ObjectStoreError(f"{where}: {shorten(exc)}")
         status = getattr(getattr(exc, "response", None), "status_code", None)
-        if status is not None:          # google-resumable-media's InvalidResponse
-            if conditional and status in (409, 412):
-                return ObjectExists(f"{where}: already exists")
-            if status in (401, 403):
-                return ObjectStoreConfigError(f"{where}: access denied (HTTP {status})")
-            if status == 404:
-                return ObjectStoreConfigError(f"{where}: the bucket does not exist")
-            return ObjectStoreError(f"{where}: HTTP {status}")
+        if status is not None:          # google-resumable-media's InvalidResponse: an upload
+            return http_error(where, status, "", "", _CODES, conditional=conditional,
+                              container_level=True, hint="the credentials")
         return ObjectStoreError(f"{where}: unreachable or failed ({type(exc).__name__}: "
                                 f"{shorten(exc)})")
 

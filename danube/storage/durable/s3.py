@@ -7,20 +7,26 @@ from __future__ import annotations
 
 import threading
 
-from danube.storage.durable.base import (ObjectExists, ObjectInfo, ObjectNotFound, ObjectStore,
+from danube.storage.durable.base import (ObjectInfo, ObjectNotFound, ObjectStore,
                                          ObjectStoreConfigError, ObjectStoreError, FileSlice,
+                                         ServiceCodes, http_error,
                                          PROBE_CONNECT_TIMEOUT, PROBE_READ_TIMEOUT, check_key,
                                          check_prefix, check_range, join, normalize_prefix,
                                          probe, shorten, strip)
 
-_AUTH_CODES = {
-    "InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "InvalidToken",
-    "ExpiredToken", "TokenRefreshRequired", "AuthorizationHeaderMalformed", "AllAccessDisabled",
-    "InvalidSecurity", "AccountProblem", "403", "401", "Forbidden", "Unauthorized",
-}
-_CONFIG_CODES = {"NoSuchBucket", "InvalidBucketName", "PermanentRedirect", "IllegalLocation"}
-_NOT_FOUND_CODES = {"NoSuchKey", "404", "NotFound"}
-_EXISTS_CODES = {"PreconditionFailed", "412", "ConditionalRequestConflict", "409"}
+_CODES = ServiceCodes(
+    container="bucket",
+    auth=frozenset({
+        "InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "InvalidToken",
+        "ExpiredToken", "TokenRefreshRequired", "AuthorizationHeaderMalformed",
+        "AllAccessDisabled", "InvalidSecurity", "AccountProblem", "403", "401", "Forbidden",
+        "Unauthorized"}),
+    missing_container=frozenset({"NoSuchBucket"}),
+    config=frozenset({"InvalidBucketName", "PermanentRedirect", "IllegalLocation"}),
+    not_found=frozenset({"NoSuchKey", "404", "NotFound"}),
+    missing_object=frozenset({"NoSuchKey"}),
+    exists=frozenset({"PreconditionFailed", "412", "ConditionalRequestConflict", "409"}),
+)
 
 
 
@@ -142,21 +148,10 @@ class S3ObjectStore(ObjectStore):
             message = shorten(err.get("Message") or "")
             status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
             detail = f"{code}" + (f": {message}" if message and message != code else "")
-            if conditional and (code in _EXISTS_CODES or status in (409, 412)):
-                return ObjectExists(f"{where}: already exists ({detail})")
-            if code in _AUTH_CODES or status in (401, 403):
-                who = f"access key {self._access_key!r}" if self._access_key else \
-                    "the credentials from the environment"
-                return ObjectStoreConfigError(
-                    f"{where}: access denied for {who} ({detail}); check access_key and "
-                    f"secret_key")
-            if code == "NoSuchBucket" or (probe and status == 404):
-                return ObjectStoreConfigError(f"{where}: the bucket does not exist ({detail})")
-            if code in _CONFIG_CODES:
-                return ObjectStoreConfigError(f"{where}: {detail}")
-            if code in _NOT_FOUND_CODES or status == 404:
-                return ObjectNotFound(f"{where}: not found")
-            return ObjectStoreError(f"{where}: HTTP {status} {detail}")
+            who = f"access key {self._access_key!r}" if self._access_key else \
+                "the credentials from the environment"
+            return http_error(where, status, code, detail, _CODES, conditional=conditional,
+                              container_level=probe, who=who, hint="access_key and secret_key")
         if isinstance(exc, (e.NoCredentialsError, e.PartialCredentialsError)):
             return ObjectStoreConfigError(f"{where}: no usable credentials ({exc}); set "
                                           f"access_key and secret_key")
