@@ -3,6 +3,8 @@
 
 from libc.stdint cimport uint8_t, uint64_t
 
+from danube.codec.streammsg cimport SM_LAST_FIELD
+
 # What a stamp does to msg_id.topic_name / msg_id.broker_addr.
 cdef enum:
     ID_KEEP = 0        # what the message says
@@ -19,9 +21,9 @@ cdef struct _Str:
 cdef struct _Decoded:
     # Top-level fields other than msg_id and attributes: the last occurrence (tag
     # included), start -1 when absent.
-    Py_ssize_t start[11]
-    Py_ssize_t end[11]
-    bint zero[11]
+    Py_ssize_t start[SM_LAST_FIELD + 1]
+    Py_ssize_t end[SM_LAST_FIELD + 1]
+    bint zero[SM_LAST_FIELD + 1]
     # attributes (map entries, repeated field 7): where the first starts and the last ends,
     # whether other fields come between them, and their bytes in all.
     Py_ssize_t attrs_first

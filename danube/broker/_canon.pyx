@@ -16,12 +16,21 @@ from libc.string cimport memcpy
 
 from danube.codec.protowire cimport (_WT_VARINT, _WT_LEN, _varint_size, _put_varint,
                                      _read_field)
+from danube.codec.streammsg cimport *
 
-# Wire type of StreamMessage fields 1..10; -1: not a field of ours.
-cdef int[11] _SM_WT = [-1, _WT_VARINT, _WT_LEN, _WT_LEN, _WT_VARINT, _WT_LEN, _WT_LEN,
-                       _WT_LEN, _WT_VARINT, _WT_VARINT, _WT_LEN]
-cdef enum:
-    _SM_FIRST_OPTIONAL = 8     # 8..10 are proto3 optional: present means sent, even if 0
+# Wire type of each StreamMessage field by number (streammsg.pxd); -1: not a field of ours.
+cdef int[SM_LAST_FIELD + 1] _SM_WT
+_SM_WT[0] = -1
+_SM_WT[SM_REQUEST_ID] = _WT_VARINT
+_SM_WT[SM_MSG_ID] = _WT_LEN
+_SM_WT[SM_PAYLOAD] = _WT_LEN
+_SM_WT[SM_PUBLISH_TIME] = _WT_VARINT
+_SM_WT[SM_PRODUCER_NAME] = _WT_LEN
+_SM_WT[SM_SUBSCRIPTION_NAME] = _WT_LEN
+_SM_WT[SM_ATTRIBUTES] = _WT_LEN
+_SM_WT[SM_SCHEMA_ID] = _WT_VARINT
+_SM_WT[SM_SCHEMA_VERSION] = _WT_VARINT
+_SM_WT[SM_ROUTING_KEY] = _WT_LEN
 
 
 cdef inline bint _decode_id(const uint8_t *p, Py_ssize_t pos, Py_ssize_t end,
@@ -33,14 +42,14 @@ cdef inline bint _decode_id(const uint8_t *p, Py_ssize_t pos, Py_ssize_t end,
     while pos < end:
         if not _read_field(p, end, &pos, &field, &wt, &value, &vstart):
             return False
-        if field == 1 and wt == _WT_VARINT:
+        if field == MID_PRODUCER_ID and wt == _WT_VARINT:
             d.pid = value
             d.has_pid = True
-        elif field == 5 and wt == _WT_VARINT:
+        elif field == MID_TOPIC_OFFSET and wt == _WT_VARINT:
             d.off = value
             d.has_off = True
-        elif (field == 2 or field == 3) and wt == _WT_LEN:
-            if field == 2:
+        elif (field == MID_TOPIC_NAME or field == MID_BROKER_ADDR) and wt == _WT_LEN:
+            if field == MID_TOPIC_NAME:
                 d.tn.p, d.tn.n, d.tn.present = p + vstart, <Py_ssize_t>value, True
             else:
                 d.ba.p, d.ba.n, d.ba.present = p + vstart, <Py_ssize_t>value, True
@@ -58,7 +67,7 @@ cdef bint _decode(const uint8_t *p, Py_ssize_t n, _Decoded *d) noexcept nogil:
     cdef Py_ssize_t pos = 0, fstart, vstart = 0
     cdef uint64_t field, value, last = 0
     cdef int wt, i
-    for i in range(11):
+    for i in range(SM_LAST_FIELD + 1):
         d.start[i] = -1
     d.attrs_first = -1
     d.attrs_end = d.attrs_bytes = 0
@@ -71,19 +80,19 @@ cdef bint _decode(const uint8_t *p, Py_ssize_t n, _Decoded *d) noexcept nogil:
         fstart = pos
         if not _read_field(p, n, &pos, &field, &wt, &value, &vstart):
             return False
-        if field > 10 or _SM_WT[field] != wt:
+        if field > SM_LAST_FIELD or _SM_WT[field] != wt:
             d.canonical = False
             continue
-        if field < last or (field == last and field != 7):
+        if field < last or (field == last and field != SM_ATTRIBUTES):
             d.canonical = False
         last = field
-        if field == 2:
+        if field == SM_MSG_ID:
             if d.has_id:
                 d.canonical = False
             d.has_id = True
             if not _decode_id(p, vstart, vstart + <Py_ssize_t>value, d):
                 return False
-        elif field == 7:
+        elif field == SM_ATTRIBUTES:
             if d.attrs_first < 0:
                 d.attrs_first = fstart
             elif d.attrs_end != fstart:
@@ -94,7 +103,7 @@ cdef bint _decode(const uint8_t *p, Py_ssize_t n, _Decoded *d) noexcept nogil:
             d.start[field] = fstart
             d.end[field] = pos
             d.zero[field] = value == 0
-            if value == 0 and field < _SM_FIRST_OPTIONAL:
+            if value == 0 and field < SM_FIRST_OPTIONAL:
                 d.canonical = False
     return True
 
@@ -126,7 +135,7 @@ cdef void _resolve(_Decoded *d, _Stamp *s, _Id *out) noexcept nogil:
 
 
 cdef inline bint _kept(_Decoded *d, int f) noexcept nogil:
-    return d.start[f] >= 0 and (f >= _SM_FIRST_OPTIONAL or not d.zero[f])
+    return d.start[f] >= 0 and (f >= SM_FIRST_OPTIONAL or not d.zero[f])
 
 
 cdef Py_ssize_t _canon_size(_Decoded *d, _Stamp *s, _Id *mid) noexcept nogil:
@@ -135,10 +144,10 @@ cdef Py_ssize_t _canon_size(_Decoded *d, _Stamp *s, _Id *mid) noexcept nogil:
     _resolve(d, s, mid)
     if mid.present:
         size += 1 + _varint_size(<uint64_t>mid.inner) + mid.inner
-    for f in range(1, 11):
-        if f == 2 or f == 7:
+    for f in range(1, SM_LAST_FIELD + 1):
+        if f == SM_MSG_ID or f == SM_ATTRIBUTES:
             continue
-        if f == 5 and s.set_pn:
+        if f == SM_PRODUCER_NAME and s.set_pn:
             size += _str_size(s.pn.n)
         elif _kept(d, f):
             size += d.end[f] - d.start[f]
@@ -160,24 +169,24 @@ cdef Py_ssize_t _canon_write(const uint8_t *p, Py_ssize_t n, _Decoded *d, _Stamp
     cdef Py_ssize_t w = 0, pos, fstart, vstart = 0
     cdef uint64_t field, value
     cdef int f, wt
-    for f in range(1, 11):
-        if f == 2:
+    for f in range(1, SM_LAST_FIELD + 1):
+        if f == SM_MSG_ID:
             if not mid.present:
                 continue
-            o[w] = 0x12
+            o[w] = TAG_SM_MSG_ID
             w += 1
             w += _put_varint(o + w, <uint64_t>mid.inner)
             if mid.pid:
-                o[w] = 0x08
+                o[w] = TAG_MID_PRODUCER_ID
                 w += 1
                 w += _put_varint(o + w, mid.pid)
-            w += _put_str(o + w, 0x12, &mid.tn)
-            w += _put_str(o + w, 0x1A, &mid.ba)
+            w += _put_str(o + w, TAG_MID_TOPIC_NAME, &mid.tn)
+            w += _put_str(o + w, TAG_MID_BROKER_ADDR, &mid.ba)
             if mid.off:
-                o[w] = 0x28
+                o[w] = TAG_MID_TOPIC_OFFSET
                 w += 1
                 w += _put_varint(o + w, mid.off)
-        elif f == 7:
+        elif f == SM_ATTRIBUTES:
             if d.attrs_first < 0:
                 continue
             if not d.attrs_split:
@@ -188,11 +197,11 @@ cdef Py_ssize_t _canon_write(const uint8_t *p, Py_ssize_t n, _Decoded *d, _Stamp
             while pos < n:      # well-formed: _decode read it all
                 fstart = pos
                 _read_field(p, n, &pos, &field, &wt, &value, &vstart)
-                if field == 7 and wt == _WT_LEN:
+                if field == SM_ATTRIBUTES and wt == _WT_LEN:
                     memcpy(o + w, p + fstart, pos - fstart)
                     w += pos - fstart
-        elif f == 5 and s.set_pn:
-            w += _put_str(o + w, 0x2A, &s.pn)
+        elif f == SM_PRODUCER_NAME and s.set_pn:
+            w += _put_str(o + w, TAG_SM_PRODUCER_NAME, &s.pn)
         elif _kept(d, f):
             memcpy(o + w, p + d.start[f], d.end[f] - d.start[f])
             w += d.end[f] - d.start[f]
@@ -271,7 +280,7 @@ def routing_key(bytes data not None):
     cdef int wt, f
     if not _decode(p, PyBytes_GET_SIZE(data), &d):
         raise ValueError("malformed StreamMessage")
-    f = 10 if d.start[10] >= 0 else 5
+    f = SM_ROUTING_KEY if d.start[SM_ROUTING_KEY] >= 0 else SM_PRODUCER_NAME
     if d.start[f] < 0:
         return ""
     pos = d.start[f]

@@ -18,14 +18,9 @@ from libc.string cimport memcpy, memcmp, memset
 from danube.broker._canon cimport _Decoded, _decode
 from danube.codec.protowire cimport (_WT_LEN, _get_varint, _put_varint, _read_field,
                                      _varint_size)
-
-cdef enum:
-    _F_PAYLOAD = 3
-    _F_PUBLISH_TIME = 4
-    _F_PRODUCER_NAME = 5
-    _F_SCHEMA_ID = 8
-    _F_SCHEMA_VERSION = 9
-    _F_ROUTING_KEY = 10
+from danube.codec.streammsg cimport (SM_ATTRIBUTES, SM_PAYLOAD, SM_PUBLISH_TIME,
+                                     SM_PRODUCER_NAME, SM_SCHEMA_ID, SM_SCHEMA_VERSION,
+                                     SM_ROUTING_KEY, ENTRY_KEY, ENTRY_VALUE)
 
 
 cdef struct _Entry:
@@ -93,7 +88,7 @@ cdef int _attributes(const uint8_t *p, Py_ssize_t n, _Decoded *d, _Entries *out)
     pos = d.attrs_first
     while pos < d.attrs_end:
         _read_field(p, n, &pos, &field, &wt, &value, &vstart)   # well-formed: _decode read it
-        if field != 7 or wt != _WT_LEN:
+        if field != SM_ATTRIBUTES or wt != _WT_LEN:
             continue
         entry.k = entry.v = p
         entry.kn = entry.vn = 0
@@ -102,9 +97,9 @@ cdef int _attributes(const uint8_t *p, Py_ssize_t n, _Decoded *d, _Entries *out)
         while epos < eend:
             if not _read_field(p, eend, &epos, &field, &wt, &value, &vstart):
                 raise ValueError("malformed attributes entry")
-            if wt == _WT_LEN and field == 1:
+            if wt == _WT_LEN and field == ENTRY_KEY:
                 entry.k, entry.kn = p + vstart, <Py_ssize_t>value
-            elif wt == _WT_LEN and field == 2:
+            elif wt == _WT_LEN and field == ENTRY_VALUE:
                 entry.v, entry.vn = p + vstart, <Py_ssize_t>value
         for i in range(out.n):
             if out.e[i].kn == entry.kn and memcmp(out.e[i].k, entry.k, entry.kn) == 0:
@@ -203,12 +198,12 @@ cdef int _index(list messages, _Row *rows, _Entries *entries) except -1:
                                  f"protobuf")
             r = &rows[row]
             r.offset = <uint64_t>(<tuple>pair)[0]
-            _field_varint(p, &d, _F_PUBLISH_TIME, &r.publish_time)
-            _field_bytes(p, &d, _F_PAYLOAD, &r.payload, &r.payload_n)
-            r.has_key = _field_bytes(p, &d, _F_ROUTING_KEY, &r.key, &r.key_n)
-            _field_bytes(p, &d, _F_PRODUCER_NAME, &r.producer, &r.producer_n)
-            r.has_id = _field_varint(p, &d, _F_SCHEMA_ID, &r.schema_id)
-            r.has_version = _field_varint(p, &d, _F_SCHEMA_VERSION, &r.schema_version)
+            _field_varint(p, &d, SM_PUBLISH_TIME, &r.publish_time)
+            _field_bytes(p, &d, SM_PAYLOAD, &r.payload, &r.payload_n)
+            r.has_key = _field_bytes(p, &d, SM_ROUTING_KEY, &r.key, &r.key_n)
+            _field_bytes(p, &d, SM_PRODUCER_NAME, &r.producer, &r.producer_n)
+            r.has_id = _field_varint(p, &d, SM_SCHEMA_ID, &r.schema_id)
+            r.has_version = _field_varint(p, &d, SM_SCHEMA_VERSION, &r.schema_version)
             if d.attrs_first >= 0:
                 _attributes(p, size, &d, &one)
                 if entries.n + one.n > entries.cap:

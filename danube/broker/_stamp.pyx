@@ -22,6 +22,7 @@ import array as _array
 
 from danube.codec.protowire cimport (_WT_VARINT, _WT_LEN, _varint_size, _put_varint,
                                      _read_plain_field)
+from danube.codec.streammsg cimport *
 from danube.codec.utf8 cimport utf8_valid
 
 cdef _carray.array _U64_ARRAY = _array.array("Q")
@@ -66,15 +67,18 @@ cdef int _walk_stream_message(const uint8_t *p, Py_ssize_t pos, Py_ssize_t end,
         if wt != _WT_LEN:
             continue
         status = _OK
-        if field == 2:                  # msg_id: topic_name (2), broker_addr (3)
+        if field == SM_MSG_ID:
             has_msg_id[0] = True
-            status = _walk_strings(p, start, start + <Py_ssize_t>value, 2, 3)
-        elif field == 7:                # an attributes entry: key (1), value (2)
-            status = _walk_strings(p, start, start + <Py_ssize_t>value, 1, 2)
-        elif field == 5 or field == 6 or field == 10:
+            status = _walk_strings(p, start, start + <Py_ssize_t>value, MID_TOPIC_NAME,
+                                   MID_BROKER_ADDR)
+        elif field == SM_ATTRIBUTES:
+            status = _walk_strings(p, start, start + <Py_ssize_t>value, ENTRY_KEY,
+                                   ENTRY_VALUE)
+        elif field == SM_PRODUCER_NAME or field == SM_SUBSCRIPTION_NAME or \
+                field == SM_ROUTING_KEY:
             if not utf8_valid(p + start, <Py_ssize_t>value):
                 status = _NOT_UTF8
-        elif field == 3:
+        elif field == SM_PAYLOAD:
             payload_len[0] = <Py_ssize_t>value
         if status != _OK:
             bad_field[0] = field
@@ -82,8 +86,9 @@ cdef int _walk_stream_message(const uint8_t *p, Py_ssize_t pos, Py_ssize_t end,
     return _OK
 
 
-_STRING_FIELDS = {2: "msg_id (topic_name or broker_addr)", 5: "producer_name",
-                  6: "subscription_name", 7: "an attributes entry", 10: "routing_key"}
+_STRING_FIELDS = {SM_MSG_ID: "msg_id (topic_name or broker_addr)",
+                  SM_PRODUCER_NAME: "producer_name", SM_SUBSCRIPTION_NAME: "subscription_name",
+                  SM_ATTRIBUTES: "an attributes entry", SM_ROUTING_KEY: "routing_key"}
 
 
 cdef class MessageBatchView:
@@ -138,8 +143,8 @@ cdef class MessageBatchView:
     cdef void _schema_fields(self, Py_ssize_t i, bint *has_id, uint64_t *schema_id,
                              uint64_t *version, Py_ssize_t *pstart,
                              Py_ssize_t *plen) noexcept:
-        # The message's schema_id (8), schema_version (9) and payload (3), the last
-        # occurrence of each winning, as protobuf merges; well formed (parse_message_batch).
+        # The message's schema_id, schema_version and payload, the last occurrence of each
+        # winning, as protobuf merges; well formed (parse_message_batch).
         cdef const uint8_t *p = <const uint8_t *>PyBytes_AS_STRING(self.body)
         cdef Py_ssize_t pos = self._start[i], end = pos + self._len[i], start = 0
         cdef uint64_t field, value
@@ -150,12 +155,12 @@ cdef class MessageBatchView:
         while pos < end:
             if not _read_plain_field(p, end, &pos, &field, &wt, &value, &start):
                 return
-            if wt == _WT_VARINT and field == 8:
+            if wt == _WT_VARINT and field == SM_SCHEMA_ID:
                 has_id[0] = True
                 schema_id[0] = value
-            elif wt == _WT_VARINT and field == 9:
+            elif wt == _WT_VARINT and field == SM_SCHEMA_VERSION:
                 version[0] = value
-            elif wt == _WT_LEN and field == 3:
+            elif wt == _WT_LEN and field == SM_PAYLOAD:
                 pstart[0] = start
                 plen[0] = <Py_ssize_t>value
 
@@ -239,7 +244,7 @@ cdef class MessageBatchView:
                 memcpy(o + w, PyBytes_AS_STRING(extra), en)
                 w += en
             inner = fn + 1 + _varint_size(offset) + (bn if own else 0)
-            o[w] = 0x12                        # field 2 (msg_id), length-delimited
+            o[w] = TAG_SM_MSG_ID
             w += 1
             w += _put_varint(o + w, inner)
             if fn:
@@ -248,7 +253,7 @@ cdef class MessageBatchView:
             if own and bn:
                 memcpy(o + w, PyBytes_AS_STRING(own_id_fields), bn)
                 w += bn
-            o[w] = 0x28                        # MsgID field 5 (topic_offset), varint
+            o[w] = TAG_MID_TOPIC_OFFSET
             w += 1
             w += _put_varint(o + w, offset)
             e[i] = w

@@ -16,6 +16,7 @@ from libc.stdint cimport uint8_t, uint32_t, uint64_t
 from libc.string cimport memcmp
 
 from danube.codec.protowire cimport _read_field, _WT_VARINT, _WT_LEN
+from danube.codec.streammsg cimport *
 
 _OPTIONAL = ("schema_id", "schema_version", "routing_key")
 _FIELDS = ("request_id", "msg_id", "payload", "publish_time", "producer_name",
@@ -217,15 +218,15 @@ cdef void _decode_id(const uint8_t *p, Py_ssize_t pos, Py_ssize_t end, MsgId mid
         if not _read_field(p, end, &pos, &field, &wt, &value, &vstart):
             _malformed("MsgID", at)
         if wt == _WT_VARINT:
-            if field == 1:
+            if field == MID_PRODUCER_ID:
                 mid.producer_id = value
-            elif field == 5:
+            elif field == MID_TOPIC_OFFSET:
                 mid.topic_offset = value
         elif wt == _WT_LEN:
-            if field == 2:
+            if field == MID_TOPIC_NAME:
                 mid.topic_name = strings.get(0, p, vstart, <Py_ssize_t>value,
                                              "MsgID.topic_name")
-            elif field == 3:
+            elif field == MID_BROKER_ADDR:
                 mid.broker_addr = strings.get(1, p, vstart, <Py_ssize_t>value,
                                               "MsgID.broker_addr")
 
@@ -241,9 +242,9 @@ cdef void _decode_attribute(const uint8_t *p, Py_ssize_t pos, Py_ssize_t end,
         if not _read_field(p, end, &pos, &field, &wt, &value, &vstart):
             _malformed("attributes entry", at)
         if wt == _WT_LEN:
-            if field == 1:
+            if field == ENTRY_KEY:
                 key = _utf8(p, vstart, <Py_ssize_t>value, "StreamMessage.attributes key")
-            elif field == 2:
+            elif field == ENTRY_VALUE:
                 val = _utf8(p, vstart, <Py_ssize_t>value, "StreamMessage.attributes value")
     attributes[key] = val
 
@@ -264,32 +265,32 @@ cdef Message _decode_message(const uint8_t *p, Py_ssize_t pos, Py_ssize_t end,
         if not _read_field(p, end, &pos, &field, &wt, &value, &vstart):
             _malformed("StreamMessage", at)
         if wt == _WT_VARINT:
-            if field == 1:
+            if field == SM_REQUEST_ID:
                 m.request_id = value
-            elif field == 4:
+            elif field == SM_PUBLISH_TIME:
                 m.publish_time = value
-            elif field == 8:
+            elif field == SM_SCHEMA_ID:
                 m.schema_id = value
-            elif field == 9:
+            elif field == SM_SCHEMA_VERSION:
                 m.schema_version = <uint32_t>value
         elif wt == _WT_LEN:
-            if field == 3:
+            if field == SM_PAYLOAD:
                 m.payload = PyBytes_FromStringAndSize(<const char *>p + vstart,
                                                       <Py_ssize_t>value)
-            elif field == 2:
+            elif field == SM_MSG_ID:
                 m._has_id = True
                 _decode_id(p, vstart, vstart + <Py_ssize_t>value, mid, strings)
-            elif field == 5:
+            elif field == SM_PRODUCER_NAME:
                 m.producer_name = strings.get(2, p, vstart, <Py_ssize_t>value,
                                               "StreamMessage.producer_name")
-            elif field == 6:
+            elif field == SM_SUBSCRIPTION_NAME:
                 m.subscription_name = strings.get(3, p, vstart, <Py_ssize_t>value,
                                                   "StreamMessage.subscription_name")
-            elif field == 7:
+            elif field == SM_ATTRIBUTES:
                 if m._attributes is None:
                     m._attributes = {}
                 _decode_attribute(p, vstart, vstart + <Py_ssize_t>value, m._attributes)
-            elif field == 10:
+            elif field == SM_ROUTING_KEY:
                 m.routing_key = _utf8(p, vstart, <Py_ssize_t>value,
                                       "StreamMessage.routing_key")
     return m
