@@ -1,0 +1,153 @@
+"""The edge's local topics: one WAL per mapped Danube topic (danube.storage's WAL, fsync'd
+group commit), each message stored as the StreamMessage the cluster will receive, and the
+topic's readiness (its schema, cached from the cluster, and whether payloads are validated).
+
+Upstream buffers MQTT messages in memory and acknowledges them before they reach its WAL
+(mqtt/ingester.rs); here a message is appended to the WAL at once and a QoS 1/2 device is
+acknowledged once a sync covers it (the WAL's group commit shares one fsync among every
+message appended meanwhile, which is the batching upstream's ingestion.batch_size and
+batch_timeout_ms did). A crash after PUBACK loses nothing."""
+
+import logging
+import os
+import time
+
+from danube.edge.mqtt import codec
+from danube.metadata import keys
+from danube.proto import DanubeApi_pb2 as pb
+from danube.schema import formats
+from danube.schema.errors import PayloadInvalid, SchemaError
+from danube.schema.validate import validator_for
+from danube.storage.wal import ALWAYS, WAL, WALConfig
+
+log = logging.getLogger("danube.edge")
+
+PRODUCER_NAME = "mqtt-gateway"
+
+
+class NotReady(Exception):
+    """The topic waits for its schema from the cluster (transient)."""
+
+
+class Invalid(Exception):
+    """The payload fails the topic's schema (permanent: resending it cannot help)."""
+
+
+class LocalTopic:
+    def __init__(self, mapping, wal):
+        self.name = mapping.danube_topic
+        self.subject = mapping.schema_subject
+        self.enforce = mapping.enforce
+        self.wal = wal
+        self.schema = None              # the ResolvedSchema fields, as a dict
+        self.validator = None
+        self.ready = self.subject is None   # raw bytes need nothing from the cluster
+        self.received = 0
+        self.rejected = 0
+
+    def set_schema(self, schema):
+        """Cache the cluster's ResolvedSchema (a dict; None: the subject is gone)."""
+        self.schema = schema
+        self.validator = None
+        if schema is None:
+            self.ready = self.subject is None
+            return
+        try:
+            defn = formats.from_definition_json(schema["schema_definition"].decode())
+            self.validator = validator_for(defn)
+        except (SchemaError, UnicodeDecodeError, KeyError) as exc:
+            log.warning("%s: schema %r from the cluster cannot be compiled (%s): payloads "
+                        "are not validated", self.name, schema.get("subject"), exc)
+        self.ready = True
+
+
+class Ingest:
+    """Owns the local topics' WALs. ``store(route, publish)`` appends one MQTT message and
+    returns (wal, offset)."""
+
+    def __init__(self, cfg, data_dir, store):
+        self.cfg = cfg
+        self.data_dir = data_dir
+        self.store = store              # the edge's metadata store (checkpoints, schemas)
+        self.topics = {}
+        self._prefixes = {}
+
+    async def open(self):
+        wal_cfg = WALConfig(durability=ALWAYS)
+        for mapping in self.cfg.danube_topics():
+            ns, name = keys.split_topic(mapping.danube_topic)
+            wal = await WAL.open(os.path.join(self.data_dir, "wal", ns, name), wal_cfg)
+            topic = LocalTopic(mapping, wal)
+            cached = await self.store.get(_schema_key(topic.name))
+            if cached and topic.subject is not None:
+                topic.set_schema(_schema_from_json(cached))
+            self.topics[topic.name] = topic
+            log.info("local topic %s: WAL offsets %d..%d%s", topic.name, wal.first_offset,
+                     wal.next_offset - 1, "" if topic.ready else
+                     f" (waits for schema {topic.subject!r} from the cluster)")
+
+    async def set_schema(self, name, schema):
+        """A schema the cluster resolved (RegisterEdge, heartbeat), kept for restarts."""
+        topic = self.topics.get(name)
+        if topic is None:
+            return
+        topic.set_schema(schema)
+        if schema is None:
+            await self.store.delete(_schema_key(name))
+        else:
+            await self.store.put(_schema_key(name), _schema_to_json(schema))
+
+    def store_message(self, route, publish):
+        """Append ``publish`` (a codec.Publish) to its route's topic; (wal, offset). Raises
+        NotReady or Invalid."""
+        topic = self.topics[route.topic]
+        topic.received += 1
+        if not topic.ready:
+            raise NotReady(f"topic {topic.name} waits for schema {topic.subject!r} from "
+                           f"the cluster")
+        payload = publish.payload
+        if topic.enforce and topic.validator is not None:
+            try:
+                topic.validator.check(payload)
+            except PayloadInvalid as exc:
+                topic.rejected += 1
+                raise Invalid(str(exc)) from None
+        msg = pb.StreamMessage(payload=payload, publish_time=int(time.time() * 1000),
+                               producer_name=PRODUCER_NAME)
+        msg.msg_id.topic_name = topic.name
+        attrs = route.attributes
+        if attrs:
+            msg.attributes.update(attrs)
+        for pid, value in publish.properties:
+            if pid == codec.CONTENT_TYPE:
+                msg.attributes["mqtt.content_type"] = value
+            elif pid == codec.RESPONSE_TOPIC:
+                msg.attributes["mqtt.response_topic"] = value
+            elif pid == codec.USER_PROPERTY:
+                msg.attributes[f"mqtt.user.{value[0]}"] = value[1]
+        schema = topic.schema
+        if schema is not None:
+            msg.schema_id = schema["schema_id"]
+            msg.schema_version = schema["schema_version"]
+        first, _ = topic.wal.append((msg.SerializeToString(),))
+        return topic.wal, first
+
+    async def close(self):
+        for topic in self.topics.values():
+            await topic.wal.close()
+
+
+def _schema_key(topic):
+    return f"{keys.EDGE}/schemas{topic}"
+
+
+def _schema_to_json(schema):
+    out = dict(schema)
+    out["schema_definition"] = schema["schema_definition"].decode("utf-8", "replace")
+    return out
+
+
+def _schema_from_json(doc):
+    out = dict(doc)
+    out["schema_definition"] = doc["schema_definition"].encode()
+    return out
