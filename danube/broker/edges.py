@@ -20,6 +20,7 @@ from danube.broker.errors import (BrokerError, InvalidArgument, SchemaNotFound,
                                   TopicAlreadyExists)
 from danube.broker.topic import RELIABLE
 from danube.metadata import keys
+from danube.metadata.errors import MetadataError
 
 log = logging.getLogger("danube.broker.edges")
 
@@ -28,6 +29,26 @@ log = logging.getLogger("danube.broker.edges")
 MAX_EDGE_TOPICS = 1024
 
 SCHEMA_UPDATED, SCHEMA_REMOVED, TOPIC_REMOVED = 0, 1, 2
+
+
+class EdgeStateFailed(BrokerError):
+    """The metadata store failed under an edge call (INTERNAL, as upstream answers)."""
+
+
+def _stored(fn):
+    """Metadata failures of an edge call as EdgeStateFailed, saying what failed."""
+    async def call(self, *args):
+        try:
+            return await fn(self, *args)
+        except MetadataError as exc:
+            raise EdgeStateFailed(f"{_WHAT[fn.__name__]}: {exc}") from None
+    call.__name__ = fn.__name__
+    call.__doc__ = fn.__doc__
+    return call
+
+
+_WHAT = {"register": "failed to persist edge state", "heartbeat": "failed to load edge state",
+         "ingest": "failed to store the replication marker"}
 
 
 def _now():
@@ -63,6 +84,7 @@ class EdgeRegistry:
                 "fingerprint": entry["fingerprint"],
                 "compatibility_mode": str(doc["compatibility_mode"]).lower()}
 
+    @_stored
     async def register(self, edge_name, declarations):
         """``declarations``: (topic_name, schema_subject or None) pairs. Returns
         (config_version, [result dict per declaration]) as upstream's register_edge."""
@@ -112,6 +134,7 @@ class EdgeRegistry:
 
     # -- heartbeat ------------------------------------------------------------------------
 
+    @_stored
     async def heartbeat(self, edge_name, edge_version):
         """(changed, config_version, [change dict]) as upstream's edge_heartbeat; None for
         an edge that never registered.
@@ -171,6 +194,7 @@ class EdgeRegistry:
 
     # -- replication ----------------------------------------------------------------------
 
+    @_stored
     async def ingest(self, topic_name, batch_last_offset, messages):
         """Store a replicated batch (StreamMessages whose msg_id.topic_offset is the edge's
         offset) unless the cluster has it already; returns how many were stored."""

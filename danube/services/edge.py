@@ -14,7 +14,6 @@ import logging
 
 from danube.broker import errors as e
 from danube.broker.edges import EdgeRegistry
-from danube.metadata.errors import MetadataError
 from danube.proto import EdgeReplicator_pb2 as pb
 from danube.rpc import RpcError, StatusCode
 from danube.services.errors import to_rpc_error
@@ -37,9 +36,6 @@ class EdgeReplicatorService:
             version, results = await self.edges.register(request.edge_name, declarations)
         except e.BrokerError as exc:
             raise to_rpc_error(exc) from None
-        except MetadataError as exc:
-            raise RpcError(StatusCode.INTERNAL,
-                           f"failed to persist edge state: {exc}") from None
         return pb.RegisterEdgeResponse(
             success=True, message="edge registered", config_version=version,
             topics=[pb.TopicRegistrationResult(
@@ -52,8 +48,6 @@ class EdgeReplicatorService:
             answer = await self.edges.heartbeat(request.edge_name, request.config_version)
         except e.BrokerError as exc:
             raise to_rpc_error(exc) from None
-        except MetadataError as exc:
-            raise RpcError(StatusCode.INTERNAL, f"failed to load edge state: {exc}") from None
         if answer is None:
             raise RpcError(StatusCode.NOT_FOUND, f"edge '{request.edge_name}' not registered "
                                                  f"— call RegisterEdge first")
@@ -71,7 +65,7 @@ class EdgeReplicatorService:
             try:
                 await self.edges.ingest(batch.topic_name, batch.batch_last_offset,
                                         list(batch.messages))
-            except (e.BrokerError, MetadataError) as exc:
+            except e.BrokerError as exc:
                 log.warning("edge batch for %s (edge offsets up to %d) not stored: %s",
                             batch.topic_name, batch.batch_last_offset, exc)
                 raise RpcError(StatusCode.INTERNAL, f"ingestion failed: {exc}") from None
