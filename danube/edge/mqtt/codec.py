@@ -275,7 +275,7 @@ def parse_connect(buf, end):
 
 
 class Decoder:
-    """Cuts a byte stream into packets. ``level`` (set by the session after CONNECT) says
+    """Cuts a byte stream into packets. ``level`` (the CONNECT's, once one is read) says
     whether MQTT 5 properties are present."""
 
     def __init__(self, max_packet_size, max_topic_length):
@@ -335,7 +335,10 @@ class Decoder:
         if kind == CONNECT:
             if flags:
                 raise ProtocolError(MALFORMED, "CONNECT flags must be 0")
-            return parse_connect(body, length)
+            connect = parse_connect(body, length)
+            # Packets after it in the same bytes are read at its protocol level.
+            self.level = connect.level
+            return connect
         if kind in (PUBACK, PUBREC, PUBREL, PUBCOMP):
             if flags != (2 if kind == PUBREL else 0):
                 raise ProtocolError(MALFORMED, f"wrong fixed-header flags on packet type {kind}")

@@ -94,18 +94,23 @@ class Session(asyncio.Protocol):
     def fail(self, reason, why):
         """Close for a protocol violation or a limit: MQTT 5 clients get a DISCONNECT with
         the reason code (CONNACK with it before CONNECT is accepted); 3.1.1 ones just see
-        the connection close, as 3.1.1 gives the server no other way to say it."""
+        the connection close, as 3.1.1 gives the server no other way to say it (but a
+        CONNACK return code for a refused CONNECT)."""
         if self.closed:
             return
         log.warning("mqtt %s (%s): closing: %s (reason 0x%02x)", self.peer_ip,
                     self.client_id or "before CONNECT", why, reason)
         self.server.count("closed_" + hex(reason))
-        if self.level == 5:
-            if self.connected:
+        if self.connected:
+            if self.level == 5:
                 self.transport.write(codec.encode_disconnect(reason, why))
-            elif reason != codec.UNSUPPORTED_VERSION:
-                self.transport.write(codec.encode_connack(5, False, reason,
-                                                          [(codec.REASON_STRING, why[:200])]))
+        elif self.level == 5:
+            self.transport.write(codec.encode_connack(5, False, reason,
+                                                      [(codec.REASON_STRING, why[:200])]))
+        elif reason in codec.V3_RETURN:
+            # 3.1.1 has a CONNACK return code for these refusals (3.2.2.3); the protocol
+            # level of a CONNECT we cannot read is unknown, and 3.1.1's is the safe answer.
+            self.transport.write(codec.encode_connack(4, False, reason))
         self.close()
 
     def close(self):
