@@ -199,6 +199,13 @@ class EdgeRegistry:
         """Store a replicated batch (StreamMessages whose msg_id.topic_offset is the edge's
         offset) unless the cluster has it already; returns how many were stored."""
         names.validate_topic(topic_name)
+        # The marker check, the append and the marker's update run to the end even when
+        # the edge's stream ends meanwhile (the call is cancelled): a batch stored without
+        # its marker would be stored again when the edge resends it.
+        return await asyncio.shield(asyncio.ensure_future(
+            self._ingest(topic_name, batch_last_offset, messages)))
+
+    async def _ingest(self, topic_name, last, messages):
         lock = self._locks.get(topic_name)
         if lock is None:
             lock = self._locks[topic_name] = asyncio.Lock()
@@ -206,11 +213,11 @@ class EdgeRegistry:
             topic = self.core.get_topic(topic_name)
             key = keys.edge_replicated(topic_name)
             marker = await self.store.get(key)
-            fresh = _unseen(messages, batch_last_offset, marker)
+            fresh = _unseen(messages, last, marker)
             if fresh:
                 await topic.append_replicated(fresh)
-            if marker is None or batch_last_offset > marker:
-                await self.store.put(key, batch_last_offset)
+            if marker is None or last > marker:
+                await self.store.put(key, last)
             if len(fresh) < len(messages):
                 log.info("%s: %d of %d replicated messages were stored already (edge offsets "
                          "up to %d)", topic_name, len(messages) - len(fresh), len(messages),

@@ -92,12 +92,18 @@ class EdgeProcess:
 
 
 def cluster_messages(client_addr, topic):
-    """Every StreamMessage the cluster's reliable ``topic`` holds, in offset order."""
+    """Every StreamMessage the cluster's reliable ``topic`` holds, in offset order (none
+    while the topic does not exist)."""
     with grpc.insecure_channel(client_addr) as ch:
-        offsets = ch.unary_unary("/danube_ext.TopicHistory/GetOffsets",
-                                 request_serializer=lambda m: m.SerializeToString(),
-                                 response_deserializer=ext.OffsetsResponse.FromString)(
-            ext.OffsetsRequest(topic=topic), timeout=10)
+        try:
+            offsets = ch.unary_unary("/danube_ext.TopicHistory/GetOffsets",
+                                     request_serializer=lambda m: m.SerializeToString(),
+                                     response_deserializer=ext.OffsetsResponse.FromString)(
+                ext.OffsetsRequest(topic=topic), timeout=10)
+        except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.NOT_FOUND:
+                return []
+            raise
         part = offsets.partitions[0]
         if part.latest <= part.earliest:
             return []
