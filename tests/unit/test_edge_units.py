@@ -1,0 +1,163 @@
+"""The edge's pure parts: the MQTT packet codec (sans I/O, driven byte by byte and in one
+piece, checked against paho-mqtt's own encoder), upstream's edge.yaml and its refusals, the
+topic router, and the cluster's dedup of replicated batches."""
+
+import os
+
+import paho.mqtt.client as mqtt
+import pytest
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+
+from danube.broker.edges import _unseen
+from danube.config_errors import ConfigError
+from danube.edge import config as edge_config
+from danube.edge.mqtt import codec
+from danube.edge.router import Router
+from danube.proto import DanubeApi_pb2 as pb
+
+UPSTREAM = os.path.join(os.path.dirname(__file__), "..", "support", "upstream_edge.yaml")
+
+
+def _paho_bytes(fn, protocol):
+    """The bytes paho-mqtt writes for ``fn(client)`` (its socket replaced by a list)."""
+    c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="dev-1", protocol=protocol)
+    out = []
+
+    class Sock:
+        def send(self, data):
+            out.append(bytes(data))
+            return len(data)
+
+        def fileno(self):
+            return -1
+
+        def setblocking(self, flag):
+            pass
+
+        def close(self):
+            pass
+
+    c._sock = Sock()
+    c._state = mqtt._ConnectionState.MQTT_CS_CONNECTED
+    fn(c)
+    c._packet_write()
+    return b"".join(out)
+
+
+@pytest.mark.parametrize("protocol,level", [(mqtt.MQTTv311, 4), (mqtt.MQTTv5, 5)])
+def test_decodes_what_paho_encodes(protocol, level):
+    props = None
+    if level == 5:
+        props = Properties(PacketTypes.PUBLISH)
+        props.UserProperty = ("unit", "C")
+        props.ContentType = "application/json"
+    data = _paho_bytes(lambda c: c.publish("device/a/telemetry", b'{"t": 1}', qos=1,
+                                           properties=props), protocol)
+    for chunking in (len(data), 1):         # whole, and one byte at a time
+        d = codec.Decoder(1 << 20, 1024)
+        d.level = level
+        packets = []
+        for i in range(0, len(data), chunking):
+            packets += d.feed(data[i:i + chunking])
+        (p,) = packets
+        assert (p.topic, p.payload, p.qos, p.packet_id) == ("device/a/telemetry", b'{"t": 1}',
+                                                            1, 1)
+        if level == 5:
+            assert (codec.USER_PROPERTY, ("unit", "C")) in p.properties
+            assert (codec.CONTENT_TYPE, "application/json") in p.properties
+
+
+def test_connect_fields():
+    from mqtt_raw import connect
+    d = codec.Decoder(4096, 64)
+    (c,) = d.feed(connect("dev", level=5, keep_alive=30, username="u", password="p"))
+    assert (c.level, c.client_id, c.keep_alive, c.username, c.password, c.clean) == \
+        (5, "dev", 30, "u", b"p", True)
+    assert d.level == 5
+
+
+@pytest.mark.parametrize("data,reason", [
+    (b"\x30\xff\xff\xff\xff\x01", codec.MALFORMED),          # 5-byte remaining length
+    (b"\x36\x05\x00\x01t\x00\x01", codec.MALFORMED),         # QoS 3
+    (b"\x38\x03\x00\x01t", codec.MALFORMED),                 # DUP at QoS 0
+    (b"\x32\x05\x00\x01t\x00\x00", codec.PROTOCOL_ERROR),    # packet id 0
+    (b"\x30\x05\x00\x03a/+", codec.TOPIC_NAME_INVALID),      # wildcard in a topic name
+    (b"\x30\x04\x00\x02\xff\xfe", codec.MALFORMED),          # topic not UTF-8
+    (b"\x20\x02\x00\x00", codec.PROTOCOL_ERROR),             # CONNACK from a client
+    (b"\x82\x03\x00\x01\x00", codec.MALFORMED),              # SUBSCRIBE flags 0
+    (b"\xc0\x01\x00", codec.MALFORMED),                      # PINGREQ with a body
+    (b"\x00\x00", codec.PROTOCOL_ERROR),                     # reserved type 0
+])
+def test_refusals(data, reason):
+    with pytest.raises(codec.ProtocolError) as err:
+        codec.Decoder(4096, 64).feed(data)
+    assert err.value.reason == reason
+
+
+def test_size_limits_are_checked_before_the_body_arrives():
+    d = codec.Decoder(100, 8)
+    with pytest.raises(codec.ProtocolError) as err:
+        d.feed(b"\x30\xe8\x07")                 # announces 1000 bytes; none sent yet
+    assert err.value.reason == codec.PACKET_TOO_LARGE
+    with pytest.raises(codec.ProtocolError) as err:
+        codec.Decoder(100, 8).feed(b"\x30\x0b\x00\x09abcdefghi")
+    assert err.value.reason == codec.TOPIC_NAME_INVALID
+
+
+def test_v5_properties_of_every_kind_round_trip():
+    props = [(codec.RECEIVE_MAXIMUM, 10), (codec.MAXIMUM_PACKET_SIZE, 1 << 20),
+             (codec.RETAIN_AVAILABLE, 0), (codec.ASSIGNED_CLIENT_ID, "x"),
+             (codec.USER_PROPERTY, ("k", "v")), (0x0B, 300), (0x09, b"\x00\x01")]
+    raw = codec.encode_properties(props)
+    assert codec._properties(raw, 0, len(raw)) == (props, len(raw))
+
+
+def test_upstream_edge_yaml():
+    cfg = edge_config.load(UPSTREAM)
+    assert (cfg.edge_name, cfg.cluster_url, cfg.heartbeat_interval_ms) == \
+        ("edge1", "http://cluster-broker:6650", 30000)
+    assert (cfg.replicator_batch_size, cfg.replicator_batch_timeout_ms) == (100, 1000)
+    assert cfg.listener == "0.0.0.0:1883" and cfg.max_payload_size == 262_144
+    assert [t.danube_topic for t in cfg.danube_topics()] == [
+        "/edge1/telemetry", "/edge1/sensors", "/edge1/unrouted"]
+    router = Router(cfg.topic_mappings)
+    r = router.resolve("sensors/temp/avg")
+    assert (r.topic, r.attributes) == ("/edge1/sensors",
+                                       {"sensor_type": "temp", "measurement": "avg"})
+    assert router.resolve("device/d1/telemetry").attributes == {"device_id": "d1"}
+    assert router.resolve("device/d1/telemetry/extra").topic == "/edge1/unrouted"
+    assert router.resolve("x").topic == "/edge1/unrouted"
+
+
+@pytest.mark.parametrize("text,words", [
+    ("mqtt: {}", "edge is required"),
+    ("edge: {edge_name: 'a b', cluster_url: x}", "edge_name"),
+    ("edge: {edge_name: e}", "cluster_url is required"),
+    ("edge: {edge_name: e, cluster_url: x}\nreplicator: {batch_size: 0}", "batch_size"),
+    ("edge: {edge_name: e, cluster_url: x}\nmqtt: {topic_mappings: [{mqtt_pattern: 'a/#/b', "
+     "danube_topic: /e/t}]}", "'#'"),
+    ("edge: {edge_name: e, cluster_url: x}\nmqtt: {topic_mappings: [{mqtt_pattern: a, "
+     "danube_topic: /other/t}]}", "under the edge's namespace"),
+    ("edge: {edge_name: e, cluster_url: x}\nmqtt: {topic_mappings: [{mqtt_pattern: a, "
+     "danube_topic: /e/t, extract_attributes: {d: '1'}}]}", "captures"),
+    ("edge: {edge_name: e, cluster_url: x}\nmqtt: {limits: {max_sessions: 3}}", "max_sessions"),
+])
+def test_config_refusals(text, words):
+    with pytest.raises(ConfigError) as err:
+        edge_config.parse(text)
+    assert words in str(err.value)
+
+
+def _m(offset):
+    return pb.StreamMessage(msg_id=pb.MsgID(topic_offset=offset), payload=b"%d" % offset)
+
+
+def test_dedup_by_edge_offsets():
+    batch = [_m(i) for i in range(5, 10)]
+    assert _unseen(batch, 9, None) == batch
+    assert [m.msg_id.topic_offset for m in _unseen(batch, 9, 6)] == [7, 8, 9]
+    assert _unseen(batch, 9, 9) == []
+    # Offsets not numbered (all 0): whole batch by batch_last_offset, as upstream.
+    flat = [_m(0) for _ in range(3)]
+    assert _unseen(flat, 9, 4) == flat and _unseen(flat, 9, 9) == []
