@@ -57,6 +57,7 @@ def test_decodes_what_paho_encodes(protocol, level):
     for chunking in (len(data), 1):         # whole, and one byte at a time
         d = codec.Decoder(1 << 20, 1024)
         d.level = level
+        d.runs = False
         packets = []
         for i in range(0, len(data), chunking):
             packets += d.feed(data[i:i + chunking])
@@ -66,6 +67,34 @@ def test_decodes_what_paho_encodes(protocol, level):
         if level == 5:
             assert (codec.USER_PROPERTY, ("unit", "C")) in p.properties
             assert (codec.CONTENT_TYPE, "application/json") in p.properties
+
+
+def test_runs_of_publishes_in_c():
+    """A run of plain PUBLISH packets to one topic comes out as one Run, encoded in C into
+    the same StreamMessages protobuf reads, with the QoS 1 ones' PUBACKs."""
+    from mqtt_raw import publish
+    from danube.codec.mqtt import encode_run
+    data = b"".join(publish("d/1", b"p%d" % i, qos=i % 2, packet_id=i + 1) for i in range(5))
+    data += publish("d/2", b"other", qos=1, packet_id=9) + b"\x30"   # a partial one after
+    (run, other) = codec.Decoder(4096, 64).feed(data)
+    assert (run.topic, run.count, run.qos1) == ("d/1", 5, 2)
+    assert (other.topic, other.count) == ("d/2", 1)
+    prefix = pb.StreamMessage(msg_id=pb.MsgID(topic_name="/e/t")).SerializeToString()
+    suffix = pb.StreamMessage(producer_name="mqtt-gateway",
+                              attributes={"k": "v"}).SerializeToString()
+    raw, ends, acks = encode_run(run.raw, 0, run.count, False, prefix, suffix, 1234)
+    starts = [0, *ends[:-1]]
+    msgs = [pb.StreamMessage.FromString(raw[a:b]) for a, b in zip(starts, ends)]
+    assert [m.payload for m in msgs] == [b"p%d" % i for i in range(5)]
+    assert all(m.msg_id.topic_name == "/e/t" and m.publish_time == 1234
+               and dict(m.attributes) == {"k": "v"} for m in msgs)
+    assert acks == b"\x40\x02\x00\x02\x40\x02\x00\x04"
+    # MQTT 5: a PUBLISH with properties ends the run (the general decoder reads it).
+    d5 = codec.Decoder(4096, 64)
+    d5.level = 5
+    out = d5.feed(publish("a", b"x", 1, 1, level=5) + publish("a", b"y", 1, 2, level=5,
+                                                                props=b"\x01\x01"))
+    assert [type(p).__name__ for p in out] == ["Run", "Publish"]
 
 
 def test_connect_fields():

@@ -9,6 +9,8 @@ refused as soon as it is read."""
 
 import struct
 
+from danube.codec.mqtt import publish_run
+
 CONNECT, CONNACK, PUBLISH, PUBACK, PUBREC, PUBREL, PUBCOMP = 1, 2, 3, 4, 5, 6, 7
 SUBSCRIBE, SUBACK, UNSUBSCRIBE, UNSUBACK, PINGREQ, PINGRESP, DISCONNECT, AUTH = range(8, 16)
 
@@ -207,6 +209,18 @@ class Publish:
         self.properties = properties
 
 
+class Run:
+    """Consecutive PUBLISH packets to one topic at QoS 0/1 without properties, as received
+    (``raw``): danube.codec.mqtt.encode_run turns them into StreamMessages in one call."""
+    __slots__ = ("topic", "raw", "count", "qos1")
+
+    def __init__(self, topic, raw, count, qos1):
+        self.topic = topic
+        self.raw = raw
+        self.count = count
+        self.qos1 = qos1
+
+
 class Packet:
     """Any other packet: ``kind`` (the type number), ``packet_id``, ``reason``,
     ``filters`` (SUBSCRIBE/UNSUBSCRIBE)."""
@@ -283,6 +297,23 @@ class Decoder:
         self.max_topic_length = max_topic_length
         self.level = 4
         self._buf = bytearray()
+        # Runs of plain PUBLISH packets come out as one Run (danube.codec.mqtt).
+        self.runs = True
+
+    def _run(self, buf, pos, n, limit):
+        found = publish_run(buf, pos, n, limit, self.level == 5)
+        if found is None:
+            return None
+        count, end, topic, qos1 = found
+        if len(topic) > self.max_topic_length:
+            return None                     # the general path says why
+        try:
+            name = topic.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+        if "+" in name or "#" in name or "\x00" in name:
+            return None
+        return Run(name, bytes(buf[pos:end]), count, qos1)
 
     def feed(self, data):
         """The packets ``data`` completes: Connect, Publish or Packet objects (the raw
@@ -293,8 +324,15 @@ class Decoder:
         pos = 0
         n = len(buf)
         limit = self.max_packet_size
+        runs = self.runs
         while n - pos >= 2:
             first = buf[pos]
+            if runs and first >> 4 == PUBLISH:
+                run = self._run(buf, pos, n, limit)
+                if run is not None:
+                    out.append(run)
+                    pos += len(run.raw)
+                    continue
             # Remaining Length: up to 4 bytes.
             length = shift = 0
             i = pos + 1

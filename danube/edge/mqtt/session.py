@@ -3,7 +3,8 @@ and 2 into the local WALs, keep-alive, and the bounds a hostile client runs into
 
 Acknowledgements: a QoS 1 PUBLISH is answered with PUBACK (QoS 2: PUBREC) only once the WAL
 sync covers it. PUBLISH packets are stored as they are read, and their acks wait in
-``_unacked`` (in arrival order, as MQTT requires acks to go out) for one task that waits for
+``_unacked`` (in arrival order, as MQTT requires acks to go out; the messages of one read
+are appended to each topic's WAL at once) for one task that waits for
 the syncs and writes every ack they cover at once, so a connection's throughput is not one
 message per fsync. More than ``max_inflight`` unacknowledged messages: an MQTT 5 client
 announced it would not (Receive Maximum) and is disconnected with 0x93; a 3.1.1 client is
@@ -18,7 +19,9 @@ import asyncio
 import hmac
 import logging
 import secrets
+import time
 
+from danube.codec.mqtt import encode_run
 from danube.edge.ingest import Invalid, NotReady
 from danube.edge.mqtt import codec
 from danube.edge.mqtt.codec import ProtocolError
@@ -45,10 +48,13 @@ class Session(asyncio.Protocol):
         self._timer = None
         self._timeout = cfg.limits.connect_timeout_ms / 1000
         self._seen = False              # a packet arrived since the timer was set
-        self._unacked = []              # [(wal, offset, ack bytes)] in arrival order
+        self._unacked = []              # [wal, offset, ack bytes, acks] in arrival order
+        self._inflight = 0              # acks in _unacked (a run's entry holds many)
         self._qos2 = set()              # packet ids PUBREC'd, waiting for PUBREL
         self._acker = None
         self._paused = False
+        self._batch = None              # wal -> ([raw], [ack entry or None]) of this read
+        self._now_ms = 0
 
     # -- asyncio -------------------------------------------------------------------------
 
@@ -62,13 +68,20 @@ class Session(asyncio.Protocol):
         if self.closed:
             return
         self._seen = True
+        self._now_ms = int(time.time() * 1000)
+        self._batch = {}
         try:
             for packet in self.decoder.feed(data):
                 self._handle(packet)
                 if self.closed:
-                    return
+                    break
         except ProtocolError as exc:
             self.fail(exc.reason, str(exc))
+        finally:
+            batch, self._batch = self._batch, None
+            if batch:
+                self._append(batch)
+        if self.closed:
             return
         if self._unacked and self._acker is None:
             self._acker = asyncio.get_running_loop().create_task(self._send_acks())
@@ -148,6 +161,9 @@ class Session(asyncio.Protocol):
             self._connect(packet)
             return
         kind = type(packet)
+        if kind is codec.Run:
+            self._run(packet)
+            return
         if kind is codec.Publish:
             self._publish(packet)
             return
@@ -230,7 +246,7 @@ class Session(asyncio.Protocol):
             if pid == codec.TOPIC_ALIAS:
                 # Topic Alias Maximum is not announced, so it is 0: no alias may be used.
                 raise ProtocolError(codec.TOPIC_ALIAS_INVALID, "topic aliases are not accepted")
-        if p.qos and len(self._unacked) >= self.limits.max_inflight:
+        if p.qos and self._inflight >= self.limits.max_inflight:
             if self.level == 5:
                 raise ProtocolError(codec.RECEIVE_MAX_EXCEEDED,
                                     f"more than {self.limits.max_inflight} QoS 1/2 messages "
@@ -246,7 +262,7 @@ class Session(asyncio.Protocol):
             self._ack_now(p, codec.SUCCESS)
             return
         try:
-            wal, offset = server.ingest.store_message(route, p)
+            topic, raw = server.ingest.encode(route, p, self._now_ms)
         except Invalid as exc:
             server.count("invalid")
             log.info("mqtt %s: payload on %r refused by the schema: %s", self.client_id,
@@ -264,17 +280,76 @@ class Session(asyncio.Protocol):
             # the device resends it after reconnecting instead of waiting on a lost ack.
             self.fail(codec.IMPLEMENTATION_ERROR, str(exc))
             return
+        server.count_in(p.qos)
+        entry = None
+        if p.qos:
+            if p.qos == 2:
+                self._qos2.add(p.packet_id)
+            kind = codec.PUBACK if p.qos == 1 else codec.PUBREC
+            # The offset is known once the read's messages are appended (_append).
+            entry = self._queue_ack(topic.wal, -1, codec.encode_ack(kind, p.packet_id,
+                                                                    self.level))
+        pending = self._batch.get(topic.wal)
+        if pending is None:
+            pending = self._batch[topic.wal] = ([], [])
+        pending[0].append(raw)
+        pending[1].append(entry)
+
+    def _run(self, run):
+        """A run of plain PUBLISH packets to one topic: encoded and appended in C
+        (danube.codec.mqtt.encode_run), one ack entry for all of them. What the run cannot
+        take whole (no route, a topic waiting for its schema, payloads to validate, an MQTT 5
+        Receive Maximum the run would pass) goes packet by packet."""
+        server = self.server
+        route = server.router.resolve(run.topic)
+        topic = server.ingest.topics.get(route.topic) if route is not None else None
+        if (topic is None or not topic.ready or (topic.enforce and topic.validator)
+                or self.level == 5
+                and self._inflight + run.qos1 > self.limits.max_inflight):
+            decoder = codec.Decoder(len(run.raw) + 1, len(run.raw))
+            decoder.level = self.level
+            decoder.runs = False
+            for packet in decoder.feed(run.raw):
+                self._publish(packet)
+                if self.closed:
+                    return
+            return
+        data, ends, acks = encode_run(run.raw, 0, run.count, self.level == 5, topic.prefix,
+                                      topic.suffix(route.attributes), self._now_ms)
+        topic.received += run.count
+        # Messages of this read waiting in the batch go first: one topic's order is the
+        # order its messages arrived in.
+        if self._batch:
+            batch, self._batch = self._batch, {}
+            self._append(batch)
+            if self.closed:
+                return
+        try:
+            _, last = topic.wal.append_packed(data, ends)
         except Exception as exc:  # noqa: BLE001 - the WAL failed (disk full, I/O error)
-            log.error("mqtt: cannot store a message for %s: %s", route.topic, exc)
+            log.error("mqtt: cannot store %d messages: %s", run.count, exc)
             self.fail(codec.IMPLEMENTATION_ERROR, f"local storage failed: {exc}")
             return
-        server.count_in(p.qos)
-        if p.qos == 0:
-            return
-        if p.qos == 2:
-            self._qos2.add(p.packet_id)
-        kind = codec.PUBACK if p.qos == 1 else codec.PUBREC
-        self._queue_ack(wal, offset, codec.encode_ack(kind, p.packet_id, self.level))
+        server.received[0] += run.count - run.qos1
+        server.received[1] += run.qos1
+        if run.qos1:
+            self._queue_ack(topic.wal, last, acks, run.qos1)
+
+    def _append(self, batch):
+        """One WAL append per topic for the messages of one read; their acks learn their
+        offsets."""
+        for wal, (raws, entries) in batch.items():
+            try:
+                first, _ = wal.append(raws)
+            except Exception as exc:  # noqa: BLE001 - the WAL failed (disk full, I/O error)
+                log.error("mqtt: cannot store %d messages: %s", len(raws), exc)
+                self._unacked = [e for e in self._unacked if e[0] is not wal]
+                self._inflight = sum(e[3] for e in self._unacked)
+                self.fail(codec.IMPLEMENTATION_ERROR, f"local storage failed: {exc}")
+                continue
+            for i, entry in enumerate(entries):
+                if entry is not None:
+                    entry[1] = first + i
 
     def _ack_now(self, p, reason):
         """Acknowledge a PUBLISH that stores nothing (after those queued before it). Only
@@ -286,12 +361,15 @@ class Session(asyncio.Protocol):
         kind = codec.PUBACK if p.qos == 1 else codec.PUBREC
         self._queue_ack(None, 0, codec.encode_ack(kind, p.packet_id, self.level, reason))
 
-    def _queue_ack(self, wal, offset, ack):
-        self._unacked.append((wal, offset, ack))
-        if self.level != 5 and len(self._unacked) >= self.limits.max_inflight \
+    def _queue_ack(self, wal, offset, ack, acks=1):
+        entry = [wal, offset, ack, acks]
+        self._unacked.append(entry)
+        self._inflight += acks
+        if self.level != 5 and self._inflight >= self.limits.max_inflight \
                 and not self._paused:
             self._paused = True
             self.transport.pause_reading()
+        return entry
 
     async def _send_acks(self):
         """Write the queued acks as the syncs cover their messages, in order."""
@@ -299,7 +377,7 @@ class Session(asyncio.Protocol):
             while self._unacked and not self.closed:
                 # Wait for every WAL the queued messages went to, up to their last offsets.
                 needed = {}
-                for wal, offset, _ in self._unacked:
+                for wal, offset, _, _ in self._unacked:
                     if wal is not None and offset > needed.get(wal, -1):
                         needed[wal] = offset
                 for wal, offset in needed.items():
@@ -307,15 +385,16 @@ class Session(asyncio.Protocol):
                         await wal.sync_to(offset)
                 done = 0
                 out = []
-                for wal, offset, ack in self._unacked:
+                for wal, offset, ack, acks in self._unacked:
                     if wal is not None and wal.durable_offset < offset:
                         break
                     out.append(ack)
                     done += 1
+                    self._inflight -= acks
                 del self._unacked[:done]
                 if out and not self.closed:
                     self.transport.write(b"".join(out))
-                if self._paused and len(self._unacked) < self.limits.max_inflight // 2 + 1:
+                if self._paused and self._inflight < self.limits.max_inflight // 2 + 1:
                     self._paused = False
                     self.transport.resume_reading()
         except asyncio.CancelledError:
