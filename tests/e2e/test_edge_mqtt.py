@@ -197,3 +197,34 @@ def test_schema_rejection(cluster, edge_schema):
     assert [json.loads(m.payload) for m in msgs] == [{"temp": 21.5}, {"temp": 3}]
     assert all(m.HasField("schema_id") and m.schema_version == 1 for m in msgs)
     assert [m.attributes["sensor"] for m in msgs] == ["s1", "s2"]
+
+
+def test_schema_update_reaches_the_edge_by_heartbeat(cluster, edge_schema):
+    """A new version of the subject on the cluster reaches the edge at its next heartbeat
+    (500 ms here): payloads valid only under the old version are then refused."""
+    with grpc.insecure_channel(cluster.client_addr) as client:
+        _unary(client, "/danube_schema.SchemaRegistry/SetCompatibilityMode",
+               sr.SetCompatibilityModeRequest(subject="edge-readings",
+                                              compatibility_mode="none"),
+               sr.SetCompatibilityModeResponse)
+        _unary(client, "/danube_schema.SchemaRegistry/RegisterSchema",
+               sr.RegisterSchemaRequest(
+                   subject="edge-readings", schema_type="json_schema",
+                   schema_definition=json.dumps({
+                       "type": "object", "required": ["temp", "unit"],
+                       "properties": {"temp": {"type": "number"}}}).encode()),
+               sr.RegisterSchemaResponse)
+    wait_for(lambda: "schema updated on the cluster" in edge_schema.log(), timeout=30,
+             what="the edge heard of version 2")
+    c = paho_client(edge_schema.mqtt_port, mqtt.MQTTv5)
+    old = c.publish("readings/s3", json.dumps({"temp": 1}).encode(), qos=1)
+    new = c.publish("readings/s3", json.dumps({"temp": 2, "unit": "C"}).encode(), qos=1)
+    old.wait_for_publish(20)
+    new.wait_for_publish(20)
+    c.disconnect()
+    c.loop_stop()
+    assert dict(c.acks) == {old.mid: 0x99, new.mid: 0}
+    wait_for(lambda: any(json.loads(m.payload) == {"temp": 2, "unit": "C"} and
+                         m.schema_version == 2
+                         for m in cluster_messages(cluster.client_addr,
+                                                   "/edgeschema/readings")), timeout=30)
