@@ -27,7 +27,8 @@ def edge_yaml(cluster_addr, mappings=None, *, edge_name="edge1", listener="127.0
                      "danube_topic": f"/{edge_name}/telemetry",
                      "extract_attributes": {"device_id": "$1"}},
                     {"mqtt_pattern": "#", "danube_topic": f"/{edge_name}/unrouted"}]
-    doc = {"edge": {"edge_name": edge_name, "cluster_url": f"http://{cluster_addr}",
+    url = cluster_addr if "://" in cluster_addr else f"http://{cluster_addr}"
+    doc = {"edge": {"edge_name": edge_name, "cluster_url": url,
                     "token": "", "heartbeat_interval_ms": heartbeat_interval_ms},
            "replicator": replicator or {"batch_size": 100, "batch_timeout_ms": 100},
            "mqtt": {"listener": listener, "topic_mappings": mappings,
@@ -37,7 +38,8 @@ def edge_yaml(cluster_addr, mappings=None, *, edge_name="edge1", listener="127.0
 
 
 class EdgeProcess:
-    def __init__(self, config_text, *, data_dir, extra_args=()):
+    def __init__(self, config_text, *, data_dir, extra_args=(), env=None):
+        self.env = env
         self.data_dir = str(data_dir)
         os.makedirs(self.data_dir, exist_ok=True)
         self.config_path = os.path.join(os.path.dirname(self.data_dir.rstrip("/")),
@@ -56,7 +58,8 @@ class EdgeProcess:
         self.lines = []
         self._ready.clear()
         self.proc = subprocess.Popen(self.command, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True)
+                                     stderr=subprocess.STDOUT, text=True,
+                                     env=dict(os.environ, **(self.env or {})))
         threading.Thread(target=self._pump, args=(self.proc,), daemon=True).start()
         if not self._ready.wait(timeout) or self.proc.poll() is not None:
             self.stop()
