@@ -1,7 +1,8 @@
 """Edge -> cluster over danube.edge.EdgeReplicatorService: registration and heartbeats
 (``ClusterLink``), and one replicator per local topic (``TopicReplicator``) that reads the
 WAL from its checkpoint, sends batches on a ReplicateData stream, and moves the checkpoint
-when the cluster acks one.
+when the cluster acks one. In a cluster, each replicator streams to the broker serving its
+topic (TopicLookup; looked up again after any failure).
 
 Only what a WAL sync covers is sent: a message the edge could still lose in a machine crash
 must not reach the cluster, or the offset would be given to another message after the
@@ -58,8 +59,14 @@ class ClusterLink:
         self.cfg = cfg
         self.ingest = ingest
         token = token if token is not None else cfg.token
-        metadata = [("authorization", f"Bearer {token}")] if token else []
-        self.channel = Channel(_target(cfg.cluster_url), metadata=metadata)
+        self._metadata = [("authorization", f"Bearer {token}")] if token else []
+        self.channel = Channel(_target(cfg.cluster_url), metadata=self._metadata)
+        # In a cluster a topic is served by one broker: its replicator streams there.
+        self._owners = {}               # topic -> Channel of the broker serving it
+        self._channels = {_target(cfg.cluster_url): self.channel}
+        self._lookup = self.channel.unary_unary(
+            "/danube.Discovery/TopicLookup", api.TopicLookupRequest.SerializeToString,
+            api.TopicLookupResponse.FromString)
         self.config_version = 0
         self.registered = {}            # topic -> asyncio.Event, set once the cluster has it
         for mapping in cfg.danube_topics():
@@ -135,8 +142,36 @@ class ClusterLink:
                     await self.ingest.set_schema(change.topic_name, None)
         self.config_version = response.config_version
 
+    async def channel_for(self, topic):
+        """The channel to the broker serving ``topic`` (TopicLookup, as upstream's edge
+        asks), remembered until ``forget``; the cluster_url broker when the lookup fails."""
+        found = self._owners.get(topic)
+        if found is not None:
+            return found
+        try:
+            answer = await self._lookup(api.TopicLookupRequest(request_id=1, topic=topic),
+                                        timeout=CALL_TIMEOUT)
+            url = answer.connect_url or answer.broker_url
+        except RpcError as exc:
+            log.warning("lookup of %s failed (%s): replicating through %s", topic, exc,
+                        self.cfg.cluster_url)
+            url = ""
+        channel = self.channel
+        if url:
+            target = _target(url)
+            channel = self._channels.get(target)
+            if channel is None:
+                channel = self._channels[target] = Channel(target, metadata=self._metadata)
+        self._owners[topic] = channel
+        return channel
+
+    def forget(self, topic):
+        """Look the topic's broker up again before the next stream (it may have moved)."""
+        self._owners.pop(topic, None)
+
     async def close(self):
-        await self.channel.close()
+        for channel in self._channels.values():
+            await channel.close()
 
 
 class TopicReplicator:
@@ -159,7 +194,8 @@ class TopicReplicator:
         while True:
             call = None
             try:
-                call = await self.link.channel.stream_stream(
+                channel = await self.link.channel_for(name)
+                call = await channel.stream_stream(
                     SERVICE + "ReplicateData", pb.ReplicateBatch.SerializeToString,
                     pb.ReplicateAck.FromString)()
                 while True:
@@ -174,6 +210,7 @@ class TopicReplicator:
             except (RpcError, OSError, asyncio.TimeoutError, _StreamEnded) as exc:
                 if call is not None:
                     call.cancel()
+                self.link.forget(name)
                 delay = backoff(attempt)
                 attempt += 1
                 log.warning("replication of %s interrupted (%s): retrying from offset %d in "
