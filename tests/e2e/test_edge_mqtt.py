@@ -228,3 +228,31 @@ def test_schema_update_reaches_the_edge_by_heartbeat(cluster, edge_schema):
                          m.schema_version == 2
                          for m in cluster_messages(cluster.client_addr,
                                                    "/edgeschema/readings")), timeout=30)
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--data-dir", "x"], "--mode edge requires --edge-config"),
+    (["--edge-config", "e.yaml"], "--mode edge requires --data-dir"),
+    (["--data-dir", "x", "--edge-config", "e.yaml", "--config-file", "b.yml"],
+     "cannot be used together with --config-file"),
+    (["--data-dir", "x", "--edge-config", "/nonexistent/edge.yaml"],
+     "failed to read edge config '/nonexistent/edge.yaml'"),
+])
+def test_edge_command_line_refusals(args, words, tmp_path):
+    """Upstream's args_parse.rs rules, and a config that cannot be read: exit status 2 and
+    the reason, nothing started."""
+    run = subprocess.run([sys.executable, "-P", "-m", "danube", "broker", "--mode", "edge",
+                          *args], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert run.returncode == 2
+    assert words in run.stderr
+
+
+def test_edge_config_errors_name_the_key(tmp_path):
+    bad = tmp_path / "edge.yaml"
+    bad.write_text("edge: {edge_name: e1, cluster_url: 'http://x:1'}\n"
+                   "mqtt: {topic_mappings: [{mqtt_pattern: 'a/#/b', danube_topic: /e1/t}]}\n")
+    run = subprocess.run([sys.executable, "-P", "-m", "danube", "broker", "--mode", "edge",
+                          "--data-dir", str(tmp_path / "d"), "--edge-config", str(bad)],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2
+    assert "mqtt.topic_mappings[0].mqtt_pattern" in run.stderr
