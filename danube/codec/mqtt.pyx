@@ -91,20 +91,29 @@ def encode_run(const uint8_t[::1] buf, Py_ssize_t pos, Py_ssize_t count, bint v5
     publish_time (field 4) = ``now_ms``, then ``suffix`` (the fields every message of the
     route shares). Returns ``(data, ends, acks)``: the messages back to back, their end
     offsets (array('Q'), for WAL.append_packed) and the PUBACKs of the QoS 1 ones."""
+    if buf.shape[0] == 0:
+        raise ValueError("empty run")
     cdef const uint8_t *p = &buf[0]
-    cdef Py_ssize_t i, at, body, length, t, q, payload, plen, total = 0, nacks = 0
+    cdef Py_ssize_t i, at, body, length = 0, t, q, payload, plen, total = 0, nacks = 0
     cdef Py_ssize_t npre = len(prefix), nsuf = len(suffix)
     cdef Py_ssize_t tsize = _varint_size(now_ms)
     cdef const uint8_t *pre = <const uint8_t *>PyBytes_AS_STRING(prefix)
     cdef const uint8_t *suf = <const uint8_t *>PyBytes_AS_STRING(suffix)
-    # First pass: sizes.
+    # First pass: sizes, and the bounds the second pass relies on (a caller passing bytes
+    # publish_run did not vouch for gets ValueError, never a read past the buffer).
     at = pos
     for i in range(count):
+        if at >= buf.shape[0] or p[at] >> 4 != 3 or (p[at] >> 1) & 3 > 1:
+            raise ValueError("not a run of PUBLISH packets at QoS 0 or 1")
         body = _header(p, at, buf.shape[0], &length)
+        if body < 0 or length < 2 or body + length > buf.shape[0]:
+            raise ValueError("not a run of complete PUBLISH packets")
         t = (<Py_ssize_t>p[body] << 8) | p[body + 1]
         q = (p[at] >> 1) & 3
         payload = body + 2 + t + (2 if q else 0) + (1 if v5 else 0)
         plen = body + length - payload
+        if plen < 0:
+            raise ValueError("a PUBLISH shorter than its topic")
         total += npre + 1 + _varint_size(plen) + plen + 1 + tsize + nsuf
         nacks += q
         at = body + length

@@ -190,3 +190,17 @@ def test_dedup_by_edge_offsets():
     # Offsets not numbered (all 0): whole batch by batch_last_offset, as upstream.
     flat = [_m(0) for _ in range(3)]
     assert _unseen(flat, 9, 4) == flat and _unseen(flat, 9, 9) == []
+
+
+@pytest.mark.parametrize("raw,count", [
+    (b"", 1),
+    (b"\x34\x03\x00\x01t", 1),                       # QoS 2
+    (b"\x32\x10\x00\x01t", 1),                       # shorter than announced
+    (b"\x30\x03\x00\x01t", 2),                       # fewer packets than count
+    (b"\x30\x01\x00", 1),                            # shorter than its topic length field
+    (b"\xc0\x00", 1),                                # not a PUBLISH
+])
+def test_encode_run_refuses_what_is_not_a_run(raw, count):
+    from danube.codec.mqtt import encode_run
+    with pytest.raises(ValueError):
+        encode_run(raw, 0, count, False, b"", b"", 0)
