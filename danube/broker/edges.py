@@ -8,7 +8,10 @@ broker of a cluster can answer a heartbeat. Replication is idempotent: the highe
 offset stored per topic (keys.edge_replicated) is written after the batch is durable, and a
 batch resent after a lost ack is skipped message by message (upstream compares only the
 batch's last offset, which stores a resent batch twice when its boundaries moved; see
-docs/edge.md)."""
+docs/edge.md). The marker also names the edge log the offsets belong to (our edge stamps
+its data directory's id in msg_id.producer_id): an edge that starts again from an empty
+directory numbers from 0 again, and its messages must not be taken for resends.
+"""
 
 import asyncio
 import logging
@@ -212,17 +215,38 @@ class EdgeRegistry:
         async with lock:
             topic = self.core.get_topic(topic_name)
             key = keys.edge_replicated(topic_name)
-            marker = await self.store.get(key)
+            log_id = _log_of(messages)
+            stored_log, marker = _marker(await self.store.get(key))
+            if marker is not None and log_id != stored_log:
+                log.warning("%s: replication from a new edge log (id %d, was %d: a new data "
+                            "directory at the edge): its offsets are taken from 0 again",
+                            topic_name, log_id, stored_log)
+                marker = None
             fresh = _unseen(messages, last, marker)
             if fresh:
                 await topic.append_replicated(fresh)
             if marker is None or last > marker:
-                await self.store.put(key, last)
+                await self.store.put(key, {"log": log_id, "offset": last} if log_id else last)
             if len(fresh) < len(messages):
                 log.info("%s: %d of %d replicated messages were stored already (edge offsets "
                          "up to %d)", topic_name, len(messages) - len(fresh), len(messages),
                          marker)
             return len(fresh)
+
+
+def _log_of(messages):
+    """The edge log a batch comes from: msg_id.producer_id, which our edge stamps with its
+    data directory's id (0 from upstream's edge, and for a batch that mixes logs)."""
+    ids = {m.msg_id.producer_id for m in messages}
+    return ids.pop() if len(ids) == 1 else 0
+
+
+def _marker(value):
+    """(edge log id, highest edge offset stored) of a stored marker: upstream's plain u64
+    (log 0), or ours with the log id."""
+    if isinstance(value, dict):
+        return value.get("log", 0), value.get("offset")
+    return 0, value
 
 
 def _unseen(messages, last, marker):

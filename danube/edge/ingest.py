@@ -11,6 +11,7 @@ PUBACK loses nothing."""
 
 import logging
 import os
+import secrets
 
 from danube.edge.mqtt import codec
 from danube.metadata import keys
@@ -23,6 +24,7 @@ from danube.storage.wal import ALWAYS, WAL, WALConfig
 log = logging.getLogger("danube.edge")
 
 PRODUCER_NAME = "mqtt-gateway"
+LOG_ID_KEY = f"{keys.EDGE}/log_id"
 
 
 class NotReady(Exception):
@@ -34,7 +36,7 @@ class Invalid(Exception):
 
 
 class LocalTopic:
-    def __init__(self, mapping, wal):
+    def __init__(self, mapping, wal, log_id=0):
         self.name = mapping.danube_topic
         self.subject = mapping.schema_subject
         self.enforce = mapping.enforce
@@ -45,7 +47,10 @@ class LocalTopic:
         self.received = 0
         self.rejected = 0
         # msg_id (the topic's name) before the payload, serialized once.
-        self.prefix = pb.StreamMessage(msg_id=pb.MsgID(topic_name=self.name)).SerializeToString()
+        # msg_id.producer_id carries the edge's log id (see Ingest.open).
+        self.log_id = log_id
+        self.prefix = pb.StreamMessage(msg_id=pb.MsgID(
+            producer_id=log_id, topic_name=self.name)).SerializeToString()
         self._suffixes = {}
 
     def suffix(self, attributes):
@@ -90,14 +95,22 @@ class Ingest:
         self.data_dir = data_dir
         self.store = store              # the edge's metadata store (checkpoints, schemas)
         self.topics = {}
-        self._prefixes = {}
+        self.log_id = 0
 
     async def open(self):
+        # The id of this data directory's logs, made once: the edge's offsets start again
+        # at 0 in a new directory (a replaced disk, a re-provisioned edge of the same name),
+        # and the cluster tells a new log from a resend of the old one by it (stamped in
+        # every message's msg_id.producer_id, which upstream's edge leaves 0).
+        self.log_id = await self.store.get(LOG_ID_KEY)
+        if not isinstance(self.log_id, int):
+            self.log_id = secrets.randbits(63) or 1
+            await self.store.put(LOG_ID_KEY, self.log_id)
         wal_cfg = WALConfig(durability=ALWAYS)
         for mapping in self.cfg.danube_topics():
             ns, name = keys.split_topic(mapping.danube_topic)
             wal = await WAL.open(os.path.join(self.data_dir, "wal", ns, name), wal_cfg)
-            topic = LocalTopic(mapping, wal)
+            topic = LocalTopic(mapping, wal, self.log_id)
             cached = await self.store.get(_schema_key(topic.name))
             if cached and topic.subject is not None:
                 topic.set_schema(_schema_from_json(cached))
@@ -146,6 +159,7 @@ class Ingest:
         msg = pb.StreamMessage(payload=publish.payload, publish_time=now_ms,
                                producer_name=PRODUCER_NAME)
         msg.msg_id.topic_name = topic.name
+        msg.msg_id.producer_id = topic.log_id
         msg.attributes.update(route.attributes)
         for pid, value in publish.properties:
             if pid == codec.CONTENT_TYPE:

@@ -151,7 +151,10 @@ class ClusterLink:
         try:
             answer = await self._lookup(api.TopicLookupRequest(request_id=1, topic=topic),
                                         timeout=CALL_TIMEOUT)
-            url = answer.connect_url or answer.broker_url
+            # Connect: the broker asked serves it; keep the connection the edge was given
+            # (its address may be one only the edge can reach, through a proxy or NAT).
+            url = (answer.connect_url or answer.broker_url
+                   if answer.response_type == api.TopicLookupResponse.Redirect else "")
         except RpcError as exc:
             log.warning("lookup of %s failed (%s): replicating through %s", topic, exc,
                         self.cfg.cluster_url)

@@ -294,8 +294,9 @@ def edge_registry(edge_name: str) -> str:
 
 
 def edge_replicated(topic: str) -> str:
-    """Value: u64, the highest edge offset of ``topic`` stored on the cluster (the
-    ReplicateData idempotency marker)."""
+    """Value: the highest edge offset of ``topic`` stored on the cluster (the ReplicateData
+    idempotency marker): ``{"log": edge log id, "offset": u64}``, or a plain u64 (upstream's
+    form) for an edge that sends no log id."""
     return f"{EDGE}/replicated{_topic(topic)}"
 
 

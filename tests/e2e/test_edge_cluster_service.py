@@ -224,3 +224,26 @@ def test_replicate_to_an_unknown_topic_ends_the_stream(stubs, edge_stub):
         _replicate(edge_stub, [batch], expect_acks=1)
     assert err.value.code() == grpc.StatusCode.INTERNAL
     assert err.value.details().startswith("ingestion failed:")
+
+
+def test_a_new_edge_log_is_not_taken_for_a_resend(stubs, channels, edge_stub, broker):
+    """An edge that starts again from an empty data directory numbers its offsets from 0
+    again, under a new log id (msg_id.producer_id): its messages are stored, and its own
+    resends are still skipped."""
+    client, admin = channels
+    e = stubs["EdgeReplicator_pb2"]
+    create_namespace(admin, "edgelog")
+    topic = "/edgelog/t"
+    edge_stub.RegisterEdge(e.RegisterEdgeRequest(edge_name="edgelog", topics=[
+        e.EdgeTopicDeclaration(topic_name=topic)]), timeout=10)
+
+    def batch(log_id, payloads):
+        msgs = [_msg(stubs, topic, i, p) for i, p in enumerate(payloads)]
+        for m in msgs:
+            m.msg_id.producer_id = log_id
+        return e.ReplicateBatch(topic_name=topic, batch_last_offset=len(msgs) - 1,
+                                messages=msgs)
+    old, new = batch(11, [b"a0", b"a1", b"a2"]), batch(22, [b"b0", b"b1"])
+    acks = _replicate(edge_stub, [old, new, new], expect_acks=3)
+    assert [a.acked_offset for a in acks] == [2, 1, 1]
+    assert cluster_payloads(broker.client_addr, topic) == [b"a0", b"a1", b"a2", b"b0", b"b1"]
