@@ -53,6 +53,7 @@ class EdgeConfig:
     max_connections: int = 10_000
     limits: Limits = dataclasses.field(default_factory=Limits)
     users: dict = dataclasses.field(default_factory=dict)    # mqtt.auth.users: name -> password
+    wal_segment_max_bytes: int = 64 << 20    # ours: wal.segment_max_bytes
 
     @property
     def listener_host_port(self):
@@ -149,6 +150,8 @@ def parse(text):
             raise ConfigError("edge config: mqtt.auth.users maps user names to passwords "
                               "(strings)")
     cfg.users = dict(users)
+    wal = _section(doc, "wal")
+    cfg.wal_segment_max_bytes = _int(wal, "segment_max_bytes", "wal", 64 << 20, minimum=4096)
     mappings = mqtt.get("topic_mappings") or []
     if not isinstance(mappings, list):
         raise ConfigError("edge config: mqtt.topic_mappings must be a list")

@@ -106,7 +106,9 @@ class Ingest:
         if not isinstance(self.log_id, int):
             self.log_id = secrets.randbits(63) or 1
             await self.store.put(LOG_ID_KEY, self.log_id)
-        wal_cfg = WALConfig(durability=ALWAYS)
+        wal_cfg = WALConfig(durability=ALWAYS,
+                            segment_max_bytes=self.cfg.wal_segment_max_bytes,
+                            segment_initial_bytes=min(1 << 20, self.cfg.wal_segment_max_bytes))
         for mapping in self.cfg.danube_topics():
             ns, name = keys.split_topic(mapping.danube_topic)
             wal = await WAL.open(os.path.join(self.data_dir, "wal", ns, name), wal_cfg)

@@ -251,6 +251,9 @@ class TopicReplicator:
         self.batches += 1
         self.sent += len(batch.messages)
         await self.store.put(keys.edge_checkpoint(self.topic.name), self.checkpoint)
+        # What the cluster holds need not stay at the edge: sealed segments wholly below
+        # the checkpoint go (the disk holds the backlog and the active segment).
+        await self.topic.wal.truncate_before(self.checkpoint + 1)
 
 
 class _StreamEnded(Exception):

@@ -31,7 +31,7 @@ def _unary(channel, path, request, response_cls):
 def cluster(tmp_path_factory):
     b = start_broker(tmp_path_factory.mktemp("edge-mqtt-cluster") / "data")
     with grpc.insecure_channel(b.admin_addr) as admin:
-        for ns in ("edge1", "edgeq", "edgeschema"):
+        for ns in ("edge1", "edgeq", "edgeschema", "edgewal"):
             _unary(admin, "/danube_admin.NamespaceAdmin/CreateNamespace",
                    adm.NamespaceRequest(name=ns), adm.NamespaceResponse)
     with grpc.insecure_channel(b.client_addr) as client:
@@ -256,3 +256,36 @@ def test_edge_config_errors_name_the_key(tmp_path):
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 2
     assert "mqtt.topic_mappings[0].mqtt_pattern" in run.stderr
+
+
+def test_replicated_segments_leave_the_edge(cluster, tmp_path):
+    """With small WAL segments (wal.segment_max_bytes, ours), the segments the cluster has
+    acked are deleted at the edge; a restart continues after them."""
+    text = edge_yaml(cluster.client_addr, [
+        {"mqtt_pattern": "#", "danube_topic": "/edgewal/t"}], edge_name="edgewal")
+    text += "wal:\n  segment_max_bytes: 16384\n"
+    edge = EdgeProcess(text, data_dir=tmp_path / "edge").start()
+    wal_dir = tmp_path / "edge" / "wal" / "edgewal" / "t"
+    try:
+        wait_for(lambda: "registered with cluster" in edge.log(), timeout=30)
+        c = paho_client(edge.mqtt_port)
+        for info in [c.publish("x", b"%04d" % i + b"." * 96, qos=1) for i in range(1000)]:
+            info.wait_for_publish(30)
+        c.disconnect()
+        c.loop_stop()
+        wait_for(lambda: len(cluster_payloads(cluster.client_addr, "/edgewal/t")) == 1000,
+                 timeout=60)
+        # ~150 KB of frames in 16 KiB segments: all but the active one go once acked.
+        wait_for(lambda: len(list(wal_dir.glob("wal.*.log"))) <= 2, timeout=30,
+                 what="acked segments deleted")
+        edge.stop()
+        edge.start()
+        c = paho_client(edge.mqtt_port)
+        c.publish("x", b"after-restart", qos=1).wait_for_publish(30)
+        c.disconnect()
+        c.loop_stop()
+        wait_for(lambda: cluster_payloads(cluster.client_addr, "/edgewal/t")[-1:] ==
+                 [b"after-restart"], timeout=60)
+        assert len(cluster_payloads(cluster.client_addr, "/edgewal/t")) == 1001
+    finally:
+        edge.stop()
