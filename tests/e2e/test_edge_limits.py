@@ -5,6 +5,7 @@ reason code; a 3.1.1 client sees the connection close or a CONNACK return code),
 serving everyone else. Raw topics need nothing from a cluster, so the edge here points at
 an address where none listens."""
 
+import socket
 import struct
 
 import paho.mqtt.client as mqtt
@@ -201,3 +202,23 @@ def test_subscribe_refused_as_upstream(edge):
     c.disconnect()
     c.loop_stop()
     assert granted == [0x80, 0x80]
+
+
+def test_stop_with_a_client_that_does_not_read(tmp_path):
+    """A device that floods QoS 1 messages and never reads its acks leaves the edge's writes
+    paused; SIGTERM still stops the edge (connections are dropped, not flushed)."""
+    edge = EdgeProcess(edge_yaml("127.0.0.1:1"), data_dir=tmp_path / "d").start()
+    c = RawClient(edge.mqtt_port)
+    c.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    c.send(connect("deaf", 4))
+    flood = b"".join(publish("device/x/telemetry", b"x" * 200, qos=1, packet_id=i % 65535 + 1)
+                     for i in range(2000))
+    c.sock.settimeout(5)
+    try:
+        for _ in range(50):
+            c.send(flood)
+    except (TimeoutError, OSError):
+        pass                                 # the edge stopped reading: as intended
+    edge.stop(timeout=60)
+    assert edge.proc.returncode == 0
+    c.close()

@@ -82,7 +82,7 @@ class EdgeProcess:
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait(20)
 
-    def stop(self, timeout=20):
+    def stop(self, timeout=60):
         if self.proc is None or self.proc.poll() is not None:
             return
         self.proc.send_signal(signal.SIGTERM)
@@ -91,7 +91,8 @@ class EdgeProcess:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
-            raise
+            raise RuntimeError(f"edge did not stop within {timeout} s of SIGTERM:\n"
+                               + self.log()[-4000:]) from None
 
 
 def cluster_messages(client_addr, topic):

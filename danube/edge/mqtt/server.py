@@ -77,11 +77,17 @@ class MqttServer:
             del self.by_client[session.client_id]
 
     async def stop(self):
+        """Stop listening and drop every connection at once (abort: a client that does not
+        read would keep a closing transport, and uvloop's wait_closed with it, open)."""
         if self._server is not None:
             self._server.close()
             for session in list(self.sessions):
-                session.close()
-            await self._server.wait_closed()
+                session.closed = True
+                session.transport.abort()
+            try:
+                await asyncio.wait_for(self._server.wait_closed(), 5)
+            except asyncio.TimeoutError:
+                log.warning("mqtt listener: connections still closing after 5 s; stopping")
 
 
 class _Gate(Session):
