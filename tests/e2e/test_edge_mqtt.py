@@ -16,7 +16,7 @@ import yaml
 from edge_process import (UPSTREAM_EDGE_YAML, EdgeProcess, cluster_messages,
                           cluster_payloads, edge_yaml)
 from official_client import start_broker
-from waiting import wait_for
+from waiting import holds_for, wait_for
 from danube.proto import DanubeAdmin_pb2 as adm
 from danube.proto import SchemaRegistry_pb2 as sr
 
@@ -289,3 +289,35 @@ def test_replicated_segments_leave_the_edge(cluster, tmp_path):
         assert len(cluster_payloads(cluster.client_addr, "/edgewal/t")) == 1001
     finally:
         edge.stop()
+
+
+def test_qos2_resend_retain_and_will(cluster, edgeq):
+    """A QoS 2 message resent (DUP) before PUBREL is stored once; the retain flag is
+    ignored (the message is stored like any other) and a will is not published, as
+    upstream treats them."""
+    from mqtt_raw import RawClient, packet, publish, string
+    import struct
+    before = len(cluster_payloads(cluster.client_addr, "/edgeq/unrouted"))
+    c = RawClient(edgeq.mqtt_port)
+    will_connect = packet(0x10, string("MQTT") + bytes([4, 0x02 | 0x04 | 0x08]) +
+                          struct.pack(">H", 60) + string("willer") + string("will/topic") +
+                          string("gone"))
+    c.send(will_connect)
+    assert c.read_packet()[2][1] == 0
+    first = publish("q2/topic", b"exactly-once", qos=2, packet_id=5)
+    c.send(first + bytes([first[0] | 0x08]) + first[1:])      # the resend, DUP set
+    assert [c.read_packet()[0] for _ in range(2)] == [5, 5]    # PUBREC twice
+    c.send(b"\x62\x02\x00\x05")                                 # PUBREL
+    kind, _, body = c.read_packet()
+    assert kind == 7 and body[:2] == b"\x00\x05"               # PUBCOMP
+    retained = publish("r/topic", b"retained", qos=1, packet_id=6)
+    c.send(bytes([retained[0] | 0x01]) + retained[1:])
+    assert c.read_packet()[0] == 4
+    c.close()                                                   # no DISCONNECT: will due
+    wait_for(lambda: len(cluster_payloads(cluster.client_addr, "/edgeq/unrouted")) >=
+             before + 2, timeout=30)
+    got = cluster_payloads(cluster.client_addr, "/edgeq/unrouted")[before:]
+    assert got.count(b"exactly-once") == 1 and b"retained" in got
+    holds_for(lambda: b"gone" not in cluster_payloads(cluster.client_addr,
+                                                      "/edgeq/unrouted")[before:], 3,
+              what="no will published")
