@@ -43,6 +43,7 @@ EXTENSION_MODULES = [
     "danube.codec.http2",
     "danube.codec.grpcframe",
     "danube.codec.msgbatch",
+    "danube.codec.mqtt",
     "danube.broker._canon",
     "danube.broker._columns",
     "danube.broker._fanout",

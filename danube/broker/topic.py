@@ -133,6 +133,17 @@ class Topic:
         self._fan_out_batch(message, producer)
         return None
 
+    async def append_replicated(self, messages):
+        """StreamMessages an edge replicated (danube.broker.edges): stored as they came,
+        each with this topic's offset, without a producer of this broker. The edge has
+        validated them against its cached schema, as upstream's cluster writes them
+        straight to the WAL. A non-reliable topic fans them out instead (None)."""
+        if self.delivery == RELIABLE:
+            return await self._store_messages(messages)
+        for msg in messages:
+            self._fan_out_message(msg)
+        return None
+
     async def _store_batch(self, batch, producer):
         """A ``danube.broker._stamp.MessageBatchView``: msg_id (with topic_offset) and
         producer_name are stamped by appending fields protobuf merges, all messages into one

@@ -15,9 +15,15 @@ def _add_broker(sub):
     p = sub.add_parser("broker", help="run a broker",
                        description="Run a Danube-compatible broker.")
     p.add_argument("--config-file", help="broker YAML (upstream danube_broker.yml keys)")
-    p.add_argument("--mode", choices=("standalone", "cluster"),
+    p.add_argument("--mode", choices=("standalone", "cluster", "edge"),
                    help="standalone: single broker with embedded metadata, no config file "
-                        "needed; cluster (the default, as upstream) requires --config-file")
+                        "needed; cluster (the default, as upstream) requires --config-file; "
+                        "edge: an MQTT gateway replicating to a cluster, requires "
+                        "--data-dir and --edge-config")
+    p.add_argument("--edge-config", metavar="FILE",
+                   help="edge mode: upstream's edge.yaml (edge, replicator and mqtt sections)")
+    p.add_argument("--edge-token", metavar="TOKEN",
+                   help="edge mode: the JWT sent to the cluster (overrides edge.token)")
     p.add_argument("--data-dir", help="directory for all broker state")
     p.add_argument("--broker-addr", metavar="HOST:PORT",
                    help="client gRPC address (default 127.0.0.1:6650)")
@@ -65,6 +71,8 @@ def _run_broker(args):
 
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.mode == "edge":
+        return _run_edge(args)
     try:
         if args.mode is None:
             args.mode = "cluster"
@@ -88,6 +96,42 @@ def _run_broker(args):
     try:
         uvloop.run(broker.run())
     except (OSError, TieredStartupError, MetadataError) as exc:
+        print(f"danube broker: cannot start: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _run_edge(args):
+    """Upstream's checks (args_parse.rs): edge mode takes neither --config-file nor --join,
+    and needs --data-dir and --edge-config."""
+    import uvloop
+
+    from danube.config_errors import ConfigError
+
+    problem = None
+    if args.config_file:
+        problem = "--mode edge cannot be used together with --config-file"
+    elif args.join:
+        problem = "--mode edge cannot be used together with --join"
+    elif not args.data_dir:
+        problem = "--mode edge requires --data-dir"
+    elif not args.edge_config:
+        problem = "--mode edge requires --edge-config"
+    if problem:
+        print(f"danube broker: {problem}", file=sys.stderr)
+        return 2
+    from danube.edge import config as edge_config
+    from danube.edge.app import EdgeBroker
+    from danube.metadata.errors import MetadataError
+
+    try:
+        cfg = edge_config.load(args.edge_config)
+    except ConfigError as exc:
+        print(f"danube broker: {exc}", file=sys.stderr)
+        return 2
+    try:
+        uvloop.run(EdgeBroker(cfg, args.data_dir, args.edge_token).run())
+    except (OSError, MetadataError) as exc:
         print(f"danube broker: cannot start: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -1,7 +1,7 @@
 # StreamMessage and MsgID (protocol/DanubeApi.proto) as the Cython modules that read and
 # write them without protobuf objects see them: field numbers and the tags the canonical form
-# writes. The one place for this layout; broker/_canon, _stamp, _columns and
-# client/_delivery cimport it. A field added to the .proto is added here first.
+# writes. The one place for this layout; broker/_canon, _stamp, _columns, client/_delivery
+# and codec/mqtt cimport it. A field added to the .proto is added here first.
 
 cdef enum:
     # StreamMessage
@@ -30,6 +30,8 @@ cdef enum:
 
     # Tags (field number << 3 | wire type) the writers emit
     TAG_SM_MSG_ID = (SM_MSG_ID << 3) | 2
+    TAG_SM_PAYLOAD = (SM_PAYLOAD << 3) | 2
+    TAG_SM_PUBLISH_TIME = (SM_PUBLISH_TIME << 3) | 0
     TAG_SM_PRODUCER_NAME = (SM_PRODUCER_NAME << 3) | 2
     TAG_MID_PRODUCER_ID = (MID_PRODUCER_ID << 3) | 0
     TAG_MID_TOPIC_NAME = (MID_TOPIC_NAME << 3) | 2

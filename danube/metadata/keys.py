@@ -279,3 +279,27 @@ def storage_segments_cur(topic: str, metadata_prefix: str = DEFAULT_METADATA_PRE
 def storage_topic_state(topic: str, metadata_prefix: str = DEFAULT_METADATA_PREFIX) -> str:
     """Value: the sealed marker ``{sealed, last_committed_offset, broker_id, timestamp}``."""
     return f"{storage_topic_prefix(topic, metadata_prefix)}/state"
+
+
+# -- edges (danube.edge.EdgeReplicatorService; upstream's edge_service keys) -----------------
+
+EDGE_REGISTRY = "/edge_registry/edges"
+
+
+def edge_registry(edge_name: str) -> str:
+    """Value: ``{"config_version","registered_at","last_heartbeat","topics":{topic:
+    {"schema_subject","schema_id","schema_version","schema_fingerprint"}}}`` (upstream's
+    EdgeState), plus ``"observed"``: the schema fingerprints the last heartbeat saw."""
+    return f"{EDGE_REGISTRY}/{_segment(edge_name, 'edge name')}"
+
+
+def edge_replicated(topic: str) -> str:
+    """Value: the highest edge offset of ``topic`` stored on the cluster (the ReplicateData
+    idempotency marker): ``{"log": edge log id, "offset": u64}``, or a plain u64 (upstream's
+    form) for an edge that sends no log id."""
+    return f"{EDGE}/replicated{_topic(topic)}"
+
+
+def edge_checkpoint(topic: str) -> str:
+    """Edge side. Value: u64, the highest local offset of ``topic`` the cluster acked."""
+    return f"{EDGE}/checkpoints{_topic(topic)}"

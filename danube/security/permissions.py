@@ -91,6 +91,12 @@ def _rows():
     add("danube.ConsumerService", "Consume", _acked, "Ack", "Nack")
     add("danube.HealthCheck", None, _cluster, "HealthCheck")
     add("danube.StorageService", "Consume", _TOPIC, "ListSegmentDescriptors")
+    # Upstream checks nothing beyond authentication here, though its Replicate permission
+    # exists for it (docs/compatibility.md): ours asks Replicate on the edge's namespace,
+    # and at cluster scope for the stream (a batch may name any topic).
+    add("danube.edge.EdgeReplicatorService", "Replicate", _field("edge_name", namespace),
+        "RegisterEdge", "EdgeHeartbeat")
+    add("danube.edge.EdgeReplicatorService", "Replicate", _cluster, "ReplicateData")
     add("danube_ext.BatchProducer", "Produce", _send_messages, "SendMessages")
     add("danube_ext.BatchConsumer", "Consume", _receive, "ReceiveBatches")
     add("danube_ext.BatchConsumer", "Consume", _TOPIC_NAME_FIELD, "AckRanges")

@@ -11,6 +11,7 @@ import pytest
 from danube.proto import DanubeAdmin_pb2 as adm
 from danube.proto import DanubeApi_pb2 as pb
 from danube.proto import DanubeExt_pb2 as ext
+from danube.proto import EdgeReplicator_pb2 as edge
 from danube.proto import SchemaRegistry_pb2 as sr
 from secure_broker import SUPER, Security, broker_fixture, token
 from secure_broker import admin, client  # noqa: F401 - fixtures
@@ -27,7 +28,7 @@ broker = broker_fixture("rbac", "--prom-exporter", "127.0.0.1:0",
 @pytest.fixture(scope="module")
 def sec(admin):
     s = Security(admin)
-    for perm in ("Lookup", "Produce", "Consume", "ManageNamespace", "ManageTopic",
+    for perm in ("Lookup", "Produce", "Consume", "Replicate", "ManageNamespace", "ManageTopic",
                  "ManageSchema", "ManageBroker", "ManageCluster"):
         s.role(f"only-{perm}", perm)
     return s
@@ -111,6 +112,12 @@ TABLE = [
     ("admin", "/danube_schema.SchemaRegistry/GetTopicSchemaConfig",
      lambda f: sr.GetTopicSchemaConfigRequest(topic_name=f["topic"]),
      sr.GetTopicSchemaConfigResponse, "ManageSchema", "topic", None),
+    ("client", "/danube.edge.EdgeReplicatorService/RegisterEdge",
+     lambda f: edge.RegisterEdgeRequest(edge_name="default"), edge.RegisterEdgeResponse,
+     "Replicate", "namespace", lambda f: "default"),
+    ("client", "/danube.edge.EdgeReplicatorService/EdgeHeartbeat",
+     lambda f: edge.EdgeHeartbeatRequest(edge_name="default"), edge.EdgeHeartbeatResponse,
+     "Replicate", "namespace", lambda f: "default"),
     ("admin", "/danube_admin.BrokerAdmin/ListBrokers", lambda f: adm.Empty(),
      adm.BrokerListResponse, "ManageBroker", "cluster", None),
     ("admin", "/danube_admin.BrokerAdmin/ListNamespaces", lambda f: adm.Empty(),

@@ -9,7 +9,7 @@ from fuzz_mutate import fuzz_inputs, fuzz_settings
 from fuzz_targets import TARGETS
 import fuzz_codecs as fc
 
-CODECS = ("h2_frames", "hpack", "grpc_frames", "wal_frames")
+CODECS = ("h2_frames", "hpack", "grpc_frames", "wal_frames", "mqtt_packets")
 
 
 @pytest.mark.parametrize("name", CODECS)
@@ -42,6 +42,12 @@ def test_fuzz_grpc_frames(data):
 @given(fuzz_inputs(fc.wal_seeds()))
 def test_fuzz_wal_frames(data):
     fc.wal_frames(data)
+
+
+@fuzz_settings(700)
+@given(fuzz_inputs(fc.mqtt_seeds()))
+def test_fuzz_mqtt_packets(data):
+    fc.mqtt_packets(data)
 
 
 def test_the_targets_catch_what_they_check():

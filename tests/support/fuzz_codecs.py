@@ -238,3 +238,89 @@ def wal_seeds():
     frames = b"".join(wf.encode_frame(5 + i, bytes([i + 1]) * (i * 13)) for i in range(6))
     return [frames, frames + bytes(40), wf.encode_frame(0, b"") + wf.encode_frame(1, b"x"),
             frames[:-3]]
+
+
+# -- MQTT (the edge) ----------------------------------------------------------------------
+
+def mqtt_packets(data: bytes):
+    """The edge's MQTT decoder (danube/edge/mqtt/codec.py, runs of PUBLISH packets found in
+    C by danube/codec/mqtt.pyx), at 3.1.1 and 5.0, whole and in 7-byte pieces: packets, or
+    ProtocolError. Every Run encodes (encode_run) into exactly its count of StreamMessages
+    that protobuf parses, carrying the payloads the general decoder reads from the same
+    bytes, and acks for exactly its QoS 1 packets."""
+    from danube.codec.mqtt import encode_run
+    from danube.edge.mqtt import codec as mc
+    from danube.proto import DanubeApi_pb2 as pb
+
+    prefix = pb.StreamMessage(msg_id=pb.MsgID(topic_name="/e/t")).SerializeToString()
+    suffix = pb.StreamMessage(producer_name="p").SerializeToString()
+    for level in (4, 5):
+        for size in (len(data) or 1, 7):
+            d = mc.Decoder(1 << 12, 64)
+            d.level = level
+            out = []
+            try:
+                for piece in _chunks(data, size):
+                    out += d.feed(piece)
+            except mc.ProtocolError as exc:
+                check(0x80 <= exc.reason <= 0xA2, f"reason code {exc.reason:#x}")
+                continue
+            for packet in out:
+                if type(packet) is not mc.Run:
+                    continue
+                at_level = _run_level(out, packet, level)
+                raw, ends, acks = encode_run(packet.raw, 0, packet.count, at_level == 5,
+                                             prefix, suffix, 7)
+                check(len(ends) == packet.count and len(acks) == 4 * packet.qos1,
+                      "encode_run count or acks wrong")
+                slow = mc.Decoder(1 << 13, 1 << 13)
+                slow.level = at_level
+                slow.runs = False
+                pubs = slow.feed(packet.raw)
+                check(len(pubs) == packet.count and all(p.topic == packet.topic for p in pubs),
+                      "a Run the general decoder reads otherwise")
+                starts = [0, *ends[:-1]]
+                for p, a, b in zip(pubs, starts, ends):
+                    msg = pb.StreamMessage.FromString(raw[a:b])
+                    check(msg.payload == p.payload and msg.publish_time == 7,
+                          "encode_run payload differs")
+
+
+def _run_level(out, run, level):
+    """The protocol level a Run was read at: the last CONNECT's before it, else ``level``."""
+    from danube.edge.mqtt import codec as mc
+    for packet in out:
+        if packet is run:
+            break
+        if type(packet) is mc.Connect:
+            level = packet.level
+    return level
+
+
+def mqtt_seeds():
+    import struct
+
+    def s(text):
+        raw = text.encode()
+        return struct.pack(">H", len(raw)) + raw
+
+    def pkt(first, body):
+        n, out = len(body), bytearray()
+        while True:
+            b, n = n & 0x7F, n >> 7
+            out.append(b | (0x80 if n else 0))
+            if not n:
+                break
+        return bytes([first]) + bytes(out) + body
+
+    def connect(level):
+        return pkt(0x10, s("MQTT") + bytes([level, 2, 0, 60]) + (b"\x00" if level == 5 else b"")
+                   + s("dev"))
+
+    def pub(topic, payload, qos, pid, level):
+        body = s(topic) + (struct.pack(">H", pid) if qos else b"")
+        return pkt(0x30 | qos << 1, body + (b"\x00" if level == 5 else b"") + payload)
+    v4 = connect(4) + b"".join(pub("a/b", b"p%d" % i, i % 2, i + 1, 4) for i in range(6))
+    v5 = connect(5) + b"".join(pub("a/b", b"q%d" % i, 1, i + 1, 5) for i in range(4)) + \
+        pub("c", b"x", 2, 9, 5) + b"\xc0\x00" + pkt(0x62, b"\x00\x09") + b"\xe0\x00"
+    return [v4, v5, v4[:-3], pkt(0x82, b"\x00\x01" + s("t/#") + b"\x01")]

@@ -11,6 +11,7 @@ loop, a temporary directory, a broker process) that the context sets up once and
     hpack              HeaderDecoder and its cache against hpack (danube/rpc/headers.py)
     grpc_frames        GrpcDeframer (danube/codec/grpcframe.pyx)
     wal_frames         scan_frames / read_frame(s) / walk_frames (danube/storage/_walframes.pyx)
+    mqtt_packets       the edge's MQTT decoder with publish_run/encode_run (danube/codec/mqtt.pyx)
     server_connection  a whole ServerConnection in process (danube/rpc/server.py)
     wal_recovery       WAL.open over damaged segment files and checkpoints (storage/recovery.py)
     broker_requests    every request of every service, raw, to a real broker process
@@ -73,6 +74,8 @@ TARGETS = {t.name: t for t in (
            _pure(fuzz_codecs.grpc_frames, fuzz_codecs.grpc_seeds)),
     Target("wal_frames", "WAL frame codec (scan/read/walk)",
            _pure(fuzz_codecs.wal_frames, fuzz_codecs.wal_seeds)),
+    Target("mqtt_packets", "the edge's MQTT decoder and its C runs of PUBLISH packets",
+           _pure(fuzz_codecs.mqtt_packets, fuzz_codecs.mqtt_seeds)),
     Target("server_connection", "a whole gRPC server connection in process",
            _stateful(fuzz_server.server_connection, fuzz_server.server_seeds)),
     Target("wal_recovery", "WAL recovery over damaged segment files and checkpoints",

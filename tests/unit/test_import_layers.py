@@ -30,6 +30,11 @@ ALLOWED = {
     # the guard in front of a server's methods.
     "danube.security": {"danube.rpc", "danube.metadata"},
     "danube.client": {"danube.codec", "danube.rpc"},
+    # The edge broker: MQTT in, local WALs (storage), checkpoints in the embedded store
+    # (metadata), payloads checked by the schema validators, replication over our gRPC
+    # client (rpc); it never imports the broker core or the services.
+    "danube.edge": {"danube.codec", "danube.rpc", "danube.client", "danube.storage",
+                    "danube.metadata", "danube.schema"},
     # Schema formats, compatibility and payload validation: pure functions, used by the
     # registry, the publish path and the CLI alike.
     "danube.schema": {"danube.codec"},
@@ -53,7 +58,7 @@ ALLOWED["danube.config_keys"] = {"danube.config_errors"}
 ALLOWED["danube.failure_policy"] = {"danube.config_errors"}
 # The web console of `danube admin serve`: reaches the broker through the client only.
 ALLOWED["danube.console"] = {"danube.client", "danube.rpc", "danube.codec"}
-ALLOWED["danube.cli"] = ALLOWED["danube.cli"] | {"danube.console"}
+ALLOWED["danube.cli"] = ALLOWED["danube.cli"] | {"danube.console", "danube.edge"}
 
 
 def part(module):

@@ -1,0 +1,1 @@
+"""bench.edge: MQTT ingest at the edge vs mosquitto, and replication to the cluster."""
