@@ -29,11 +29,13 @@ defaults
     timeout client 1h
     timeout server 1h
     timeout http-request 10s
-    # A broker that stops answering is taken out of "any broker" at once.
-    default-server proto h2 check inter {check_ms} fall 1 rise 1
+    # A broker that stops answering is marked down at once: by its health check, or by
+    # the first connection to it that fails.
+    default-server proto h2 check inter {check_ms} fall 1 rise 1 observe layer4 error-limit 1 on-error mark-down
 
 frontend danube_clients
     bind {bind} proto h2
+    acl health_check path /danube.HealthCheck/HealthCheck
 {routes}
     default_backend danube_any
 
@@ -58,7 +60,7 @@ def _hostport(broker_url: str) -> str:
     return hostport
 
 
-def haproxy_config(bind: str, broker_urls: list[str], *, check_ms: int = 500,
+def haproxy_config(bind: str, broker_urls: list[str], *, check_ms: int = 250,
                    maxconn: int = 4096, global_extra: str = "") -> str:
     """The HAProxy configuration of an ingress listening on ``bind`` (HOST:PORT) in front
     of brokers advertising ``broker_urls`` (plain-text ``http://HOST:PORT``; the header
@@ -69,7 +71,14 @@ def haproxy_config(bind: str, broker_urls: list[str], *, check_ms: int = 500,
     routes, any_servers, named = [], [], []
     for i, url in enumerate(broker_urls):
         name, hostport = backend_name(url), _hostport(url)
-        routes.append(f"    use_backend {name} if {{ req.hdr({HEADER}) -m str {url} }}")
+        # A health check for a broker that is down goes to a live one, which answers CLOSE
+        # (it knows no such producer or consumer): the official consumer resubscribes,
+        # through a lookup, only on CLOSE. Every other call for it fails (503, which gRPC
+        # clients see as UNAVAILABLE) and the clients retry and look the topic up again.
+        routes.append(f"    acl to_b{i} req.hdr({HEADER}) -m str {url}\n"
+                      f"    acl b{i}_up nbsrv({name}) gt 0\n"
+                      f"    use_backend danube_any if to_b{i} !b{i}_up health_check\n"
+                      f"    use_backend {name} if to_b{i}")
         any_servers.append(f"    server b{i} {hostport}")
         named.append(f"backend {name}\n    server b{i} {hostport}\n")
     return _TEMPLATE.format(header=HEADER, maxconn=maxconn, global_extra=global_extra,

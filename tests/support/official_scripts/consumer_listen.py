@@ -6,11 +6,19 @@ args: url, topic, name, subscription, kind, run_for (seconds, 60). Prints "subsc
 its receive loop runs."""
 
 import asyncio
+import logging
+import sys
 
 from _lib import Receiver, new_client
 
 
 async def main(args):
+    if args.get("log"):
+        # The client's own log (its recoveries) on stderr.
+        logging.basicConfig(stream=sys.stderr, level=logging.DEBUG,
+                            format="%(asctime)s %(name)s %(message)s")
+        logging.getLogger("grpc").setLevel(logging.WARNING)
+        logging.getLogger("asyncio").setLevel(logging.WARNING)
     client = await new_client(args["url"])
     receiver = await Receiver.start(client, args["topic"], args["name"], args["subscription"],
                                     args.get("kind", "exclusive"))
