@@ -3,7 +3,10 @@
 import sys
 from pathlib import Path
 
+import json
+
 from danube.devcluster.local import ClusterError, Options, down, status, up
+from danube.devcluster.roll import DEFAULT_PAUSE, roll
 from danube.devcluster.tools import Missing
 
 DEFAULT_DIR = "./danube-cluster"
@@ -61,6 +64,16 @@ def add_parser(sub):
     s = actions.add_parser("status", help="what runs, and the brokers' state")
     s.add_argument("--dir", default=DEFAULT_DIR)
     s.set_defaults(func=lambda args: status(Path(args.dir)))
+    r = actions.add_parser("roll", help="rolling restart: drain, stop, start, wait active, "
+                                        "next broker")
+    r.add_argument("--dir", default=DEFAULT_DIR)
+    r.add_argument("--pause", type=float, default=DEFAULT_PAUSE,
+                   help="seconds between a broker's drain and its stop, for the official "
+                        f"clients' 5 s health check to move their consumers ({DEFAULT_PAUSE})")
+    r.add_argument("--rebalance", action="store_true",
+                   help="even out the topics at the end (the last broker restarted has none)")
+    r.add_argument("--output", choices=("json",), help="also print each step's times as JSON")
+    r.set_defaults(func=_roll)
     d = actions.add_parser("down", help="stop everything (brokers first, gracefully)")
     d.add_argument("--dir", default=DEFAULT_DIR)
     d.add_argument("--purge", action="store_true", help="delete the data too")
@@ -85,4 +98,15 @@ def _up(args):
     except (ClusterError, Missing) as exc:
         print(f"danube cluster up: {exc}", file=sys.stderr)
         return 2 if isinstance(exc, Missing) else 1
+    return 0
+
+
+def _roll(args):
+    try:
+        records = roll(Path(args.dir).absolute(), pause=args.pause, rebalance=args.rebalance)
+    except ClusterError as exc:
+        print(f"danube cluster roll: {exc}", file=sys.stderr)
+        return 1
+    if args.output == "json":
+        print(json.dumps(records))
     return 0

@@ -75,7 +75,7 @@ def load_state(directory: Path) -> dict | None:
     return json.loads(path.read_text())
 
 
-def _save(directory: Path, state: dict) -> None:
+def save_state(directory: Path, state: dict) -> None:
     tmp = directory / (STATE + ".tmp")
     tmp.write_text(json.dumps(state, indent=2))
     tmp.replace(directory / STATE)
@@ -173,9 +173,9 @@ class _Starter:
         # A log is appended to by each `up`: readiness is looked for after this offset.
         offset = log.stat().st_size if log.exists() else 0
         entry = {"name": name, "pid": procs.spawn(cmd, log), "log": str(log),
-                 "log_offset": offset, **info}
+                 "log_offset": offset, "cmd": cmd, **info}
         self.state["processes"].append(entry)
-        _save(self.dir, self.state)
+        save_state(self.dir, self.state)
         return entry
 
     # etcd ------------------------------------------------------------------------------
@@ -339,6 +339,12 @@ def _danube_command() -> list[str]:
     return [sys.executable, "-P", "-m", "danube"]
 
 
+async def list_brokers(admin: str):
+    from danube.client.admin import AdminClient
+    async with AdminClient(admin, timeout=5, connect_timeout=1) as client:
+        return (await client.call("BrokerAdmin", "ListBrokers")).brokers
+
+
 async def _active_brokers(admin: str) -> int:
     from danube.client.admin import AdminClient
     async with AdminClient(admin, timeout=2, connect_timeout=1) as client:
@@ -383,7 +389,7 @@ def up(opts: Options, out=print) -> dict:
         raise
     state = starter.state
     state["ready_seconds"] = round(time.monotonic() - started, 2)
-    _save(opts.directory, state)
+    save_state(opts.directory, state)
     out(describe(state, f"danube cluster up: {opts.brokers} brokers ready in "
                         f"{state['ready_seconds']:.1f} s"))
     return state
