@@ -143,4 +143,38 @@ def test_errors_name_what_is_missing_or_wrong(directory, tmp_path):
 
     none = cluster("status", "--dir", str(tmp_path / "nothing"))
     assert none.returncode == 2 and "no cluster in" in none.stdout
+    roll = cluster("roll", "--dir", str(tmp_path / "nothing"))
+    assert roll.returncode == 1 and "no cluster in" in roll.stderr
+
+    for flag, value, message in (("--brokers", "0", "--brokers: at least 1, got 0"),
+                                 ("--lease-ttl", "0", "--lease-ttl: at least 1 second")):
+        bad = cluster("up", "--dir", str(directory), "--free-ports", flag, value)
+        assert bad.returncode == 1 and message in bad.stderr, bad.stderr
+    partial = cluster("up", "--dir", str(directory), "--free-ports",
+                      "--s3-endpoint", "http://127.0.0.1:9")
+    assert partial.returncode == 1
+    assert "--s3-endpoint needs --s3-access-key too" in partial.stderr
     assert os.path.exists(tmp_path)
+
+
+def test_up_with_an_ingress(directory):
+    """`--ingress`: HAProxy in front as every broker's connect_url (proxy mode)."""
+    up = cluster("up", "--dir", str(directory), "--free-ports", "--ingress")
+    assert up.returncode == 0, up.stdout + up.stderr
+    state = json.loads((directory / "cluster.json").read_text())
+    ingress = state["ingress"]
+    assert f"ingress    {ingress}" in up.stdout
+    assert f"Try: danube produce -s {ingress}" in up.stdout
+
+    async def through_ingress():
+        async with DanubeClient(ingress) as client:
+            producer = await client.create_producer("/default/via-ingress", "p",
+                                                    reliable=True)
+            await producer.send("hello")
+            return await client.lookup("/default/via-ingress")
+    address = asyncio.run(through_ingress())
+    assert address.proxy and address.connect_url == ingress
+    assert address.broker_url in {p["broker_url"] for p in state["processes"]
+                                  if p.get("broker_url")}
+    down = cluster("down", "--dir", str(directory), "--purge")
+    assert down.returncode == 0 and "stopped ingress" in down.stdout
