@@ -12,22 +12,18 @@ HAProxy (HTTP/2 on both sides, danube.devcluster.ingress) routes a call carrying
   first acknowledged publish is reported (target: within twice the lease).
 """
 
-import asyncio
-import os
 import time
 
 import grpc
 import pytest
 
-from cluster_clients import ResilientConsumer
 from cluster_failover import owner
-from cluster_process import ClusterBrokers
 from danube.client import DanubeClient
 from danube.proto import DanubeApi_pb2 as pb
-from etcd_process import EtcdProcess
 from grpc_calls import unary
-from haproxy_process import HAProxyProcess
-from official_client import run_scenario, spawn_scenario, unique_topic
+from ingress_failover import ingress_cluster as ingress_cluster_of
+from ingress_failover import official_through_owner_kill, url
+from official_client import run_scenario, unique_topic
 from waiting import wait_for
 
 LEASE = 3
@@ -36,23 +32,9 @@ HEADER = "x-danube-broker-url"
 
 @pytest.fixture(scope="module")
 def ingress_cluster(tmp_path_factory):
-    etcd = EtcdProcess(tmp_path_factory.mktemp("etcd")).start()
-    ingress = HAProxyProcess(tmp_path_factory.mktemp("haproxy"))
-    brokers = ClusterBrokers(etcd, tmp_path_factory.mktemp("cluster"), lease=LEASE)
-    try:
-        for _ in range(3):
-            brokers.add(None, "--connect-url", ingress.url)
-        ingress.start([url(b) for b in brokers.brokers])
-        brokers.ingress = ingress
-        yield brokers
-    finally:
-        ingress.stop()
-        brokers.stop()
-        etcd.stop()
-
-
-def url(broker):
-    return f"http://{broker.client_addr}"
+    with ingress_cluster_of(tmp_path_factory.mktemp("etcd"), tmp_path_factory.mktemp("haproxy"),
+                            tmp_path_factory.mktemp("cluster"), lease=LEASE) as cluster:
+        yield cluster
 
 
 def lookup(addr, topic, header=None):
@@ -157,68 +139,16 @@ def test_a_broker_ignores_a_header_naming_another(ingress_cluster):
 
 def test_official_producer_survives_an_owner_kill_behind_the_ingress(ingress_cluster, tmp_path):
     """Last in the module: the killed broker stays down (the ingress knows its port)."""
-    cluster = ingress_cluster
-    topic = unique_topic("ingress-kill")
-    go, stop = tmp_path / "go", tmp_path / "stop"
-    producer = spawn_scenario("proxy_producer.py", {
-        "url": cluster.ingress.url, "topic": topic, "go_file": str(go),
-        "stop_file": str(stop), "interval": 0.005, "retry_pause": 0.05}, timeout=120)
-    consumer = ResilientConsumer(cluster, topic)
-    official = None
-    try:
-        producer.wait_line("created", timeout=30)
-        consumer.start()
-        wait_for(lambda: consumer.reconnects, what="the consumer subscribed")
-        official = spawn_scenario("consumer_listen.py", {
-            "url": cluster.ingress.url, "topic": topic, "name": "official",
-            "subscription": "official", "kind": "shared", "run_for": 110}, timeout=120)
-        official.wait_line("subscribed", timeout=30)
-        go.touch()
-        wait_for(lambda: len(consumer.received) >= 100, timeout=30,
-                 what="the consumer receiving")
-        victim = owner(cluster, topic)
-        killed_at = time.time()
-        cluster.kill(victim)
-
-        def acks():
-            return [line.split() for line in producer.lines
-                    if line is not None and line.startswith("acked ")]
-
-        def first_after_kill():
-            return next((float(a[2]) for a in acks() if float(a[2]) > killed_at), None)
-
-        wait_for(lambda: len([a for a in acks() if float(a[2]) > killed_at]) >= 100,
-                 timeout=60, what="the official producer publishing again after the kill")
-        served_again = first_after_kill() - killed_at
-        stop.touch()
-        producer.wait_line("{", timeout=30)         # the scenario's JSON result
-        acked = [a[1] for a in acks()]
-        wait_for(lambda: consumer.has_all(acked), timeout=30,
-                 what="every acknowledged message at the consumer")
-
-        def official_got():
-            return {line.split()[1] for line in official.lines
-                    if line is not None and line.startswith("received ")}
-        try:
-            wait_for(lambda: set(acked) <= official_got(), timeout=30)
-        except AssertionError:
-            pass
-        official_missing = len(set(acked) - official_got())
-    finally:
-        stop.touch()
-        consumer.stop()
-        producer.kill()
-        if official is not None:
-            official.kill()
-    print(f"official consumer behind HAProxy: {official_missing} of {len(acked)} acked "
-          "messages not received within 30 s")
-    # It resubscribes once a health check, which the ingress sends to a live broker while
-    # the owner is down, answers CLOSE.
-    assert official_missing == 0, official.stderr[-3000:]
-    errors = [line for line in producer.lines if line and line.startswith("error")]
-    print(f"official producer behind HAProxy: first acked publish {served_again:.2f} s after "
-          f"kill -9 of the owner (lease {LEASE} s), {len(acked)} acked, all received, "
-          f"{len(errors)} send errors raised to the application")
-    assert served_again < 2 * LEASE + 10, served_again     # the figure is reported above
-    assert not set(acked) - set(consumer.received)
-    assert os.path.exists(stop)
+    result = official_through_owner_kill(ingress_cluster, unique_topic("ingress-kill"),
+                                         tmp_path)
+    print(f"official producer behind HAProxy: first acked publish {result['served_again']:.2f}"
+          f" s after kill -9 of the owner (lease {LEASE} s), {len(result['acked'])} acked, "
+          f"{len(result['lost'])} lost, {result['errors']} send errors raised to the "
+          f"application; official consumer: {result['official_missing']} not received")
+    assert not result["lost"], result["lost"][:10]
+    # The official consumer resubscribes once a health check, which the ingress sends to
+    # a live broker while the owner is down, answers CLOSE.
+    assert result["official_missing"] == 0, result["official_stderr"]
+    # The target (2x the lease) is measured by bench.cluster's ingress section; this only
+    # bounds it loosely, for slow machines.
+    assert result["served_again"] < 2 * LEASE + 10, result["served_again"]
