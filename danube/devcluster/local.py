@@ -154,11 +154,13 @@ def _wait(what: str, ready, timeout: float, pid: int | None = None, log: Path | 
         try:
             if ready():
                 return
+        except ClusterError:
+            raise
         except Exception as exc:  # noqa: BLE001 - not ready yet, whatever it says
             last = exc
         time.sleep(0.05)
-    raise ClusterError(f"{what} not ready after {timeout:.0f} s ({last or 'no answer'}); "
-                       f"its log ({log}):\n{procs.log_tail(log) if log else ''}")
+    tail = f"; its log ({log}):\n{procs.log_tail(log)}" if log else ""
+    raise ClusterError(f"{what} not ready after {timeout:.0f} s ({last or 'no answer'}){tail}")
 
 
 class _Starter:
@@ -259,16 +261,29 @@ class _Starter:
             aws_access_key_id=s3["access_key"], aws_secret_access_key=s3["secret_key"],
             config=Config(s3={"addressing_style": "path"}, connect_timeout=1,
                           read_timeout=5, retries={"total_max_attempts": 1}))
+        from botocore.exceptions import ClientError
         bucket = s3.get("bucket") or BUCKET
+        ours = self.opts.s3 is None
 
         def writable():
-            try:
-                client.create_bucket(Bucket=bucket)
-            except (client.exceptions.BucketAlreadyOwnedByYou,
-                    client.exceptions.BucketAlreadyExists):
-                pass
+            if ours:
+                try:
+                    client.create_bucket(Bucket=bucket)
+                except (client.exceptions.BucketAlreadyOwnedByYou,
+                        client.exceptions.BucketAlreadyExists):
+                    pass
             # Writes need the master to have grown volumes: only a write says it is ready.
-            client.put_object(Bucket=bucket, Key=".danube-ready", Body=b"ready")
+            try:
+                client.put_object(Bucket=bucket, Key=".danube-ready", Body=b"ready")
+            except ClientError as exc:
+                code = exc.response.get("Error", {}).get("Code", "")
+                if not ours and code in ("AccessDenied", "NoSuchBucket", "InvalidAccessKeyId",
+                                         "SignatureDoesNotMatch"):
+                    # A store given: waiting will not change its answer.
+                    raise ClusterError(f"the S3 store at {s3['endpoint']} refuses a write to "
+                                       f"bucket {bucket!r}: {code} (the bucket must exist, "
+                                       "and the keys may write to it)") from None
+                raise
             return True
         entry = next((p for p in self.state["processes"] if p["name"] == "s3"), None)
         _wait(f"the S3 store at {s3['endpoint']}", writable, self.opts.timeout,

@@ -178,3 +178,35 @@ def test_up_with_an_ingress(directory):
                                   if p.get("broker_url")}
     down = cluster("down", "--dir", str(directory), "--purge")
     assert down.returncode == 0 and "stopped ingress" in down.stdout
+
+
+def test_up_on_a_given_etcd_and_s3_endpoint(directory, tmp_path, seaweedfs_server):
+    """`--etcd-endpoints` and `--s3-endpoint`: only the brokers are started; `down` stops
+    them and leaves the etcd and the S3 store alone."""
+    from etcd_process import EtcdProcess
+    etcd = EtcdProcess(tmp_path / "etcd").start()
+    try:
+        s3 = seaweedfs_server
+        wrong = cluster("up", "--dir", str(directory), "--free-ports",
+                        "--etcd-endpoints", etcd.endpoint, "--s3-endpoint", s3.endpoint,
+                        "--s3-bucket", "no-such-bucket", "--s3-access-key", s3.access_key,
+                        "--s3-secret-key", s3.secret_key)
+        assert wrong.returncode == 1
+        assert "refuses a write to bucket 'no-such-bucket'" in wrong.stderr, wrong.stderr
+        up = cluster("up", "--dir", str(directory), "--free-ports",
+                     "--etcd-endpoints", etcd.endpoint, "--s3-endpoint", s3.endpoint,
+                     "--s3-bucket", s3.bucket, "--s3-access-key", s3.access_key,
+                     "--s3-secret-key", s3.secret_key)
+        assert up.returncode == 0, up.stdout + up.stderr
+        state = json.loads((directory / "cluster.json").read_text())
+        assert [p["name"] for p in state["processes"]] == ["broker-1", "broker-2"]
+        assert s3.secret_key not in (directory / "cluster.json").read_text()
+        url = state["processes"][0]["broker_url"]
+        got = asyncio.run(publish_and_consume(url, "/default/up-given", ["x"]))
+        assert got == ["x"]
+        down = cluster("down", "--dir", str(directory))
+        assert down.returncode == 0
+        assert etcd.running                       # not ours to stop
+        s3.probe()
+    finally:
+        etcd.stop()
