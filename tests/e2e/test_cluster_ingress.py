@@ -59,7 +59,13 @@ def place(cluster, topic):
         create_producer(cluster.live[0].client_addr, topic)
     assert created.value.code() == grpc.StatusCode.UNAVAILABLE
     assert "look it up again" in created.value.details()
-    wait_for(lambda: owner(cluster, topic), what="the topic placed")
+
+    def every_broker_knows():
+        try:
+            return all(lookup(b.client_addr, topic) for b in cluster.live)
+        except grpc.RpcError:               # a view that has not seen the placement yet
+            return False
+    wait_for(every_broker_knows, what="every broker's view of the placement")
 
 
 def ingress_addr(cluster):
