@@ -4,6 +4,7 @@ file), found again by pid from the state file, stopped with a signal and a deadl
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -11,10 +12,27 @@ import time
 from pathlib import Path
 
 
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = (int(x) for x in f.read().split())
+            return low, high
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port nothing listens on, outside the range the system takes outgoing connections'
+    ports from: a port from that range (what binding port 0 gives) can be taken by any
+    client's connection meanwhile, and a broker restarted on it (`danube cluster roll`)
+    would then fail with "address already in use"."""
+    low, high = _ephemeral_range()
+    candidates = [p for p in range(20000, 65000) if not low <= p <= high]
+    for _ in range(200):
+        port = random.choice(candidates)
+        if not port_busy(port):
+            return port
+    raise OSError("no free port found outside the ephemeral range")
 
 
 def port_busy(port: int, host: str = "127.0.0.1") -> bool:
