@@ -493,7 +493,9 @@ def apply_overrides(cfg: BrokerConfig, args) -> BrokerConfig:
         cfg.broker_url = cfg.connect_url = url
     if getattr(args, "connect_url", None):
         url = args.connect_url
-        cfg.connect_url = url if "://" in url else f"http://{url}"
+        # As upstream: a URL without a scheme takes the broker's (https under auth tls).
+        scheme = "https" if cfg.auth_mode == "tls" else "http"
+        cfg.connect_url = url if "://" in url else f"{scheme}://{url}"
     cfg.insecure_allow_unauthenticated = bool(
         getattr(args, "insecure_allow_unauthenticated", False))
     cfg.data_dir = os.path.abspath(cfg.data_dir)

@@ -10,6 +10,16 @@ Sections, each against a peer measured in the same run:
 - ``assign``: 10,000 topics marked unassigned at once in etcd; the time until the leader has
   placed them all on 3 brokers, and the coefficient of variation of the topics per broker.
   Peer: the time to write the 10,000 markers themselves (etcd's own write cost).
+- ``ingress``: proxy mode behind a real HAProxy (tests/support/ingress_failover.py): the
+  official Python producer, given only the ingress, publishes to a reliable topic every
+  5 ms while the owner is killed (SIGKILL); the time until its first acknowledged publish
+  after the kill, against twice the lease (the target); what the consumers lost. Peer: the
+  ``failover`` section (a producer that asks every broker, no ingress), run with it.
+- ``roll``: a rolling restart (`danube cluster roll`) of 3 brokers from `danube cluster up`
+  under our and the official client's producers and consumers on a 6-partition reliable
+  topic (tests/support/rolling_restart.py): per restarted broker the longest gap between
+  acknowledged publishes, the publish p99 during the roll against the same producers'
+  before it (the peer), the roll's total time, and what the consumers lost (nothing).
 - ``publish``: aggregate batched reliable publish (1000 x 100 B per batch, fsync before the
   ack) to 6 reliable topics from 3 load processes, on a 3-broker cluster and on a 1-broker
   cluster of the same etcd and configuration; rounds alternate the order.
@@ -41,6 +51,8 @@ from danube.metadata.etcd import EtcdStore  # noqa: E402
 from danube.proto import DanubeApi_pb2 as pb  # noqa: E402
 from etcd_process import EtcdProcess  # noqa: E402
 from grpc_calls import create_producer, unary  # noqa: E402
+from ingress_failover import ingress_cluster, official_through_owner_kill  # noqa: E402
+from rolling_restart import roll_under_load  # noqa: E402
 
 
 def pct(values, p):
@@ -274,6 +286,35 @@ def bench_publish(workdir, rounds, duration, topics, loaders, producers):
     return out
 
 
+def bench_ingress(workdir, runs, lease):
+    out = []
+    for run in range(runs):
+        base = workdir / str(run)
+        dirs = [base / d for d in ("etcd", "haproxy", "cluster", "work")]
+        for d in dirs:
+            d.mkdir(parents=True)
+        with ingress_cluster(*dirs[:3], lease=lease) as cluster:
+            r = official_through_owner_kill(cluster, f"/default/bench-ingress-{run}", dirs[3])
+        out.append({"served_again": r["served_again"], "acked": len(r["acked"]),
+                    "lost": len(r["lost"]), "official_missing": r["official_missing"],
+                    "errors": r["errors"]})
+    return out
+
+
+def bench_roll(workdir, runs, pause):
+    out = []
+    for run in range(runs):
+        (workdir / str(run)).mkdir(parents=True)
+        figures = roll_under_load(workdir / str(run), f"/default/bench-roll-{run}",
+                                  pause=pause)
+        figures.pop("roll_output")
+        for consumer in figures["consumers"].values():
+            consumer["lost"] = len(consumer["lost"])
+            consumer["stored_twice"] = len(consumer["stored_twice"])
+        out.append(figures)
+    return out
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m bench.cluster")
     parser.add_argument("--sections", default="failover,lookup,assign,publish")
@@ -288,6 +329,10 @@ def main(argv=None):
                         help="lease TTL seconds of the assign section (10)")
     parser.add_argument("--publish-rounds", type=int, default=3)
     parser.add_argument("--publish-duration", type=float, default=10)
+    parser.add_argument("--ingress-runs", type=int, default=5)
+    parser.add_argument("--roll-runs", type=int, default=3)
+    parser.add_argument("--roll-pause", type=float, default=6,
+                        help="seconds between a broker's drain and its stop (6)")
     parser.add_argument("--json", default=str(ROOT / "bench" / "results" / "cluster.json"))
     args = parser.parse_args(argv)
     sections = args.sections.split(",")
@@ -321,6 +366,30 @@ def main(argv=None):
             three = statistics.median(x["msgs_per_s"] for x in r["3"])
             print(f"  median: 1 broker {one:,.0f} msgs/s, 3 brokers {three:,.0f} msgs/s, "
                   f"{three / one:.2f}x")
+        if "ingress" in sections:
+            print(f"official producer behind HAProxy, kill -9 of the owner (lease "
+                  f"{args.lease:g} s, target {2 * args.lease:g} s):")
+            runs = results["ingress"] = bench_ingress(tmp / "ingress", args.ingress_runs,
+                                                      args.lease)
+            times = [r["served_again"] for r in runs]
+            print(f"  first acked publish after the kill: p50 {statistics.median(times):.2f}s "
+                  f"max {max(times):.2f}s over {len(times)} runs; lost "
+                  f"{sum(r['lost'] for r in runs)}, official consumer missing "
+                  f"{sum(r['official_missing'] for r in runs)}")
+        if "roll" in sections:
+            print("rolling restart of 3 brokers under load (6 partitions, ours and the "
+                  "official client):")
+            runs = results["roll"] = bench_roll(tmp / "roll", args.roll_runs, args.roll_pause)
+            for i, r in enumerate(runs):
+                for name, p in r["producers"].items():
+                    gaps = ", ".join(f"{b} {g:.2f}s" for b, g in p["gaps"].items())
+                    print(f"  run {i} {name}: longest publish gap per broker {gaps}; "
+                          f"p99 {p['p99_before_ms']:.1f} ms before, "
+                          f"{p['p99_during_ms']:.1f} ms during; {p['acked']} acked")
+                lost = {n: c["lost"] for n, c in r["consumers"].items()}
+                twice = {n: c["stored_twice"] for n, c in r["consumers"].items()}
+                print(f"  run {i}: roll took {r['roll_seconds']:.1f} s; lost {lost}, "
+                      f"stored twice {twice}")
     results["loadavg_after"] = os.getloadavg()
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(results, indent=2))

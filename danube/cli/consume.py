@@ -61,7 +61,8 @@ def add_parser(sub):
                     "until interrupted unless --count or --timeout is given.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("-s", "--service-addr", required=True,
-                   help="broker service URL, e.g. http://127.0.0.1:6650")
+                   help="broker service URL, e.g. http://127.0.0.1:6650; several brokers of a "
+                        "cluster comma-separated (lookups use whichever answers)")
     p.add_argument("-t", "--topic", default="/default/test_topic", help="topic to consume")
     p.add_argument("-n", "--consumer", default="consumer_pubsub", help="consumer name")
     p.add_argument("-m", "--subscription", required=True, help="subscription name")

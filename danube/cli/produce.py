@@ -59,7 +59,8 @@ def add_parser(sub):
         description="Send messages to a topic (upstream danube-cli produce).",
         epilog=JSON_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("-s", "--service-addr", required=True,
-                   help="broker service URL, e.g. http://127.0.0.1:6650")
+                   help="broker service URL, e.g. http://127.0.0.1:6650; several brokers of a "
+                        "cluster comma-separated (lookups use whichever answers)")
     p.add_argument("-n", "--producer-name", default="test_producer", help="producer name")
     p.add_argument("-t", "--topic", default="/default/test_topic", help="topic to produce to")
     p.add_argument("-m", "--message", help="message text (required unless --file)")

@@ -12,16 +12,21 @@ from danube.client.consumer import Consumer
 from danube.client.producer import Producer
 from danube.client.retry import RetryPolicy
 from danube.proto import DanubeApi_pb2 as pb
-from danube.rpc import RpcError
+from danube.rpc import RpcError, StatusCode
 from danube.rpc.target import parse_target
 
 log = logging.getLogger("danube.client")
 
 HEALTH_CHECK_INTERVAL = 5.0     # reference b.7
+# What a broker that is down or unreachable answers: try the next service URL.
+UNREACHABLE = frozenset({StatusCode.UNAVAILABLE, StatusCode.DEADLINE_EXCEEDED})
 
 
 class DanubeClient:
     """`DanubeClient("http://127.0.0.1:6650", ssl=None, token=None)`.
+
+    `service_url` may name several brokers of a cluster ("http://a:6650,http://b:6650",
+    or a list): lookups use whichever of them answers.
 
     `ssl` is an ssl.SSLContext for https brokers (an https:// URL without one uses the
     system CAs); `token` is a JWT sent as "authorization: Bearer <token>" on every call;
@@ -31,14 +36,23 @@ class DanubeClient:
     def __init__(self, service_url, *, ssl=None, token=None, retry=None, rpc_timeout=30.0,
                  connect_timeout=10.0, health_check_interval=HEALTH_CHECK_INTERVAL,
                  server_hostname=None):
-        try:
-            parse_target(service_url)
-        except ValueError as exc:
-            raise errors.InvalidArgument(f"invalid service URL {service_url!r}: {exc}") from None
-        if "://" not in service_url:
-            # MsgID.broker_addr and logs carry URLs (http://host:port), as upstream's do.
-            service_url = ("https://" if ssl is not None else "http://") + service_url
-        self.service_url = service_url
+        urls = service_url.split(",") if isinstance(service_url, str) else list(service_url)
+        urls = [u.strip() for u in urls if u and u.strip()]
+        if not urls:
+            raise errors.InvalidArgument(f"invalid service URL {service_url!r}: empty")
+        for i, url in enumerate(urls):
+            try:
+                parse_target(url)
+            except ValueError as exc:
+                raise errors.InvalidArgument(f"invalid service URL {url!r}: {exc}") from None
+            if "://" not in url:
+                # MsgID.broker_addr and logs carry URLs (http://host:port), as upstream's do.
+                urls[i] = ("https://" if ssl is not None else "http://") + url
+        # Several service URLs (ours: upstream's clients take one): lookups go to the one
+        # that answered last and move on to the next when it cannot be reached, so a
+        # client survives the death of the broker it was given first.
+        self.service_urls = tuple(urls)
+        self._url_index = 0
         self.pool = ConnectionPool(ssl=ssl, token=token, connect_timeout=connect_timeout,
                                    server_hostname=server_hostname)
         self.retry = retry or RetryPolicy()
@@ -50,6 +64,11 @@ class DanubeClient:
         self._closed = False
         # Whether the broker has danube_ext.BatchProducer: None until a send_many finds out.
         self.batch_publish = None
+
+    @property
+    def service_url(self):
+        """The service URL lookups go to now (the first that answers, of several)."""
+        return self.service_urls[self._url_index]
 
     # -- public API ----------------------------------------------------------------------
 
@@ -84,10 +103,9 @@ class DanubeClient:
     async def partitions(self, topic):
         """`[topic]` for a plain topic, its `-part-N` topics for a partitioned one, or []."""
         async def call():
-            stub = self.pool.stub(self.service_url)
-            return await stub.topic_partitions(
+            return await self._any_service_url(lambda stub: stub.topic_partitions(
                 pb.TopicLookupRequest(request_id=next(self._request_ids), topic=topic),
-                timeout=self.rpc_timeout)
+                timeout=self.rpc_timeout))
         try:
             response = await self.retry.run(call)
         except RpcError as exc:
@@ -132,11 +150,27 @@ class DanubeClient:
         if self._closed:
             raise errors.ClientClosed("the client is closed")
 
+    async def _any_service_url(self, call):
+        """`await call(stub)` on the current service URL; when that broker cannot be
+        reached (UNAVAILABLE, DEADLINE_EXCEEDED), on the next ones in turn, keeping the
+        first that answers. The last error is raised when none does."""
+        n = len(self.service_urls)
+        for step in range(n):
+            index = (self._url_index + step) % n
+            try:
+                response = await call(self.pool.stub(self.service_urls[index]))
+            except RpcError as exc:
+                if step == n - 1 or exc.code not in UNREACHABLE:
+                    raise
+                log.debug("service URL %s: %s; trying the next", self.service_urls[index], exc)
+                continue
+            self._url_index = index
+            return response
+
     async def _lookup(self, topic):
-        stub = self.pool.stub(self.service_url)
-        response = await stub.topic_lookup(
+        response = await self._any_service_url(lambda stub: stub.topic_lookup(
             pb.TopicLookupRequest(request_id=next(self._request_ids), topic=topic),
-            timeout=self.rpc_timeout)
+            timeout=self.rpc_timeout))
         if response.response_type == pb.TopicLookupResponse.Failed:
             raise errors.NotFound(f"lookup of {topic} failed")
         connect_url = response.connect_url or self.service_url

@@ -199,11 +199,15 @@ class TopicProducer:
             except RpcError as exc:
                 # NOT_FOUND: the broker lost this producer (restart, topic unloaded or
                 # moved); the reference clients recreate it after a health CLOSE, we do it
-                # as soon as a send tells us.
+                # as soon as a send tells us. UNAVAILABLE: the topic moved ("look it up
+                # again") or its broker is gone; the reference clients send to the same
+                # broker 5 times more first (1.5-3 s of backoff, the whole publish gap of
+                # a graceful drain), we look it up and create the producer again at once.
                 lost = exc.code == StatusCode.NOT_FOUND
+                moved = exc.code == StatusCode.UNAVAILABLE and not recreated
                 if not (lost or policy.retryable(exc)):
                     raise
-                if lost or attempt >= policy.max_retries:
+                if lost or moved or attempt >= policy.max_retries:
                     if recreated:
                         raise
                     await self._recreate(generation)

@@ -149,6 +149,13 @@ class ClusterNode:
         if topic is None:
             self.check_elsewhere(name)
             raise TopicElsewhere(f"topic {name} is not served yet; look it up again")
+        if self.cfg.advertised_connect_url != self.cfg.advertised_broker_url:
+            # Proxy mode: the call came through the ingress without a routing header (the
+            # topic did not exist, so the client's lookup failed). Answering it here would
+            # leave the client with no header for its next calls, which the ingress would
+            # then send to any broker; upstream's answer to a creating call makes it look
+            # the topic up, and so learn the owner's broker_url.
+            raise TopicElsewhere(f"topic {name} was created; look it up again")
         return topic
 
     async def forget_topic(self, name: str) -> None:

@@ -29,7 +29,9 @@ def _lookup(addr: str, topic: str) -> str:
     with grpc.insecure_channel(addr) as ch:
         answer = unary(ch, "/danube.Discovery/TopicLookup", pb.TopicLookupResponse)(
             pb.TopicLookupRequest(request_id=1, topic=topic), timeout=2)
-    return answer.connect_url.split("://", 1)[-1]
+    # broker_url: the owner itself, also when the brokers advertise an ingress as their
+    # connect_url (proxy mode), which would need the routing header on every call.
+    return answer.broker_url.split("://", 1)[-1]
 
 
 class _Resilient(threading.Thread):

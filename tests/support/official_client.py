@@ -110,13 +110,28 @@ class SpawnedScenario:
     scenario prints (with flush=True) and act on the process meanwhile (signals)."""
 
     def __init__(self, proc, cwd):
+        import collections
         import threading
         self.proc = proc
         self._cwd = cwd
         self.lines = []
+        # stderr is drained as it comes (its last lines kept): a client that logs a lot
+        # (the official consumer logs every failed stream) would otherwise fill the pipe
+        # and block.
+        self.stderr_lines = collections.deque(maxlen=2000)
         self._cond = threading.Condition()
         self._reader = threading.Thread(target=self._pump, daemon=True)
         self._reader.start()
+        self._err_reader = threading.Thread(target=self._pump_stderr, daemon=True)
+        self._err_reader.start()
+
+    def _pump_stderr(self):
+        for line in self.proc.stderr:
+            self.stderr_lines.append(line.rstrip("\n"))
+
+    @property
+    def stderr(self):
+        return "\n".join(self.stderr_lines)
 
     def _pump(self):
         for line in self.proc.stdout:
@@ -141,7 +156,7 @@ class SpawnedScenario:
                     raise OfficialClientError(
                         f"scenario ended without printing {prefix!r}:\n" +
                         "\n".join(x for x in self.lines if x is not None) +
-                        f"\n--- stderr ---\n{self.proc.stderr.read()}")
+                        f"\n--- stderr ---\n{self.stderr}")
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise OfficialClientError(f"no {prefix!r} line within {timeout}s: "

@@ -58,7 +58,11 @@ ALLOWED["danube.config_keys"] = {"danube.config_errors"}
 ALLOWED["danube.failure_policy"] = {"danube.config_errors"}
 # The web console of `danube admin serve`: reaches the broker through the client only.
 ALLOWED["danube.console"] = {"danube.client", "danube.rpc", "danube.codec"}
-ALLOWED["danube.cli"] = ALLOWED["danube.cli"] | {"danube.console", "danube.edge"}
+# A cluster on one machine (`danube cluster up`) and proxy mode's ingress configuration:
+# processes it starts, and the broker reached through the client only.
+ALLOWED["danube.devcluster"] = {"danube.client", "danube.rpc", "danube.codec"}
+ALLOWED["danube.cli"] = ALLOWED["danube.cli"] | {"danube.console", "danube.edge",
+                                            "danube.devcluster"}
 
 
 def part(module):
