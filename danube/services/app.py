@@ -18,7 +18,8 @@ from danube.security.guard import Guard
 from danube.security.rbac import Rbac
 from danube.security.tls import ServerTls
 from danube.security.tokens import TokenVerifier, weak_secret_warning
-from danube.services import admin, batch_consumer, client_api, ext, health, history, schema
+from danube.services import (admin, batch_consumer, client_api, ext, health, history, schema,
+                             storage_service)
 from danube.services.admin import cluster as cluster_admin
 
 log = logging.getLogger("danube.broker")
@@ -115,6 +116,7 @@ class Broker:
         ext.register(self.client_server, self.core)
         batch_consumer.register(self.client_server, self.core)
         history.register(self.client_server, self.core)
+        storage_service.register(self.client_server, self.core)
         admin.register(self.admin_server, self.core, self.rbac)
         # Both ports, as upstream (reference a.0): clients on 6650, danube-admin on 50051.
         schema.register(self.client_server, self.core)
