@@ -1,6 +1,8 @@
 """A topic served by this broker: its producers and subscriptions, and the publish path."""
 
+import asyncio
 import dataclasses
+import time
 
 from google.protobuf.message import DecodeError
 
@@ -8,6 +10,7 @@ from danube.broker._canon import DeliveryStamp, canonical_stream_message
 from danube.broker._fanout import fanout
 from danube.broker.errors import (BrokerError, InvalidArgument, MessageTooLarge,
                                   PartlyPublished, PublishFailed, StorageFailed)
+from danube.broker.rate import RateLimiter
 from danube.config import Policies
 from danube.proto import DanubeApi_pb2 as pb
 from danube.storage.errors import WALError
@@ -51,6 +54,7 @@ class Topic:
         self.subscriptions = {}       # name -> Subscription
         self._fanouts = []
         self.closed = False
+        self.publish_limiter = None   # policies.max_publish_rate's RateLimiter, if set
         self.policies = Policies()
         self.messages_in = 0
         self.bytes_in = 0
@@ -60,6 +64,16 @@ class Topic:
         self.schema = None            # its SchemaGate, once bound to a schema subject
         self.close_reason = None      # a BrokerError publishes get once it is closed, if set
         self.rate_window = None       # its recent counters, for rates (danube.broker.stats)
+
+    @property
+    def policies(self):
+        return self._policies
+
+    @policies.setter
+    def policies(self, policies):
+        self._policies = policies
+        rate = policies.max_publish_rate
+        self.publish_limiter = RateLimiter(rate, time.monotonic()) if rate else None
 
     @property
     def dispatchable_end(self):
@@ -110,7 +124,17 @@ class Topic:
         offset and stores the whole message or batch at once, or nothing of it; a
         non-reliable one fans each message out to the subscriptions as it comes. Returns the
         offsets (a range) on a reliable topic, None on a non-reliable one. ``producer``, when
-        given, counts what it got accepted."""
+        given, counts what it got accepted.
+
+        With ``policies.max_publish_rate`` set, a publish waits for its turn: the topic's
+        producers together are held to the rate (upstream only logs a warning and takes
+        the message; here nothing is refused or lost, the answer comes later)."""
+        limiter = self.publish_limiter
+        if limiter is not None:
+            count = 1 if isinstance(message, pb.StreamMessage) else len(message)
+            delay = limiter.reserve(count, time.monotonic())
+            if delay > 0:
+                await asyncio.sleep(delay)
         gate = self.schema
         if gate is not None and gate.policy != "none":
             if isinstance(message, pb.StreamMessage):
