@@ -52,6 +52,10 @@ HEARTBEAT = 0.5          # upstream's dispatcher heartbeat
 DISPATCH_RETRY = 1.0
 ORDERED = (EXCLUSIVE, FAILOVER)      # one consumer at a time: the topic's order is promised
 READ_BATCH = 256
+#: Passes of every reliable dispatcher of the process, by what woke them: upstream's
+#: danube_dispatcher_notifier_polls_total (new messages, acks, consumers) and
+#: danube_dispatcher_heartbeat_polls_total (the timer).
+POLLS = {"notifier": 0, "heartbeat": 0}
 # Skipped KeyShared messages settle without taking the window, so behind one unacked message
 # the set of offsets settled out of order could otherwise grow with the whole backlog.
 MAX_SETTLED_AHEAD = 65536
@@ -300,8 +304,9 @@ class ReliableDispatcher(CursorPersistence):
             try:
                 async with asyncio.timeout(timeout):
                     await self._wake.wait()
+                POLLS["notifier"] += 1
             except TimeoutError:
-                pass
+                POLLS["heartbeat"] += 1
             self._wake.clear()
 
     def _dispatch(self):

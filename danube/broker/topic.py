@@ -12,6 +12,7 @@ from danube.broker.errors import (BrokerError, InvalidArgument, MessageTooLarge,
                                   PartlyPublished, PublishFailed, StorageFailed)
 from danube.broker.rate import RateLimiter
 from danube.config import Policies
+from danube.metering import Summary
 from danube.proto import DanubeApi_pb2 as pb
 from danube.storage.errors import WALError
 from danube.storage.wal import ALWAYS
@@ -64,6 +65,11 @@ class Topic:
         self.schema = None            # its SchemaGate, once bound to a schema subject
         self.close_reason = None      # a BrokerError publishes get once it is closed, if set
         self.rate_window = None       # its recent counters, for rates (danube.broker.stats)
+        # Upstream's danube_topic_message_size_bytes, danube_producer_send_latency_ms and
+        # danube_producer_send_total{result, error_code}.
+        self.message_sizes = Summary()
+        self.send_latency_ms = Summary()
+        self.send_results = {}        # (result, error_code) -> sends
 
     @property
     def policies(self):
@@ -135,6 +141,11 @@ class Topic:
             delay = limiter.reserve(count, time.monotonic())
             if delay > 0:
                 await asyncio.sleep(delay)
+        if isinstance(message, pb.StreamMessage):
+            self.message_sizes.observe(len(message.payload))
+        elif len(message):
+            self.message_sizes.observe_many(len(message), message.payload_bytes,
+                                            message.payload_bytes / len(message))
         gate = self.schema
         if gate is not None and gate.policy != "none":
             if isinstance(message, pb.StreamMessage):
@@ -198,6 +209,18 @@ class Topic:
         for sub in self.subscriptions.values():
             sub.dispatcher.notify()
         return range(first, last + 1)
+
+    def record_send(self, started, error_code=None):
+        """One send at the API boundary (SendMessage, or a batch) that began at
+        ``started`` (time.perf_counter()): its latency when it was accepted, its outcome
+        by upstream's error codes (``error_code`` the status code's name, e.g.
+        INVALID_ARGUMENT -> InvalidArgument)."""
+        if error_code is None:
+            self.send_latency_ms.observe((time.perf_counter() - started) * 1000.0)
+            key = ("ok", "OK")
+        else:
+            key = ("error", "".join(w.capitalize() for w in error_code.split("_")))
+        self.send_results[key] = self.send_results.get(key, 0) + 1
 
     def closed_error(self):
         """What a publish to the closed topic is refused with: the reason it was closed

@@ -61,8 +61,9 @@ def test_metrics_endpoint_counts_rpcs(broker):
             _health(ch)(pb.HealthCheckRequest(id=1), timeout=5)
     body = urllib.request.urlopen(f"http://127.0.0.1:{broker.prom_port}/metrics",
                                   timeout=5).read().decode()
-    assert ('danube_broker_rpc_total{code="OK",method="/danube.HealthCheck/HealthCheck"} 3.0'
-            in body)
+    # upstream's labels (service, method, result) and our status code
+    assert ('danube_broker_rpc_total{code="OK",method="health_check",result="ok",'
+            'service="health_check"} 3.0' in body)
     # The system topic /system/_events_topic is registered at boot.
     assert "danube_broker_topics_owned 1.0" in body
 
