@@ -107,6 +107,11 @@ def _warn_unbuilt(cfg, args):
         # without etcd is the same broker on the embedded store.
         log.warning("cluster mode without meta_store.etcd_endpoints: serving as a "
                     "single-node cluster on the embedded store")
+    if cfg.policies.max_subscription_dispatch_rate:
+        # As upstream: a non-reliable subscription keeps nothing to pace, so it is not.
+        log.info("policies.max_subscription_dispatch_rate %d/s paces reliable "
+                 "subscriptions; non-reliable ones are not paced",
+                 cfg.policies.max_subscription_dispatch_rate)
     if cfg.auth_mode == "tls" and cfg.insecure_allow_unauthenticated:
         log.warning("auth.mode tls with --insecure-allow-unauthenticated: TLS only, every "
                     "call is accepted without a token")
