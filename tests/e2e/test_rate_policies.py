@@ -198,3 +198,52 @@ async def test_a_topic_policy_overrides_the_namespace(tmp_path):
     finally:
         await client.close()
         await b.stop()
+
+
+# -- the official client, as the issue saw it -----------------------------------------------
+
+OFFICIAL_PACED = '''
+import asyncio
+import time
+
+from _lib import new_client, new_producer, sub_type
+
+
+async def main(args):
+    client = await new_client(args["url"])
+    producer = await new_producer(client, args["topic"], "paced-p", reliable=True)
+    consumer = (client.new_consumer().with_topic(args["topic"]).with_consumer_name("paced-c")
+                .with_subscription("paced").with_subscription_type(sub_type("exclusive"))
+                .build())
+    await consumer.subscribe()
+    queue = await consumer.receive()
+    for i in range(10):
+        await producer.send(b"m%d" % i, None)
+    times, payloads = [], []
+    for _ in range(10):
+        msg = await asyncio.wait_for(queue.get(), 30)
+        times.append(time.monotonic())
+        payloads.append(msg.payload.decode())
+        await consumer.ack(msg)
+    return {"times": times, "payloads": payloads}
+'''
+
+
+def test_the_official_client_is_paced_at_two_a_second(tmp_path):
+    """Issue 38's case: policies.max_subscription_dispatch_rate 2, ten reliable messages
+    through the official Python client took 0.11 s; at 2/s they take at least 4.5 s."""
+    from official_client import broker_url, run_scenario
+
+    b = start_with_config(tmp_path, "policies:\n  max_subscription_dispatch_rate: 2\n")
+    try:
+        result = run_scenario(OFFICIAL_PACED, {"url": broker_url(b),
+                                               "topic": "/default/official-paced"},
+                              timeout=90)
+    finally:
+        b.stop()
+    times = result["times"]
+    assert result["payloads"] == [f"m{i}" for i in range(10)]
+    spread = times[-1] - times[0]
+    print(f"\nofficial client, 2/s: 10 messages over {spread:.2f} s = "
+          f"{9 / spread:.2f}/s between the first and the last")
+    assert spread >= 9 / 2 * 0.98, f"ten messages in {spread:.2f} s: above 2/s"
