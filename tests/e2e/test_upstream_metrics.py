@@ -4,8 +4,9 @@ after publishing (SendMessage and our batches), consuming, nacks and ack timeout
 dead-letter topic, schema validation, uploads to an object store (fs), retention, reading
 history back from the object store (one object removed, so a read fails first) and a topic
 deletion: each name is present with upstream's type and labels, and each moved. The cluster's
-and RBAC's names are present here and move in a cluster or with auth.mode tls
-(tests/e2e/test_security_rbac.py); docs/metrics.md says where each is fed."""
+and RBAC's names are present here and move in a cluster (tests/e2e/test_cluster_rebalancing.py)
+or with auth.mode tls (tests/e2e/test_security_rbac.py); docs/metrics.md says where each is
+fed."""
 
 import asyncio
 import json
