@@ -219,6 +219,8 @@ def _topic_metrics(core):
             checked.add_metric([name, gate.policy], gate.checked)
             for reason, count in gate.failures.items():
                 failed.add_metric([name, reason], count)
+        # Accepted sends are the latency summary's count.
+        sends.add_metric([name, "ok", "OK"], topic.send_latency_ms.count)
         for (result, code), count in list(topic.send_results.items()):
             sends.add_metric([name, result, code], count)
         add_summary(send_ms, [name], topic.send_latency_ms)
