@@ -23,6 +23,16 @@ class BrokerCollector:
         self.broker = broker
 
     def collect(self):
+        # Upstream's exporter adds the broker's id to every series (a global label).
+        core = self.broker.core
+        broker_id = None if core is None else core.broker_id
+        for family in self._families():
+            if broker_id is not None:
+                family.samples = [s._replace(labels={**s.labels, "broker": str(broker_id)})
+                                  for s in family.samples]
+            yield family
+
+    def _families(self):
         # Upstream's labels (service, method, result) and our status code beside them.
         rpc = CounterMetricFamily("danube_broker_rpc", "gRPC calls finished by this broker",
                                   labels=["service", "method", "result", "code"])

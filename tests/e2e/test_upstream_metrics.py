@@ -271,6 +271,7 @@ async def test_every_upstream_metric_is_exported_and_moves(broker, durable_root)
     assert not missing, f"not exported: {missing}"
     none = (None, set(), 0.0)
     for name, (kind, labels) in UPSTREAM.items():
+        labels = labels | {"broker"}            # upstream's global label, on every series
         assert final[name][0] == kind, f"{name}: {final[name][0]}, upstream {kind}"
         if name not in CLUSTER_OR_AUTH:
             # Over every scrape: a deleted topic's series go with it.
