@@ -15,9 +15,10 @@ def _add_broker(sub):
     p = sub.add_parser("broker", help="run a broker",
                        description="Run a Danube-compatible broker.")
     p.add_argument("--config-file", help="broker YAML (upstream danube_broker.yml keys)")
-    p.add_argument("--mode", choices=("standalone", "cluster"),
+    p.add_argument("--mode", choices=("standalone", "cluster", "edge"),
                    help="standalone: single broker with embedded metadata, no config file "
-                        "needed; cluster (the default, as upstream) requires --config-file")
+                        "needed; cluster (the default, as upstream) requires --config-file; "
+                        "edge: upstream's edge-to-cloud mode, not in this build")
     p.add_argument("--data-dir", help="directory for all broker state")
     p.add_argument("--broker-addr", metavar="HOST:PORT",
                    help="client gRPC address (default 127.0.0.1:6650)")
@@ -48,6 +49,11 @@ def _add_broker(sub):
                    help="upstream's Raft seed nodes; accepted and ignored")
     p.add_argument("--join", action="store_true",
                    help="upstream's Raft join; accepted and ignored")
+    p.add_argument("--edge-config", metavar="PATH",
+                   help="upstream's edge mode: its config file (edge mode is not in this "
+                        "build)")
+    p.add_argument("--edge-token", metavar="TOKEN",
+                   help="upstream's edge mode: its token (edge mode is not in this build)")
     p.add_argument("--insecure-allow-unauthenticated", action="store_true",
                    help="with auth.mode tls, serve TLS but check no token (JWT) and no "
                         "permission: every call is accepted. Without this flag, tls mode "
@@ -65,6 +71,11 @@ def _run_broker(args):
 
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.mode == "edge" or args.edge_config or args.edge_token:
+        print("danube broker: --mode edge (upstream's edge-to-cloud replication, "
+              "--edge-config, --edge-token) is not available in this build; run "
+              "--mode standalone or --mode cluster", file=sys.stderr)
+        return 2
     try:
         if args.mode is None:
             args.mode = "cluster"

@@ -19,7 +19,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 BIN = os.path.dirname(sys.executable)
 UPSTREAM_BROKER_FLAGS = ("--config-file", "--mode", "--broker-addr", "--admin-addr",
                          "--prom-exporter", "--advertised-addr", "--connect-url",
-                         "--raft-addr", "--data-dir", "--seed-nodes", "--join")
+                         "--raft-addr", "--data-dir", "--seed-nodes", "--join",
+                         "--edge-config", "--edge-token")
 
 
 def run(*argv, check=True, timeout=60):
@@ -51,6 +52,10 @@ def test_danube_broker_takes_upstreams_flags():
     # Upstream's default mode is cluster, which needs a config file: a clear refusal.
     r = run(script("danube-broker"), check=False)
     assert r.returncode == 2 and "--config-file" in r.stderr and "Traceback" not in r.stderr
+    # Upstream's edge mode is not built: said so, not "invalid choice".
+    for flags in (("--mode", "edge"), ("--mode", "edge", "--edge-config", "edge.yaml")):
+        r = run(script("danube-broker"), *flags, check=False)
+        assert r.returncode == 2 and "edge" in r.stderr and "not available" in r.stderr
 
 
 def test_danube_cli_has_upstreams_subcommands_only():
