@@ -19,6 +19,10 @@ async def list_descriptors(core, topic: str, after_offset: int) -> list[SegmentD
     """The topic's uploaded segments whose first offset is above ``after_offset``, in
     offset order; ``after_offset`` 0 lists them all (upstream's documented meaning; its code
     compares ``start_offset > 0`` and so never lists the segment that starts at offset 0)."""
+    if isinstance(topic, str) and topic and not topic.startswith("/"):
+        # Upstream's proto documents "default/sensor-data"; danube-iceberg sends
+        # "/default/sensor-data": upstream takes both.
+        topic = "/" + topic
     names.validate_topic(topic, "topic")
     prefix = CatalogKeys(core.cfg.metadata_prefix).segments_prefix(topic) + "/"
     found = []

@@ -104,6 +104,10 @@ def test_uploaded_segments_are_listed_as_upstream(api, broker, channel, durable_
     assert [s.segment_id for s in later] == [s.segment_id for s in every[1:]]
     assert listing(every[-1].start_offset) == []
     assert [s.segment_id for s in listing(0)] == [s.segment_id for s in every]
+    # The name without its leading slash, as upstream's proto documents it ("default/x").
+    bare = storage.ListSegmentDescriptors(
+        pb.ListSegmentDescriptorsRequest(topic=topic.lstrip("/")), timeout=10).segments
+    assert [s.segment_id for s in bare] == [s.segment_id for s in every]
 
 
 def test_unknown_and_bad_topics(api, channel):
@@ -112,7 +116,7 @@ def test_unknown_and_bad_topics(api, channel):
     reply = storage.ListSegmentDescriptors(
         pb.ListSegmentDescriptorsRequest(topic="/default/never-made"), timeout=10)
     assert list(reply.segments) == []         # as upstream: no descriptors, no error
-    for bad in ("", "no-slash", "/default/a/b"):
+    for bad in ("", "no-slash", "/default/a/b", "default/a/b", "/default/has space"):
         with pytest.raises(grpc.RpcError) as err:
             storage.ListSegmentDescriptors(pb.ListSegmentDescriptorsRequest(topic=bad),
                                            timeout=10)
