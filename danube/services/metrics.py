@@ -114,13 +114,23 @@ def _cluster_metrics(cluster):
     conn = cluster.store.conn
     yield _gauge("danube_leader_election_state", "1 on the cluster leader, else 0",
                  1 if cluster.is_leader else 0)
-    yield _counter("danube_broker_assignments", "Topics placed by this broker as leader",
-                   cluster.manager.assignments_total)
-    yield _counter("danube_client_redirects", "Lookups answered with another broker",
-                   cluster.redirects)
+    assignments = CounterMetricFamily("danube_broker_assignments",
+                                      "Topic assignments made by this broker as leader",
+                                      labels=["broker_id", "action"])
+    for (broker_id, action), count in list(cluster.manager.assignments.items()):
+        assignments.add_metric([broker_id, action], count)
+    yield assignments
+    redirects = CounterMetricFamily("danube_client_redirects",
+                                    "Lookups answered with another broker",
+                                    labels=["reason", "topic_ns"])
+    for ns, count in list(cluster.redirects_by_ns.items()):
+        redirects.add_metric(["not_local", ns], count)
+    yield redirects
     rebalancer = cluster.rebalancer
-    yield _counter("danube_rebalancing_moves", "Topic moves made by automatic rebalancing "
-                   "on this broker as leader", rebalancer.moves_total)
+    moves = CounterMetricFamily("danube_rebalancing_moves", "Topic moves made by automatic "
+                                "rebalancing on this broker as leader", labels=["reason"])
+    moves.add_metric(["LoadImbalance"], rebalancer.moves_total)     # upstream's only reason
+    yield moves
     yield _counter("danube_rebalancing_failures", "Automatic rebalancing moves that failed",
                    rebalancer.failures_total)
     yield _gauge("danube_cluster_imbalance_cv", "Coefficient of variation of the active "

@@ -163,13 +163,18 @@ def test_upstreams_cluster_metrics_moved(cluster):
 
     from prometheus_client.parser import text_string_to_metric_families
 
-    totals = {}
+    totals, labels = {}, {}
     for broker in cluster.live:
         body = urllib.request.urlopen(f"http://127.0.0.1:{broker.prom_port}/metrics",
                                       timeout=10).read().decode()
         for family in text_string_to_metric_families(body):
             for sample in family.samples:
                 totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
+                labels.setdefault(sample.name, set()).update(sample.labels)
+    # upstream's labels
+    assert {"broker_id", "action"} <= labels["danube_broker_assignments_total"]
+    assert {"reason", "topic_ns"} <= labels["danube_client_redirects_total"]
+    assert "reason" in labels["danube_rebalancing_moves_total"]
     assert totals["danube_leader_election_state"] == 1          # one leader
     assert totals["danube_broker_assignments_total"] > 0
     assert totals["danube_client_redirects_total"] > 0
