@@ -216,12 +216,7 @@ class Topic:
         by upstream's error codes (``error_code`` the status code's name, e.g.
         INVALID_ARGUMENT -> InvalidArgument)."""
         if error_code is None:
-            # Summary.observe inlined: this runs once per SendMessage.
-            latency = self.send_latency_ms
-            ms = (time.perf_counter() - started) * 1000.0
-            latency.count += 1
-            latency.total += ms
-            latency.recent.append(ms)
+            self.send_latency_ms.observe((time.perf_counter() - started) * 1000.0)
             return
         key = ("error", "".join(w.capitalize() for w in error_code.split("_")))
         self.send_results[key] = self.send_results.get(key, 0) + 1
