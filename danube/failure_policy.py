@@ -33,8 +33,10 @@ class FailurePolicy:
         if self.backoff_strategy not in _BACKOFF_JSON:
             raise InvalidFailurePolicy(
                 f"backoff_strategy must be fixed or exponential, not {self.backoff_strategy!r}")
-        if self.poison_policy == DEAD_LETTER and not self.dead_letter_topic:
-            raise InvalidFailurePolicy("poison_policy dead_letter needs a dead_letter_topic")
+        if self.poison_policy == DEAD_LETTER and not (self.dead_letter_topic or "").strip():
+            # Upstream's words (SubscriptionFailurePolicy::validate): it refuses it too.
+            raise InvalidFailurePolicy(
+                "dead_letter_topic must be configured when poison_policy is DeadLetter")
         for name in ("max_redelivery_count", "ack_timeout_ms", "base_redelivery_delay_ms",
                      "max_redelivery_delay_ms"):
             value = getattr(self, name)

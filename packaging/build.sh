@@ -9,4 +9,8 @@ build/pyinstaller-venv/bin/pip install -q --upgrade pip
 build/pyinstaller-venv/bin/pip install -q ".[cloud,etcd]" "pyinstaller>=6"
 build/pyinstaller-venv/bin/pyinstaller --noconfirm --clean --distpath dist \
     --workpath build/pyinstaller packaging/danube.spec
-ls -l dist/danube && echo "built dist/danube"
+# Upstream's program names, linked to the one file (it picks the program by its name).
+for name in danube-broker danube-cli danube-admin; do
+    ln -sf danube "dist/$name"
+done
+ls -l dist/danube dist/danube-broker dist/danube-cli dist/danube-admin && echo "built dist/danube"

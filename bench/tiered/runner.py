@@ -104,6 +104,8 @@ class Broker(E2EBroker):
         for line in text.splitlines():
             if line.startswith("danube_"):
                 key, _, value = line.rpartition(" ")
+                # without the broker="<id>" label every series carries
+                key = re.sub(r'broker="\d+",?', "", key).replace("{}", "")
                 out[key] = float(value)
         return out
 

@@ -41,6 +41,7 @@ from danube.broker import _window
 from danube.broker._canon import routing_key
 from danube.broker._window import Delivery
 from danube.broker.cursor import CursorPersistence
+from danube.broker.rate import RateLimiter
 from danube.broker.subscription import EXCLUSIVE, FAILOVER, KEY_SHARED, SHARED
 from danube.storage.errors import OffsetTruncatedError
 
@@ -51,6 +52,10 @@ HEARTBEAT = 0.5          # upstream's dispatcher heartbeat
 DISPATCH_RETRY = 1.0
 ORDERED = (EXCLUSIVE, FAILOVER)      # one consumer at a time: the topic's order is promised
 READ_BATCH = 256
+#: Passes of every reliable dispatcher of the process, by what woke them: upstream's
+#: danube_dispatcher_notifier_polls_total (new messages, acks, consumers) and
+#: danube_dispatcher_heartbeat_polls_total (the timer).
+POLLS = {"notifier": 0, "heartbeat": 0}
 # Skipped KeyShared messages settle without taking the window, so behind one unacked message
 # the set of offsets settled out of order could otherwise grow with the whole backlog.
 MAX_SETTLED_AHEAD = 65536
@@ -58,7 +63,7 @@ MAX_SETTLED_AHEAD = 65536
 
 class ReliableDispatcher(CursorPersistence):
     def __init__(self, subscription, topic, cursor, policy, window, *, loop, on_cursor,
-                 dead_letter, on_acked=None, acked=()):
+                 dead_letter, on_acked=None, acked=(), dispatch_rate=0):
         self.sub = subscription
         self.topic = topic
         self.cursor = cursor
@@ -94,6 +99,11 @@ class ReliableDispatcher(CursorPersistence):
         self._dead_lettering = set()
         self._history = None               # TopicLogReader, once history is read
         self._closing = False
+        # policies.max_subscription_dispatch_rate (messages/s, 0: none): deliveries and
+        # redeliveries together (upstream paces reads from the log only; a redelivery storm
+        # must not go above the rate either).
+        self.limiter = RateLimiter(dispatch_rate, loop.time()) if dispatch_rate else None
+        self._paced = False                # the last pass stopped for the rate limit
         self.stats = {"redelivered": 0, "nacked": 0, "ack_timeouts": 0, "stream_ended": 0,
                       "exhausted": 0, "dead_lettered": 0, "dropped": 0, "unroutable": 0}
         self._task = loop.create_task(self._run())
@@ -294,8 +304,9 @@ class ReliableDispatcher(CursorPersistence):
             try:
                 async with asyncio.timeout(timeout):
                     await self._wake.wait()
+                POLLS["notifier"] += 1
             except TimeoutError:
-                pass
+                POLLS["heartbeat"] += 1
             self._wake.clear()
 
     def _dispatch(self):
@@ -308,9 +319,14 @@ class ReliableDispatcher(CursorPersistence):
             self._expire(now)
         next_deadline = min(next_deadline, self._earliest_deadline)
         consumers = self._consumers()
+        limiter = self.limiter
+        self._paced = False
         if consumers:
             # Redeliveries first, in offset order among those due.
             while self.retry and self.retry[0][0] <= now and len(self.inflight) < self.window:
+                if limiter is not None and not limiter.available(now):
+                    self._paced = True
+                    break
                 due, offset = heapq.heappop(self.retry)
                 entry = self.retry_payloads.pop(offset, None)
                 if entry is None:
@@ -325,8 +341,21 @@ class ReliableDispatcher(CursorPersistence):
                     break
                 self.orphans.pop(offset, None)
                 self.stats["redelivered"] += 1
-            if not self.stalled and not (self.orphans and self.sub.sub_type in ORDERED):
-                self._deliver_new(consumers, now + ack_timeout)
+                if limiter is not None:
+                    limiter.take(1, now)
+            if not self.stalled and not (self.orphans and self.sub.sub_type in ORDERED) \
+                    and not self._paced:
+                if limiter is None:
+                    self._deliver_new(consumers, now + ack_timeout)
+                else:
+                    start = self.next_read
+                    self._deliver_new(consumers, now + ack_timeout, limiter.available(now))
+                    # Every offset passed counts (a skipped one too): never more than the
+                    # budget was delivered, and a jump over truncated history only empties
+                    # the bucket.
+                    limiter.take(min(self.next_read - start, limiter.available(now)), now)
+        if self._paced:
+            next_deadline = min(next_deadline, now + limiter.wait(now))
         if self.retry:
             next_deadline = min(next_deadline, self.retry[0][0])
         return max(0.0, next_deadline - now)
@@ -344,14 +373,23 @@ class ReliableDispatcher(CursorPersistence):
                 earliest = delivery.deadline
         self._earliest_deadline = earliest
 
-    def _deliver_new(self, consumers, deadline):
+    def _deliver_new(self, consumers, deadline, budget=None):
+        """New messages from next_read on; with a ``budget`` (the rate limit's tokens), no
+        more offsets than that are passed."""
         # KeyShared: newer messages of a key a left consumer had in flight wait for those
         # to be sent again; the first such message holds back the ones behind it.
         orphan_keys = set(self.orphans.values()) if self.orphans else ()
         end = self.topic.dispatchable_end
+        start = self.next_read
         while self.next_read < end and len(self.inflight) < self.window and \
                 len(self.acked) < MAX_SETTLED_AHEAD:
             want = min(READ_BATCH, self.window - len(self.inflight), end - self.next_read)
+            if budget is not None:
+                left = budget - (self.next_read - start)
+                if left <= 0:
+                    self._paced = True
+                    return
+                want = min(want, left)
             try:
                 batch = self.topic.read(self.next_read, want)
             except OffsetTruncatedError as exc:

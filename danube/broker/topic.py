@@ -1,6 +1,8 @@
 """A topic served by this broker: its producers and subscriptions, and the publish path."""
 
+import asyncio
 import dataclasses
+import time
 
 from google.protobuf.message import DecodeError
 
@@ -8,7 +10,9 @@ from danube.broker._canon import DeliveryStamp, canonical_stream_message
 from danube.broker._fanout import fanout
 from danube.broker.errors import (BrokerError, InvalidArgument, MessageTooLarge,
                                   PartlyPublished, PublishFailed, StorageFailed)
+from danube.broker.rate import RateLimiter
 from danube.config import Policies
+from danube.metering import Summary
 from danube.proto import DanubeApi_pb2 as pb
 from danube.storage.errors import WALError
 from danube.storage.wal import ALWAYS
@@ -51,6 +55,7 @@ class Topic:
         self.subscriptions = {}       # name -> Subscription
         self._fanouts = []
         self.closed = False
+        self.publish_limiter = None   # policies.max_publish_rate's RateLimiter, if set
         self.policies = Policies()
         self.messages_in = 0
         self.bytes_in = 0
@@ -60,6 +65,21 @@ class Topic:
         self.schema = None            # its SchemaGate, once bound to a schema subject
         self.close_reason = None      # a BrokerError publishes get once it is closed, if set
         self.rate_window = None       # its recent counters, for rates (danube.broker.stats)
+        # Upstream's danube_topic_message_size_bytes, danube_producer_send_latency_ms and
+        # danube_producer_send_total{result, error_code}.
+        self.message_sizes = Summary()
+        self.send_latency_ms = Summary()
+        self.send_results = {}        # ("error", error_code) -> refused sends
+
+    @property
+    def policies(self):
+        return self._policies
+
+    @policies.setter
+    def policies(self, policies):
+        self._policies = policies
+        rate = policies.max_publish_rate
+        self.publish_limiter = RateLimiter(rate, time.monotonic()) if rate else None
 
     @property
     def dispatchable_end(self):
@@ -110,7 +130,22 @@ class Topic:
         offset and stores the whole message or batch at once, or nothing of it; a
         non-reliable one fans each message out to the subscriptions as it comes. Returns the
         offsets (a range) on a reliable topic, None on a non-reliable one. ``producer``, when
-        given, counts what it got accepted."""
+        given, counts what it got accepted.
+
+        With ``policies.max_publish_rate`` set, a publish waits for its turn: the topic's
+        producers together are held to the rate (upstream only logs a warning and takes
+        the message; here nothing is refused or lost, the answer comes later)."""
+        limiter = self.publish_limiter
+        if limiter is not None:
+            count = 1 if isinstance(message, pb.StreamMessage) else len(message)
+            delay = limiter.reserve(count, time.monotonic())
+            if delay > 0:
+                await asyncio.sleep(delay)
+        if isinstance(message, pb.StreamMessage):
+            self.message_sizes.observe(len(message.payload))
+        elif len(message):
+            self.message_sizes.observe_many(len(message), message.payload_bytes,
+                                            message.payload_bytes / len(message))
         gate = self.schema
         if gate is not None and gate.policy != "none":
             if isinstance(message, pb.StreamMessage):
@@ -185,6 +220,17 @@ class Topic:
         for sub in self.subscriptions.values():
             sub.dispatcher.notify()
         return range(first, last + 1)
+
+    def record_send(self, started, error_code=None):
+        """One send at the API boundary (SendMessage, or a batch) that began at
+        ``started`` (time.perf_counter()): its latency when it was accepted, its outcome
+        by upstream's error codes (``error_code`` the status code's name, e.g.
+        INVALID_ARGUMENT -> InvalidArgument)."""
+        if error_code is None:
+            self.send_latency_ms.observe((time.perf_counter() - started) * 1000.0)
+            return
+        key = ("error", "".join(w.capitalize() for w in error_code.split("_")))
+        self.send_results[key] = self.send_results.get(key, 0) + 1
 
     def closed_error(self):
         """What a publish to the closed topic is refused with: the reason it was closed

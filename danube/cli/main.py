@@ -55,6 +55,11 @@ def _add_broker(sub):
                    help="upstream's Raft seed nodes; accepted and ignored")
     p.add_argument("--join", action="store_true",
                    help="upstream's Raft join; accepted and ignored")
+    p.add_argument("--edge-config", metavar="PATH",
+                   help="upstream's edge mode: its config file (edge mode is not in this "
+                        "build)")
+    p.add_argument("--edge-token", metavar="TOKEN",
+                   help="upstream's edge mode: its token (edge mode is not in this build)")
     p.add_argument("--insecure-allow-unauthenticated", action="store_true",
                    help="with auth.mode tls, serve TLS but check no token (JWT) and no "
                         "permission: every call is accepted. Without this flag, tls mode "
@@ -152,6 +157,11 @@ def _warn_unbuilt(cfg, args):
         # without etcd is the same broker on the embedded store.
         log.warning("cluster mode without meta_store.etcd_endpoints: serving as a "
                     "single-node cluster on the embedded store")
+    if cfg.policies.max_subscription_dispatch_rate:
+        # As upstream: a non-reliable subscription keeps nothing to pace, so it is not.
+        log.info("policies.max_subscription_dispatch_rate %d/s paces reliable "
+                 "subscriptions; non-reliable ones are not paced",
+                 cfg.policies.max_subscription_dispatch_rate)
     if cfg.auth_mode == "tls" and cfg.insecure_allow_unauthenticated:
         log.warning("auth.mode tls with --insecure-allow-unauthenticated: TLS only, every "
                     "call is accepted without a token")

@@ -45,6 +45,8 @@ class LoadManager:
         self.strategy = strategy
         self.reconcile_every = reconcile_every
         self.assignments_total = 0
+        # upstream's danube_broker_assignments_total{broker_id, action}
+        self.assignments: dict[tuple[str, str], int] = {}
         self.failovers_total = 0
         self._dirty = asyncio.Event()
         self._full = True
@@ -184,6 +186,12 @@ class LoadManager:
                                        for t, (b, _) in chunk})
             await self.store.delete_many(keys.cluster_unassigned(t) for t, _ in chunk)
             self.assignments_total += len(chunk)
+            for _, (broker, old) in chunk:
+                key = (str(broker), "assign")
+                self.assignments[key] = self.assignments.get(key, 0) + 1
+                if old is not None:
+                    key = (str(old), "unassign")
+                    self.assignments[key] = self.assignments.get(key, 0) + 1
             await self._seen(lambda: all(t not in self.view.unassigned and
                                          self.view.owners.get(t) == b
                                          for t, (b, _) in chunk))

@@ -65,6 +65,8 @@ class ClusterNode:
         self.ops = ClusterOps(self)
         self.rebalancer = AutoRebalancer(self.ops, cfg.rebalancing)
         self.redirects = 0
+        # upstream's danube_client_redirects_total{reason, topic_ns}: ns -> lookups
+        self.redirects_by_ns: dict[str, int] = {}
         self._serving: dict[str, asyncio.Task] = {}
         self._placed: dict[str, list[asyncio.Future]] = {}
 
@@ -117,6 +119,8 @@ class ClusterNode:
         if record is None or not record.get("broker_url"):
             return None
         self.redirects += 1
+        ns = topic.split("/")[1] if topic.count("/") >= 2 else ""
+        self.redirects_by_ns[ns] = self.redirects_by_ns.get(ns, 0) + 1
         return record["broker_url"], record.get("connect_url") or record["broker_url"]
 
     def check_elsewhere(self, topic: str) -> None:

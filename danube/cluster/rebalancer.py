@@ -19,6 +19,7 @@ import time
 from danube.cluster import rebalance_policy as policy
 from danube.metadata import keys
 from danube.metadata.errors import MetadataError
+from danube.metering import Summary
 from danube.tasks import cancel_and_wait
 
 log = logging.getLogger("danube.cluster")
@@ -38,6 +39,7 @@ class AutoRebalancer:
         self.moves_total = 0
         self.failures_total = 0
         self.last_cv = 0.0
+        self.cycle_seconds = Summary()
         self._stuck = False
         self._task: asyncio.Task | None = None
 
@@ -97,12 +99,15 @@ class AutoRebalancer:
     async def _run(self) -> None:
         while True:
             await asyncio.sleep(self.cfg.check_interval_seconds)
+            started = time.perf_counter()
             try:
                 await self.check()
             except MetadataError as exc:
                 self.failures_total += 1
                 log.warning("rebalancing move failed (%s); trying again at the next check",
                             exc)
+            # upstream's danube_rebalancing_cycle_duration_seconds
+            self.cycle_seconds.observe(time.perf_counter() - started)
 
     async def check(self) -> dict | None:
         """One check: the move made, or None."""

@@ -19,7 +19,7 @@ from danube.security.rbac import Rbac
 from danube.security.tls import ServerTls
 from danube.security.tokens import TokenVerifier, weak_secret_warning
 from danube.services import (admin, batch_consumer, client_api, edge, ext, health, history,
-                             schema)
+                             schema, storage_service)
 from danube.services.admin import cluster as cluster_admin
 
 log = logging.getLogger("danube.broker")
@@ -118,6 +118,7 @@ class Broker:
         history.register(self.client_server, self.core)
         # Edge brokers replicate into this one (upstream: cluster and standalone modes).
         edge.register(self.client_server, self.core)
+        storage_service.register(self.client_server, self.core)
         admin.register(self.admin_server, self.core, self.rbac)
         # Both ports, as upstream (reference a.0): clients on 6650, danube-admin on 50051.
         schema.register(self.client_server, self.core)

@@ -2,6 +2,7 @@
 
 import asyncio
 import logging
+import time
 
 from danube.broker import errors as e
 from danube.proto import DanubeApi_pb2 as pb
@@ -80,11 +81,18 @@ class ProducerService:
                            explain(pb.StreamMessage.DESCRIPTOR, raw)) from None
         if not msg.HasField("msg_id"):
             raise RpcError(StatusCode.INVALID_ARGUMENT, "StreamMessage.msg_id is required")
+        started = time.perf_counter()
+        topic = None
         try:
             producer = self.core.producer(msg.msg_id.producer_id)
-            await producer.topic.publish(msg, producer, raw)
+            topic = producer.topic
+            await topic.publish(msg, producer, raw)
         except e.BrokerError as exc:
-            raise to_rpc_error(exc) from None
+            error = to_rpc_error(exc)
+            if topic is not None:
+                topic.record_send(started, error.code.name)
+            raise error from None
+        topic.record_send(started)
         return pb.MessageResponse(request_id=msg.request_id).SerializeToString()
 
 

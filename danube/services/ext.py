@@ -4,6 +4,8 @@ danube.broker._stamp.parse_message_batch checks and indexes its bytes in C, and 
 to Topic.publish, where a reliable topic stamps and stores all its messages in one pass,
 without a Python object per message."""
 
+import time
+
 from danube.broker._stamp import parse_message_batch
 from danube.broker import errors as e
 from danube.proto import DanubeExt_pb2 as ext
@@ -18,11 +20,18 @@ class BatchProducerService:
         self.core = core
 
     async def SendMessages(self, batch, context):
+        started = time.perf_counter()
+        topic = None
         try:
             producer = self.core.producer(batch.producer_id)
-            offsets = await producer.topic.publish(batch, producer)
+            topic = producer.topic
+            offsets = await topic.publish(batch, producer)
         except e.BrokerError as exc:
-            raise to_rpc_error(exc) from None
+            error = to_rpc_error(exc)
+            if topic is not None:
+                topic.record_send(started, error.code.name)
+            raise error from None
+        topic.record_send(started)
         if offsets is None:          # a non-reliable topic
             return ext.BatchResponse(request_id=batch.request_id, accepted=len(batch))
         if batch.offsets_as_range:

@@ -1,13 +1,19 @@
 """Prometheus exporter (upstream metric names, reference (g)). Metrics are read from the live
-objects at scrape time, so the data paths never touch a metrics library."""
+objects at scrape time, so the data paths never touch a metrics library. Every name
+upstream v0.15.1 exports is here with its labels (docs/metrics.md says where each is fed);
+ours, marked so, are beside them. Upstream's histograms are rendered as its exporter renders
+them without buckets: summaries."""
 
 import logging
+import re
 
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from danube.broker import reliable
 from danube.broker.subscription import KEY_SHARED
 from danube.rpc.status import StatusCode
+from danube.services.metrics_storage import add_summary, storage_metrics, summary
 
 log = logging.getLogger("danube.metrics")
 
@@ -17,12 +23,30 @@ class BrokerCollector:
         self.broker = broker
 
     def collect(self):
+        # Upstream's exporter adds the broker's id to every series (a global label).
+        core = self.broker.core
+        broker_id = None if core is None else core.broker_id
+        for family in self._families():
+            if broker_id is not None:
+                family.samples = [s._replace(labels={**s.labels, "broker": str(broker_id)})
+                                  for s in family.samples]
+            yield family
+
+    def _families(self):
+        # Upstream's labels (service, method, result) and our status code beside them.
         rpc = CounterMetricFamily("danube_broker_rpc", "gRPC calls finished by this broker",
-                                  labels=["method", "code"])
+                                  labels=["service", "method", "result", "code"])
         for server in self.broker.rpc_servers():
-            for (method, code), count in list(server.rpc_counts.items()):
-                rpc.add_metric([method, StatusCode(code).name], count)
+            for (path, code), count in list(server.rpc_counts.items()):
+                service, method = _rpc_labels(path)
+                rpc.add_metric([service, method, "ok" if code == 0 else "error",
+                                StatusCode(code).name], count)
         yield rpc
+        polls = reliable.POLLS
+        yield _counter("danube_dispatcher_notifier_polls", "Reliable dispatcher passes woken "
+                       "by new messages, acks or consumers", polls["notifier"])
+        yield _counter("danube_dispatcher_heartbeat_polls", "Reliable dispatcher passes woken "
+                       "by the heartbeat timer", polls["heartbeat"])
         topics = GaugeMetricFamily("danube_broker_topics_owned",
                                    "Topics served by this broker")
         topics.add_metric([], self.broker.topics_owned())
@@ -30,14 +54,21 @@ class BrokerCollector:
         guard = getattr(self.broker, "guard", None)
         if guard is not None:
             yield from _authz_metrics(guard)
+        else:
+            # No RBAC (auth.mode none): nothing is ever checked, as upstream's zeros.
+            yield _counter("danube_authz_allow", "Calls an RBAC check allowed", 0)
+            yield _counter("danube_authz_deny", "Calls an RBAC check denied", 0)
         core = self.broker.core
         if core is not None:
             yield from _topic_metrics(core)
+            yield from storage_metrics(core)
             if core.tiered is not None:
                 yield from _storage_metrics(core.tiered)
         cluster = getattr(self.broker, "cluster", None)
         if cluster is not None:
             yield from _cluster_metrics(cluster)
+        else:
+            yield from _standalone_cluster_metrics()
 
 
 def _gauge(name, doc, value):
@@ -52,23 +83,62 @@ def _counter(name, doc, value):
     return family
 
 
+_SNAKE = re.compile(r"(?<!^)(?=[A-Z])")
+
+
+def _rpc_labels(path):
+    """``/danube.ProducerService/SendMessage`` -> ("producer", "send_message"), upstream's
+    spelling of its service and method labels."""
+    service, _, method = path.lstrip("/").partition("/")
+    service = service.rsplit(".", 1)[-1].removesuffix("Service") or service
+    return _SNAKE.sub("_", service).lower(), _SNAKE.sub("_", method).lower()
+
+
+def _standalone_cluster_metrics():
+    """Upstream registers its cluster metrics in every mode; a standalone broker is the
+    leader of its one-broker cluster and never assigns, redirects or rebalances."""
+    yield _gauge("danube_leader_election_state", "1 on the cluster leader, else 0", 1)
+    yield _counter("danube_broker_assignments", "Topics placed by this broker as leader", 0)
+    yield _counter("danube_client_redirects", "Lookups answered with another broker", 0)
+    yield _counter("danube_rebalancing_moves", "Topic moves made by automatic rebalancing", 0)
+    yield _counter("danube_rebalancing_failures", "Automatic rebalancing moves that failed", 0)
+    yield _gauge("danube_cluster_imbalance_cv", "Coefficient of variation of the active "
+                 "brokers' load at the leader's last rebalancing check", 0.0)
+    yield summary("danube_rebalancing_cycle_duration_seconds",
+                  "Duration of an automatic rebalancing check (s)", [])
+
+
 def _cluster_metrics(cluster):
     """Cluster mode on etcd: upstream's leader, assignment and redirect metrics, and ours for
     the metadata connection and the fence."""
     conn = cluster.store.conn
     yield _gauge("danube_leader_election_state", "1 on the cluster leader, else 0",
                  1 if cluster.is_leader else 0)
-    yield _counter("danube_broker_assignments", "Topics placed by this broker as leader",
-                   cluster.manager.assignments_total)
-    yield _counter("danube_client_redirects", "Lookups answered with another broker",
-                   cluster.redirects)
+    assignments = CounterMetricFamily("danube_broker_assignments",
+                                      "Topic assignments made by this broker as leader",
+                                      labels=["broker_id", "action"])
+    for (broker_id, action), count in list(cluster.manager.assignments.items()):
+        assignments.add_metric([broker_id, action], count)
+    yield assignments
+    redirects = CounterMetricFamily("danube_client_redirects",
+                                    "Lookups answered with another broker",
+                                    labels=["reason", "topic_ns"])
+    for ns, count in list(cluster.redirects_by_ns.items()):
+        redirects.add_metric(["not_local", ns], count)
+    yield redirects
     rebalancer = cluster.rebalancer
-    yield _counter("danube_rebalancing_moves", "Topic moves made by automatic rebalancing "
-                   "on this broker as leader", rebalancer.moves_total)
+    moves = CounterMetricFamily("danube_rebalancing_moves", "Topic moves made by automatic "
+                                "rebalancing on this broker as leader", labels=["reason"])
+    moves.add_metric(["LoadImbalance"], rebalancer.moves_total)     # upstream's only reason
+    yield moves
     yield _counter("danube_rebalancing_failures", "Automatic rebalancing moves that failed",
                    rebalancer.failures_total)
     yield _gauge("danube_cluster_imbalance_cv", "Coefficient of variation of the active "
                  "brokers' load at the leader's last rebalancing check", rebalancer.last_cv)
+    cycles = summary("danube_rebalancing_cycle_duration_seconds",
+                     "Duration of an automatic rebalancing check (s)", [])
+    add_summary(cycles, [], rebalancer.cycle_seconds)
+    yield cycles
     yield _gauge("danube_metadata_store_up", "1 while etcd answers, 0 after a failed call",
                  1 if conn.available else 0)
     yield _counter("danube_metadata_store_failures", "Failed calls to etcd (each retried "
@@ -112,8 +182,16 @@ def _topic_metrics(core):
                              labels=t_labels)
     sub_consumers = GaugeMetricFamily("danube_subscription_active_consumers",
                                       "Active consumers of a subscription", labels=s_labels)
-    sent = CounterMetricFamily("danube_producer_send", "Messages accepted from a producer",
+    sent = CounterMetricFamily("danube_producer_messages_accepted",
+                               "Messages accepted from a producer (ours)",
                                labels=["topic", "producer"])
+    sends = CounterMetricFamily("danube_producer_send", "Sends at the API boundary (a "
+                                "SendMessage, or one of our batches) by outcome",
+                                labels=["topic", "result", "error_code"])
+    send_ms = summary("danube_producer_send_latency_ms",
+                      "Broker-side latency of an accepted send (ms)", t_labels)
+    sizes = summary("danube_topic_message_size_bytes",
+                    "Sizes of published payloads (bytes)", t_labels)
     out_msgs = CounterMetricFamily("danube_consumer_messages_out",
                                    "Messages handed to a consumer", labels=c_labels)
     out_bytes = CounterMetricFamily("danube_consumer_bytes_out",
@@ -161,6 +239,12 @@ def _topic_metrics(core):
             checked.add_metric([name, gate.policy], gate.checked)
             for reason, count in gate.failures.items():
                 failed.add_metric([name, reason], count)
+        # Accepted sends are the latency summary's count.
+        sends.add_metric([name, "ok", "OK"], topic.send_latency_ms.count)
+        for (result, code), count in list(topic.send_results.items()):
+            sends.add_metric([name, result, code], count)
+        add_summary(send_ms, [name], topic.send_latency_ms)
+        add_summary(sizes, [name], topic.message_sizes)
         msgs_in.add_metric([name], topic.messages_in)
         bytes_in.add_metric([name], topic.bytes_in)
         producers.add_metric([name], len(topic.producers))
@@ -191,7 +275,8 @@ def _topic_metrics(core):
                 out_bytes.add_metric(labels, c.outbox.delivered_bytes)
                 dropped.add_metric(labels, c.outbox.dropped)
         consumers.add_metric([name], active)
-    yield from (msgs_in, bytes_in, producers, consumers, subs, sub_consumers, sent, out_msgs,
+    yield from (msgs_in, bytes_in, producers, consumers, subs, sub_consumers, sent, sends,
+                send_ms, sizes, out_msgs,
                 out_bytes, dropped, unroutable, *reliable.values(), checked, failed)
 
 

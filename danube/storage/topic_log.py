@@ -38,6 +38,10 @@ class TopicLog:
         self.wal = wal
         self.tier = tier
         self._uploads_stopped = False
+        # Upstream's danube_wal_reader_create_total{mode} and
+        # danube_handoff_durable_history_to_hot_total.
+        self.readers_created = {"wal_only": 0, "durable_history_then_hot": 0}
+        self.handoffs_to_hot = 0
         # The WAL's own bound methods: the publish path calls them with no extra frame.
         self.append = wal.append
         self.append_packed = wal.append_packed
@@ -140,6 +144,7 @@ class TopicLog:
 
     def reader(self, on_ready: Callable[[], None]) -> TopicLogReader:
         """A reader of every tier, for one consumer of the log (a subscription)."""
+        self.readers_created["wal_only"] += 1
         return TopicLogReader(self, on_ready)
 
     # -- retention -----------------------------------------------------------------------
@@ -188,6 +193,7 @@ class TopicLogReader:
         self._log = topic_log
         self._on_ready = on_ready
         self._history = None             # HistoryCursor, once history is read
+        self._in_history = False         # the last read was served by the durable tier
 
     def read(self, offset: int, max_messages: int) -> list | None:
         """Up to ``max_messages`` ``(offset, payload)`` from ``offset`` on; empty at the head
@@ -196,6 +202,9 @@ class TopicLogReader:
         wal = self._log.wal
         first = wal.first_offset
         if offset >= first or offset < 0 or wal.closed:
+            if self._in_history:
+                self._in_history = False
+                self._log.handoffs_to_hot += 1
             return wal.read(offset, max_messages)
         tier = self._log.tier
         if tier is None:
@@ -203,6 +212,8 @@ class TopicLogReader:
         if self._history is None:
             from danube.storage.tiered.history import HistoryCursor
             self._history = HistoryCursor(tier, self._on_ready)
+            self._log.readers_created["durable_history_then_hot"] += 1
+        self._in_history = True
         return self._history.read(offset, max_messages, first)
 
     def close(self) -> None:

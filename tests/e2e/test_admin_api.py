@@ -274,7 +274,13 @@ async def test_failure_policy_errors(admin):
                 StatusCode.INVALID_ARGUMENT, "failure_policy")
     await fails(set_(name, "s", adm.SubscriptionFailurePolicy(poison_policy=7)),
                 StatusCode.INVALID_ARGUMENT, "poison_policy")
-    await fails(set_(plain, "s", ok), StatusCode.NOT_FOUND)   # no subscription there yet
+    # Upstream checks the topic's dispatch strategy only: a non-reliable topic refuses
+    # with FAILED_PRECONDITION whether the subscription exists or not.
+    await fails(set_(plain, "nobody", ok), StatusCode.FAILED_PRECONDITION, "reliable")
+    # A dead_letter policy without its topic: refused, in upstream's words.
+    await fails(set_(name, "nobody", adm.SubscriptionFailurePolicy(poison_policy=adm.DeadLetter)),
+                StatusCode.INVALID_ARGUMENT,
+                "dead_letter_topic must be configured when poison_policy is DeadLetter")
 
 
 async def test_policy_on_a_non_reliable_subscription_is_refused(admin, client):

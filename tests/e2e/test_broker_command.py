@@ -1,5 +1,6 @@
 """`danube broker` as a process: flags, listening addresses, HealthCheck, metrics, shutdown."""
 
+import re
 import signal
 import socket
 import subprocess
@@ -61,10 +62,13 @@ def test_metrics_endpoint_counts_rpcs(broker):
             _health(ch)(pb.HealthCheckRequest(id=1), timeout=5)
     body = urllib.request.urlopen(f"http://127.0.0.1:{broker.prom_port}/metrics",
                                   timeout=5).read().decode()
-    assert ('danube_broker_rpc_total{code="OK",method="/danube.HealthCheck/HealthCheck"} 3.0'
-            in body)
+    # upstream's labels (service, method, result, and the broker's id on every series) and
+    # our status code
+    broker_id = re.search(r'danube_broker_topics_owned\{broker="(\d+)"\}', body).group(1)
+    assert (f'danube_broker_rpc_total{{broker="{broker_id}",code="OK",method="health_check",'
+            'result="ok",service="health_check"} 3.0' in body)
     # The system topic /system/_events_topic is registered at boot.
-    assert "danube_broker_topics_owned 1.0" in body
+    assert f'danube_broker_topics_owned{{broker="{broker_id}"}} 1.0' in body
 
 
 def test_logs_addresses_and_stops_on_sigterm(broker):

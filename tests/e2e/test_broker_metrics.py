@@ -81,14 +81,19 @@ def test_publish_and_delivery_are_counted(broker):
     assert _metric(body, "danube_topic_bytes_in_total", topic=topic) == 30
     assert _metric(body, "danube_topic_active_producers", topic=topic) == 1
     assert _metric(body, "danube_topic_active_subscriptions", topic=topic) == 1
-    assert _metric(body, "danube_producer_send_total", topic=topic, producer="p1") == 3
+    assert _metric(body, "danube_producer_messages_accepted_total", topic=topic,
+                   producer="p1") == 3
+    assert _metric(body, "danube_producer_send_total", topic=topic, result="ok",
+                   error_code="OK") == 3
+    assert _metric(body, "danube_producer_send_latency_ms_count", topic=topic) == 3
+    assert _metric(body, "danube_topic_message_size_bytes_sum", topic=topic) == 30
     assert _metric(body, "danube_consumer_messages_out_total", topic=topic, subscription="s1",
                    consumer="c1") == 3
     assert _metric(body, "danube_consumer_dropped_total", topic=topic, subscription="s1",
                    consumer="c1") == 0
     assert _metric(body, "danube_broker_topics_owned") == 2
-    assert _metric(body, "danube_broker_rpc_total", method="/danube.ProducerService/SendMessage",
-                   code="OK") == 3
+    assert _metric(body, "danube_broker_rpc_total", service="producer", method="send_message",
+                   result="ok", code="OK") == 3
 
 
 def test_reliable_subscription_metrics(broker):

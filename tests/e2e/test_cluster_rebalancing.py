@@ -154,3 +154,31 @@ async def test_no_move_past_the_hourly_budget(cluster, admin):
 async def _listed(admin, broker_id):
     brokers = (await admin.call("BrokerAdmin", "ListBrokers")).brokers
     return broker_id in {b.broker_id for b in brokers}
+
+
+def test_upstreams_cluster_metrics_moved(cluster):
+    """Upstream's cluster metrics, summed over the brokers after the moves above (a
+    standalone broker exports them unmoved: tests/e2e/test_upstream_metrics.py)."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    totals, labels = {}, {}
+    for broker in cluster.live:
+        body = urllib.request.urlopen(f"http://127.0.0.1:{broker.prom_port}/metrics",
+                                      timeout=10).read().decode()
+        for family in text_string_to_metric_families(body):
+            for sample in family.samples:
+                totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
+                labels.setdefault(sample.name, set()).update(sample.labels)
+    # upstream's labels
+    assert {"broker_id", "action"} <= labels["danube_broker_assignments_total"]
+    assert {"reason", "topic_ns"} <= labels["danube_client_redirects_total"]
+    assert "reason" in labels["danube_rebalancing_moves_total"]
+    assert totals["danube_leader_election_state"] == 1          # one leader
+    assert totals["danube_broker_assignments_total"] > 0
+    assert totals["danube_client_redirects_total"] > 0
+    assert totals["danube_rebalancing_moves_total"] >= 2
+    assert totals["danube_rebalancing_cycle_duration_seconds_count"] > 0
+    assert totals["danube_cluster_imbalance_cv"] > 0           # the fifth broker: imbalanced
+    assert "danube_rebalancing_failures_total" in totals

@@ -103,11 +103,18 @@ def test_produce_consume_admin_and_schema_from_the_executable(executable, bare, 
     assert topic in json.dumps(listed)
     assert "Cluster_Leader" in bare(exe, "admin", *admin, "brokers", "list").stdout
 
-    # installed under upstream's name, the same file is danube-admin
+    # installed under upstream's names, the same file is danube-admin, danube-cli and
+    # danube-broker (packaging/build.sh makes these links)
     link = bare.home / "danube-admin"
     os.symlink(exe, link)
     r = bare(str(link), *admin, "brokers", "list")
     assert "Cluster_Leader" in r.stdout
+    for name, expect in (("danube-cli", "usage: danube-cli"), ("danube-broker", "--broker-addr")):
+        os.symlink(exe, bare.home / name)
+        assert expect in bare(str(bare.home / name), "--help").stdout
+    r = bare(str(bare.home / "danube-cli"), "produce", "-s", service, "-t", topic, "-m", "cli",
+             "--reliable")
+    assert "sent successfully" in r.stdout
 
     schema = bare.home / "orders.json"
     schema.write_text(json.dumps({"type": "object", "properties": {"id": {"type": "integer"}},

@@ -419,10 +419,12 @@ class _Tier:
 
         self.name = "/default/t"
         self.catalog = catalog
+        self.counts = {"segments_read": 0, "read_bytes": 0}
 
         class _Tiered:
             objstore = store
             stats = {"read_failures": 0, "history_reads": 0, "history_messages": 0}
+            read_errors = {}
             executor = concurrent.futures.ThreadPoolExecutor(1)
 
             async def run(self, fn, *args):

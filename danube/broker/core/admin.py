@@ -251,12 +251,18 @@ class Admin:
             log.info("subscription %s on %s removed (unsubscribe)", sub_name, topic.name)
 
     async def set_failure_policy(self, name, sub_name, policy):
-        """Persist and apply at once: the next failure of a delivery is judged by it."""
-        found = await self._subscriptions(name, sub_name)
-        if any(t.delivery != RELIABLE for t, _ in found):
+        """Persist and apply at once: the next failure of a delivery is judged by it.
+
+        The topic's kind is checked before the subscription is looked up: on a
+        non-reliable topic the answer is FAILED_PRECONDITION whether or not the
+        subscription exists, as upstream's (which checks only the dispatch strategy)."""
+        names.validate_topic(name)
+        names.validate_client_name(sub_name, "subscription")
+        if any(t.delivery != RELIABLE for t in await self._targets(name)):
             raise NotReliable("subscription failure policy can only be configured for "
                               "reliable topics")
         policy.validate()
+        found = await self._subscriptions(name, sub_name)
         for topic, sub in found:
             await self.store.put(keys.subscription_failure_policy(topic.name, sub_name),
                                  policy.to_json())

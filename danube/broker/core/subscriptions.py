@@ -180,7 +180,7 @@ class Subscriptions:
         sub.dispatcher = ReliableDispatcher(
             sub, topic, cursor, policy, window, loop=self.loop,
             on_cursor=save_cursor, dead_letter=dead_letter, on_acked=save_acked,
-            acked=acked)
+            acked=acked, dispatch_rate=topic.policies.max_subscription_dispatch_rate)
         topic.subscriptions[sub_name] = sub
         topic.subscriptions_changed()
 

@@ -112,6 +112,7 @@ class HistoryCursor:
             return None
         self._planner = SegmentReader(self.tier.tiered.objstore.describe(), desc, offset,
                                       READ_CHUNK)
+        self.tier.counts["segments_read"] += 1
         self._pump()
         return None
 
@@ -141,6 +142,7 @@ class HistoryCursor:
                 if desc is None or desc.start_offset != nxt:
                     return
                 self._planner = SegmentReader(planner.where, desc, nxt, READ_CHUNK)
+                self.tier.counts["segments_read"] += 1
                 continue
             try:
                 future = tiered.executor.submit(tiered.objstore.get, planner.desc.object_key,
@@ -180,10 +182,11 @@ class HistoryCursor:
                              f"bytes {f.start}..{f.end} of {f.reader.desc.object_key}")
                 return True
             stats["history_reads"] += 1
+            self.tier.counts["read_bytes"] += len(future.result())
             try:
                 self._chunks.extend(f.reader.feed(f.start, f.end, future.result()))
             except Exception as err:  # noqa: BLE001 - a bug, but the subscription retries
-                self._failed(f.reader.next_offset, err)
+                self._failed(f.reader.next_offset, err, reason="decode")
                 return True
             changed = True
         return changed
@@ -197,9 +200,11 @@ class HistoryCursor:
         self._fetches.clear()
         self._planner = None
 
-    def _failed(self, offset: int, exc: BaseException, what: str | None = None) -> None:
+    def _failed(self, offset: int, exc: BaseException, what: str | None = None,
+                reason: str = "fetch") -> None:
         tiered = self.tier.tiered
         tiered.stats["read_failures"] += 1
+        tiered.read_errors[reason] = tiered.read_errors.get(reason, 0) + 1
         self._failures += 1
         self._reset()
         delay = min(RETRY_MAX, RETRY_FIRST * 2 ** (self._failures - 1))

@@ -45,6 +45,7 @@ import os
 import time
 import zlib
 
+from danube.metering import Summary
 from danube.storage.durable.base import ObjectStoreConfigError, ObjectStoreError
 from danube.storage.errors import TieredStartupError
 from danube.storage.segment_files import parse_segment_name
@@ -85,6 +86,9 @@ class TopicTier:
         self.failures = 0
         self.last_error: str | None = None
         self.closed = False
+        # For upstream's danube_cloud_upload_* and danube_durable_history_* metrics.
+        self.counts = {"uploaded": 0, "upload_failures": 0, "upload_bytes": 0,
+                       "segments_read": 0, "read_bytes": 0}
 
     @property
     def uploaded_end(self) -> int:
@@ -122,6 +126,7 @@ class TopicTier:
                                 "before tiered storage was enabled); the durable history "
                                 "has a gap there", self.name, self.uploaded_end + 1,
                                 seg.first_offset - 1)
+                started = time.perf_counter()
                 desc = await self.tiered.upload(self.name, seg.path, seg.first_offset,
                                                 seg.last_offset, seg.size)
                 # The descriptor and the `cur` pointer in one transaction (`cur` never names a
@@ -132,8 +137,12 @@ class TopicTier:
                         {"start": f"{desc.start_offset:020d}", "end_offset": desc.end_offset}},
                     durable=desc.end_offset > wal.durable_offset)
                 self.catalog.add(desc)
+                # Upload and descriptor: upstream's "upload and finalize one segment".
+                self.tiered.upload_latency_ms.observe((time.perf_counter() - started) * 1000)
                 self.tiered.stats["segments"] += 1
                 self.tiered.stats["bytes"] += desc.size
+                self.counts["uploaded"] += 1
+                self.counts["upload_bytes"] += desc.size
                 done += 1
             return done
 
@@ -152,6 +161,9 @@ class TieredStorage:
         self.topics: dict[str, TopicTier] = {}
         self.stats = {"segments": 0, "bytes": 0, "failures": 0, "read_failures": 0,
                       "history_reads": 0, "history_messages": 0}
+        self.upload_latency_ms = Summary()
+        self.list_latency_ms = Summary()
+        self.read_errors: dict[str, int] = {}     # reason ("fetch", "decode") -> failures
         self._uploader = (None if durable_cfg.backend in IN_PROCESS_BACKENDS
                           else ProcessUploader(durable_cfg))
         # In-process uploads (the memory store, or a test's wrapped store) run on a thread of
@@ -166,6 +178,14 @@ class TieredStorage:
 
     async def run(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+
+    async def list_objects(self, prefix: str):
+        """The store's listing under ``prefix``, timed (upstream's danube_cloud_list_*)."""
+        started = time.perf_counter()
+        try:
+            return await self.run(self.objstore.list, prefix)
+        finally:
+            self.list_latency_ms.observe((time.perf_counter() - started) * 1000)
 
     async def upload(self, topic, path, first_offset, last_offset, size):
         if self._uploader is None:
@@ -230,7 +250,7 @@ class TieredStorage:
 
     async def _rebuild(self, name: str) -> Catalog:
         try:
-            infos = await self.run(self.objstore.list, topic_object_prefix(name))
+            infos = await self.list_objects(topic_object_prefix(name))
         except ObjectStoreError as exc:
             log.error("%s: local WAL and catalogue are both missing and the durable store "
                       "cannot be listed (%s); the topic starts at offset 0", name, exc)
@@ -270,7 +290,7 @@ class TieredStorage:
 
     async def _delete_objects(self, name: str) -> None:
         try:
-            infos = await self.run(self.objstore.list, topic_object_prefix(name))
+            infos = await self.list_objects(topic_object_prefix(name))
             for info in infos:
                 await self.run(self.objstore.delete, info.key)
         except ObjectStoreError as exc:
@@ -332,6 +352,7 @@ class TieredStorage:
 
     def _failed(self, tier: TopicTier, exc: BaseException) -> None:
         self.stats["failures"] += 1
+        tier.counts["upload_failures"] += 1
         tier.failures += 1
         tier.last_error = f"{type(exc).__name__}: {exc}"
         # Capped lower when uploads are frequent, so a store back from an outage is caught

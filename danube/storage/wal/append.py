@@ -105,7 +105,7 @@ class _Appending:
         goes whole into a fresh one; a bigger batch fills segments one after another, and a
         frame bigger than a segment gets a segment of its own size."""
         if self._active.count:
-            self._rotate(first)
+            self._rotate(first, "time" if total <= self._active.room else "size")
         if total <= self._active.room:
             self._queue(self._active.write(payloads, first, n, total, self._deferred(total)))
             self._next_offset = first + n
@@ -122,12 +122,12 @@ class _Appending:
                 done += len(chunk)
                 self._next_offset = first + done
                 if done < n:
-                    self._rotate(first + done)
+                    self._rotate(first + done, "size")
         finally:
             if done < n:        # a failure part way: keep the cache in line with the data
                 self._cache.extend(first, payloads[:done])
 
-    def _rotate(self, base: int) -> None:
+    def _rotate(self, base: int, reason: str = "export") -> None:
         old = self._active
         if self._pending:
             self._write_pending_now()
@@ -153,6 +153,7 @@ class _Appending:
         self._touch(old)
         self._dir_dirty = self._ckpt_dirty = True
         self.rotation_count += 1
+        self.rotations[reason] += 1
         self._kick.set()
 
     async def rotate(self) -> SegmentInfo | None:

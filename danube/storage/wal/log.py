@@ -16,6 +16,7 @@ import os
 import time
 from typing import Callable
 
+from danube.metering import Summary
 from danube.storage._tailcache import TailCache
 from danube.storage.checkpoint import build_checkpoint
 from danube.storage.errors import WALClosedError, WALFailedError
@@ -89,6 +90,11 @@ class WAL(_Appending, _Reading, _GroupCommit, _Retention):
         self.sync_count = 0
         self.fdatasync_count = 0
         self.rotation_count = 0
+        # For upstream's danube_wal_* metrics: flush passes (a pass that wrote or synced)
+        # and their wall time, rotations by reason, segments deleted by retention.
+        self.flush_latency_ms = Summary()
+        self.rotations = {"size": 0, "time": 0, "export": 0}
+        self.deleted_segments = 0
 
     # ------------------------------------------------------------------ opening
 

@@ -83,6 +83,7 @@ class _Retention:
                 self._unsynced_sealed.remove(seg)
         paths = [s.path for s in victims]
         self._ckpt_dirty = True
+        self.deleted_segments += n
         try:
             await asyncio.wrap_future(self._executor.submit(_unlink_all, self._dir, paths))
         finally:
