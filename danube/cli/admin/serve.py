@@ -217,14 +217,19 @@ def run_http(args, with_mcp=False):
         if not with_mcp:
             await http
             return
+        # The HTTP side runs until a signal, the MCP server until its input ends (as
+        # upstream, the HTTP side stays up after); a signal stops both.
         task = asyncio.ensure_future(http)
-        await asyncio.sleep(0)
         while mcp is None and not task.done():
             await asyncio.sleep(0.01)
-        if mcp is not None:
-            await asyncio.gather(task, mcp)
-        else:
-            await task
+        mcp_task = asyncio.ensure_future(mcp) if mcp is not None else None
+        await task
+        if mcp_task is not None and not mcp_task.done():
+            # The SDK reads standard input in a worker thread that no cancellation reaches
+            # (the task would wait for a line that may never come): a stopped console ends
+            # the process here, its HTTP side closed and the broker connection with it.
+            print("danube admin console stopped", file=out, flush=True)
+            os._exit(0)
 
     try:
         uvloop.run(main())
