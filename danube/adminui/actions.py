@@ -149,13 +149,14 @@ async def topic_actions(state, request):
 
 
 async def _create(state, name, body):
-    """upstream's create: a schema_subject when given; else its older UI's schema_type
-    (default "String") names the subject whenever schema_data is not empty, as upstream
-    maps it. A topic created with no schema gets none here: our registry has no subject
-    "String" (upstream's broker ignores a subject it cannot find; docs/compatibility)."""
+    """upstream's create: a schema_subject when given. Upstream's UI sends instead
+    schema_type (String, Bytes, Int64, Json) with schema_data ("{}" by default), which
+    upstream's server passes on as the subject whenever schema_data is not empty; here that
+    name is the topic's subject only when the registry has a subject of that name, so the
+    UI's create works on a registry without one (docs/compatibility)."""
     subject = body.get("schema_subject")
-    if subject is None and body.get("schema_data"):
-        subject = body.get("schema_type") or None
+    if subject is None and body.get("schema_data") and body.get("schema_type", "String"):
+        subject = await _registered(state, body.get("schema_type", "String"))
     strategy = adm.Reliable if _reliable(body.get("dispatch_strategy")) else adm.NonReliable
     if body.get("partitions") is not None:
         req = adm.PartitionedTopicRequest(base_name=name, partitions=body["partitions"],
@@ -167,6 +168,16 @@ async def _create(state, name, body):
     if subject:
         req.schema_subject = subject
     return await state.call("TopicAdmin", method, req)
+
+
+async def _registered(state, subject):
+    """`subject` when the registry has it, else None."""
+    try:
+        await state.call("SchemaRegistry", "GetLatestSchema",
+                         sr.GetLatestSchemaRequest(subject=subject))
+    except client_errors.NotFound:
+        return None
+    return subject
 
 
 async def schema_actions(state, request):

@@ -285,6 +285,23 @@ async def test_topic_actions(ui, admin):
     status, _, body = await post(ui, "/ui/v1/topics/actions", {
         "action": "create", "topic": f"default/{short}-p", "partitions": 2})
     assert (status, body) == (200, {"success": True, "message": "ok"})
+    # what upstream's admin UI sends: schema_type names a subject only when it is registered
+    ui_form = {"action": "create", "topic": f"{short}-ui", "namespace": "default",
+               "schema_type": "Json", "schema_data": "{}", "dispatch_strategy": "non_reliable"}
+    status, _, body = await post(ui, "/ui/v1/topics/actions", ui_form)
+    assert (status, body) == (200, {"success": True, "message": "ok"})
+    d = await admin.call("TopicAdmin", "DescribeTopic",
+                         adm.DescribeTopicRequest(name=f"/default/{short}-ui"))
+    assert not d.HasField("schema_subject")
+    subject = unique("Json")
+    await admin.call("SchemaRegistry", "RegisterSchema", sr.RegisterSchemaRequest(
+        subject=subject, schema_type="json_schema", schema_definition=b'{"type": "object"}'))
+    status, _, body = await post(ui, "/ui/v1/topics/actions",
+                                 {**ui_form, "topic": f"{short}-ui2", "schema_type": subject})
+    assert (status, body) == (200, {"success": True, "message": "ok"})
+    d = await admin.call("TopicAdmin", "DescribeTopic",
+                         adm.DescribeTopicRequest(name=f"/default/{short}-ui2"))
+    assert d.schema_subject == subject
     status, _, body = await post(ui, "/ui/v1/topics/actions",
                                  {"action": "unload", "topic": f"/default/{short}"})
     assert status == 200 and body["success"] is True
