@@ -12,7 +12,8 @@ from danube.mcp_server.context import text_tool
 
 MAX_LINES = 10000
 TIMEOUT = 30.0
-LINES = Field(ge=1, le=MAX_LINES, description="Lines from the end of the log. Default: 500")
+LINES = Field(ge=0, le=2 ** 32 - 1, description=(
+    f"Lines from the end of the log (at most {MAX_LINES}). Default: 500"))
 NO_CONFIG = ("Error: No deployment configuration provided. Log fetching is not available.\n"
              "Hint: Start danube-admin with --config to enable log access.")
 
@@ -36,6 +37,7 @@ async def run(argv, what):
 
 
 async def docker_logs(container, lines):
+    lines = min(lines, MAX_LINES)
     ok, res = await run(["docker", "logs", "--tail", str(lines), container],
                         "Is Docker installed and running?")
     if isinstance(res, str):
@@ -45,6 +47,7 @@ async def docker_logs(container, lines):
 
 
 async def k8s_logs(namespace, pod, lines):
+    lines = min(lines, MAX_LINES)
     ok, res = await run(["kubectl", "logs", "-n", namespace, pod, f"--tail={lines}"],
                         "Is kubectl installed and configured?")
     if isinstance(res, str):
@@ -53,6 +56,9 @@ async def k8s_logs(namespace, pod, lines):
 
 
 def tail_file(path, lines):
+    lines = min(lines, MAX_LINES)
+    if lines == 0:
+        return ""
     try:
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)

@@ -294,7 +294,7 @@ async def test_arguments_are_checked(broker):
         for tool, args in (("unload_broker", {"broker_id": "b", "max_parallel": -1}),
                            ("describe_topic", {}),
                            ("delete_schema_version", {"subject": "s", "version": 2 ** 32}),
-                           ("get_broker_logs", {"broker_id": "b", "lines": 0})):
+                           ("get_broker_logs", {"broker_id": "b", "lines": -1})):
             result = await s.call_tool(tool, args)
             assert result.isError, (tool, result.content)
 
@@ -331,7 +331,7 @@ async def test_metrics_tools_read_prometheus(broker, broker_id, prometheus, clie
 async def test_config_file_gives_log_access(broker, tmp_path):
     logs = tmp_path / "logs"
     logs.mkdir()
-    (logs / "broker1.log").write_text("".join(f"line {i}\n" for i in range(1000)))
+    (logs / "broker1.log").write_text("".join(f"line {i}\n" for i in range(12000)))
     config = tmp_path / "mcp-config.yml"
     config.write_text(f"broker_endpoint: http://{broker.admin_addr}\n"
                       "prometheus_url: http://127.0.0.1:9\n"
@@ -341,7 +341,10 @@ async def test_config_file_gives_log_access(broker, tmp_path):
     async with mcp_session("--mode", "mcp", "--config", str(config)) as s:
         assert "  - broker1 → broker1.log" in await text(s, "list_configured_brokers")
         out = await text(s, "get_broker_logs", broker_id="broker1", lines=3)
-        assert out == "line 997\nline 998\nline 999"
+        assert out == "line 11997\nline 11998\nline 11999"
+        # upstream's "implementation may cap": at most 10,000 lines
+        out = await text(s, "get_broker_logs", broker_id="broker1", lines=50000)
+        assert out.count("\n") == 9999 and out.startswith("line 2000\n")
         out = await text(s, "get_broker_logs", broker_id="broker9")
         assert out.startswith("Error: Broker 'broker9' not found in configuration.")
         assert "Found 1 broker(s)" in await text(s, "list_brokers")   # the file's endpoint
