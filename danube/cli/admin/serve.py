@@ -20,11 +20,14 @@ DEFAULT_PROMETHEUS = "http://localhost:9090"
 
 def add_parser(groups):
     p = groups.add_parser(
-        "serve", help="run the web console",
-        description="Serve the web console: dashboard, topics with live statistics, "
-                    "subscriptions and their failure policies, schemas. It has write "
-                    "actions and no authentication, so it listens on 127.0.0.1 by default; "
-                    "expose it on another address only behind something that authenticates.")
+        "serve", help="run the web console, upstream's /ui/v1 API and MCP server",
+        description="Serve the web console (dashboard, topics with live statistics, "
+                    "subscriptions and their failure policies, schemas) and upstream "
+                    "danube-admin's /ui/v1 JSON API for its admin UI (--mode ui, the "
+                    "default), upstream's MCP server on standard input/output (--mode mcp), "
+                    "or both (--mode all). The HTTP side has write actions and no "
+                    "authentication, so it listens on 127.0.0.1 by default; expose it on "
+                    "another address only behind something that authenticates.")
     p.add_argument("--listen", "--listen-addr", dest="listen", metavar="HOST:PORT",
                    default=None,
                    help=f"address to serve on (env {LISTEN_ENV}, default {DEFAULT_LISTEN}; "
