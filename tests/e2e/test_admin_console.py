@@ -352,6 +352,9 @@ def test_serve_refuses_what_it_cannot_do():
                               env=dict(os.environ, **(env or {})))
     out = serve("--mode", "rest")
     assert out.returncode == 2 and "use ui, mcp or all" in out.stderr
+    out = subprocess.run([sys.executable, "-P", "-m", "danube", "admin", "server", "--mode",
+                          "rest"], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 2 and "use ui, mcp or all" in out.stderr   # upstream's alias
     out = serve(env={"DANUBE_ADMIN_MODE": "mcp", "DANUBE_MCP_CONFIG": "/nonexistent.yml"})
     assert out.returncode == 2 and "/nonexistent.yml" in out.stderr
     out = serve("--prometheus-url", "localhost:9090")

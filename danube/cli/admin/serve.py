@@ -20,7 +20,8 @@ DEFAULT_PROMETHEUS = "http://localhost:9090"
 
 def add_parser(groups):
     p = groups.add_parser(
-        "serve", help="run the web console, upstream's /ui/v1 API and MCP server",
+        "serve", aliases=["server"],      # upstream's alias
+        help="run the web console, upstream's /ui/v1 API and MCP server",
         description="Serve the web console (dashboard, topics with live statistics, "
                     "subscriptions and their failure policies, schemas) and upstream "
                     "danube-admin's /ui/v1 JSON API for its admin UI (--mode ui, the "
