@@ -12,7 +12,6 @@ pages served from this machine (localhost, 127.0.0.1, [::1], any port). Upstream
 every origin; an API with write actions and no login does not by default here
 (docs/compatibility)."""
 
-import logging
 from urllib.parse import unquote
 
 from starlette.middleware.cors import CORSMiddleware
@@ -23,8 +22,6 @@ from danube.client import errors as client_errors
 
 from danube.adminui import actions, reads
 from danube.adminui.http import BadRequest, map_error
-
-log = logging.getLogger("danube.adminui")
 
 PREFIX = "/ui/v1"
 LOOPBACK_ORIGINS = r"https?://(localhost|127\.0\.0\.1|\[::1\])(:\d+)?"
