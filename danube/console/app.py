@@ -38,7 +38,8 @@ def build_app(backend, *, cors_allow_origin=None, close_backend=True):
 
     middleware = [Middleware(_SameOriginPosts)]
     if cors_allow_origin:
-        middleware.append(Middleware(CORSMiddleware, allow_origins=[cors_allow_origin],
+        origins = [o.strip() for o in cors_allow_origin.split(",") if o.strip()]
+        middleware.append(Middleware(CORSMiddleware, allow_origins=origins,
                                      allow_methods=["GET"], allow_headers=["*"]))
     app = Starlette(routes=pages.routes() + api.routes() + [
         Mount("/static", StaticFiles(directory=os.path.join(HERE, "static")), name="static"),

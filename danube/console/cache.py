@@ -6,8 +6,13 @@ import time
 
 
 class TtlCache:
-    def __init__(self, ttl):
+    # Keys are pages (a topic's, a broker's): a client asking for many names cannot grow
+    # the cache past this; the oldest entry goes first.
+    MAX_ENTRIES = 4096
+
+    def __init__(self, ttl, max_entries=MAX_ENTRIES):
         self.ttl = ttl
+        self.max_entries = max_entries
         self._entries = {}          # key -> (expires at, value)
         self._pending = {}          # key -> future of the call in flight
 
@@ -32,11 +37,18 @@ class TtlCache:
             future.exception()      # retrieved: a miss nobody shared must not warn
             raise
         else:
+            self._entries.pop(key, None)
+            if len(self._entries) >= self.max_entries:
+                del self._entries[next(iter(self._entries))]
             self._entries[key] = (time.monotonic() + self.ttl, value)
             future.set_result(value)
             return value
         finally:
             del self._pending[key]
+
+    def drop(self, key):
+        """After a write that made one answer stale."""
+        self._entries.pop(key, None)
 
     def clear(self):
         """After a write (a topic created, a subscription removed) the lists are stale."""

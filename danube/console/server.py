@@ -48,13 +48,17 @@ def url_of(sock):
 
 
 async def serve(sock, endpoint, *, request_timeout, cache_ttl, cors_allow_origin=None,
-                on_ready=None, ssl=None, server_hostname=None, token=None):
-    """Serve the console on ``sock`` until a signal; ``on_ready(url)`` once it accepts."""
+                on_ready=None, ssl=None, server_hostname=None, token=None, wrap_app=None):
+    """Serve the console on ``sock`` until a signal; ``on_ready(url)`` once it accepts.
+    ``wrap_app(app, admin)`` may put other endpoints in front of the console (the UI API of
+    danube.adminui), sharing its admin client."""
     admin = AdminClient(endpoint, timeout=request_timeout, ssl=ssl, token=token,
                         connect_timeout=min(request_timeout, 5.0))
     if server_hostname:
         admin.channel.server_hostname = server_hostname
     app = build_app(Backend(admin, cache_ttl), cors_allow_origin=cors_allow_origin)
+    if wrap_app is not None:
+        app = wrap_app(app, admin)
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",
                             timeout_graceful_shutdown=3)
     server = _Server(config)

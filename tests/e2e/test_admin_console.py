@@ -350,10 +350,15 @@ def test_serve_refuses_what_it_cannot_do():
         return subprocess.run([sys.executable, "-P", "-m", "danube", "admin", "serve", *args],
                               capture_output=True, text=True, timeout=30,
                               env=dict(os.environ, **(env or {})))
-    out = serve("--mode", "mcp")
-    assert out.returncode == 2 and "MCP server is not available" in out.stderr
-    out = serve(env={"DANUBE_ADMIN_MODE": "all"})
-    assert out.returncode == 2 and "--mode all" in out.stderr
+    out = serve("--mode", "rest")
+    assert out.returncode == 2 and "use ui, mcp or all" in out.stderr
+    out = subprocess.run([sys.executable, "-P", "-m", "danube", "admin", "server", "--mode",
+                          "rest"], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 2 and "use ui, mcp or all" in out.stderr   # upstream's alias
+    out = serve(env={"DANUBE_ADMIN_MODE": "mcp", "DANUBE_MCP_CONFIG": "/nonexistent.yml"})
+    assert out.returncode == 2 and "/nonexistent.yml" in out.stderr
+    out = serve("--prometheus-url", "localhost:9090")
+    assert out.returncode == 2 and "prometheus URL" in out.stderr
     out = serve("--listen-addr", "nonsense")
     assert out.returncode == 2 and "HOST:PORT" in out.stderr
     assert "Traceback" not in out.stderr

@@ -134,6 +134,55 @@ def test_produce_consume_admin_and_schema_from_the_executable(executable, bare, 
     assert r.returncode == 2 and "Traceback" not in r.stderr
 
 
+def test_admin_serve_ui_api_and_mcp_from_the_executable(executable, bare, broker):
+    endpoint = f"http://{broker.admin_addr}"
+    # the MCP server: JSON-RPC lines on stdin and stdout, as an assistant speaks it
+    requests = [
+        {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "test", "version": "1"}}},
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        {"jsonrpc": "2.0", "id": 2, "method": "tools/list"},
+        {"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+         "params": {"name": "list_brokers", "arguments": {}}}]
+    mcp = subprocess.Popen([executable, "admin", "serve", "--mode", "mcp",
+                            "--broker-endpoint", endpoint],
+                           stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, env=bare.env, cwd=bare.home)
+    try:
+        answers = {}
+        for request in requests:
+            mcp.stdin.write(json.dumps(request) + "\n")
+            mcp.stdin.flush()
+            if "id" in request:
+                while request["id"] not in answers:
+                    line = mcp.stdout.readline()
+                    assert line, mcp.stderr.read()
+                    message = json.loads(line)
+                    if "id" in message:
+                        answers[message["id"]] = message
+    finally:
+        mcp.stdin.close()
+        mcp.wait(30)
+    assert answers[1]["result"]["serverInfo"]["name"] == "danube-admin"
+    assert len(answers[2]["result"]["tools"]) == 58
+    assert "Cluster_Leader" in answers[3]["result"]["content"][0]["text"]
+
+    # the /ui/v1 API beside the console
+    serve = subprocess.Popen([executable, "admin", "serve", "--listen", "127.0.0.1:0",
+                              "--broker-endpoint", endpoint], stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, env=bare.env, cwd=bare.home)
+    try:
+        line = serve.stdout.readline()
+        url = line.split("listening on ")[1].split()[0]
+        import urllib.request
+        with urllib.request.urlopen(url + "ui/v1/health", timeout=30) as r:
+            assert json.load(r) == {"status": "ok", "leader_reachable": True}
+    finally:
+        serve.send_signal(2)
+        assert serve.wait(30) == 0
+
+
 def test_a_cluster_on_etcd_from_the_executable(executable, bare, tmp_path, monkeypatch):
     """etcd3gw is inside: two brokers of the one file form a cluster on a real etcd."""
     monkeypatch.setenv(EXECUTABLE_ENV, executable)

@@ -61,8 +61,17 @@ ALLOWED["danube.console"] = {"danube.client", "danube.rpc", "danube.codec"}
 # A cluster on one machine (`danube cluster up`) and proxy mode's ingress configuration:
 # processes it starts, and the broker reached through the client only.
 ALLOWED["danube.devcluster"] = {"danube.client", "danube.rpc", "danube.codec"}
-ALLOWED["danube.cli"] = ALLOWED["danube.cli"] | {"danube.console", "danube.edge",
-                                            "danube.devcluster"}
+# Prometheus's HTTP API and upstream danube-admin's PromQL queries: standard library only.
+ALLOWED["danube.promql"] = set()
+# Upstream's /ui/v1 JSON API for its admin UI, beside the console (sharing its cache).
+ALLOWED["danube.adminui"] = {"danube.client", "danube.rpc", "danube.codec", "danube.console",
+                             "danube.promql"}
+# Upstream's MCP server: the admin client, Prometheus, and the security module's tokens.
+ALLOWED["danube.mcp_server"] = {"danube.client", "danube.rpc", "danube.codec", "danube.promql",
+                                "danube.security"}
+ALLOWED["danube.cli"] = ALLOWED["danube.cli"] | {
+    "danube.console", "danube.edge", "danube.devcluster", "danube.adminui", "danube.mcp_server",
+    "danube.promql"}
 
 
 def part(module):
