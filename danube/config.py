@@ -12,6 +12,7 @@ from danube import config_keys
 from danube.config_cluster import (EtcdTLS, RebalancingConfig, check_etcd_tls, load_etcd_auth,
                                    load_etcd_tls, load_rebalancing)
 from danube.config_durable import parse_durable, require_sdk
+from danube.config_writebuffer import parse_write_buffer, require_client
 from danube.config_errors import ConfigError
 from danube.failure_policy import FailurePolicy, InvalidFailurePolicy
 
@@ -95,6 +96,7 @@ class BrokerConfig:
     storage_mode: str = "local"                 # storage.mode: local|shared_fs|object_store
     metadata_prefix: str = "/danube"            # storage.metadata_prefix
     durable: object = None                      # storage.durable (DurableConfig), tiers only
+    write_buffer: object = None                 # storage.write_buffer (WriteBufferConfig)
     # Transport cap on one gRPC message (our key, not upstream's); policies.max_message_size
     # must stay below it so oversize publishes get INVALID_ARGUMENT, not RESOURCE_EXHAUSTED.
     grpc_max_message_size: int = DEFAULT_GRPC_MAX_MESSAGE_SIZE
@@ -427,6 +429,10 @@ def _load_storage(cfg, tree):
         raise ConfigError("storage.local_retention.delete_unconsumed: expected true or false")
     cfg.retention_delete_unconsumed = unconsumed
     _load_tiers(cfg, tree)
+    section = _get(tree, "storage.write_buffer")
+    if section is not None:
+        cfg.write_buffer = parse_write_buffer(section)
+        require_client()
     try:
         cfg.failure_policy = FailurePolicy.from_config(_get(tree, "dispatch.failure_policy"))
     except (InvalidFailurePolicy, TypeError) as exc:

@@ -66,7 +66,9 @@ class Topic:
         """Offsets below this may be delivered. In mode `always` only what a sync covers is
         delivered, so a consumer never sees a message that a machine crash could take back
         (and whose offset would then be given to another message)."""
-        if self.durability == ALWAYS:
+        if self.durability == ALWAYS or self.log.buffer is not None:
+            # With a write buffer, only what it confirmed: a new owner rebuilds the log
+            # from it, so nothing else is sure to keep its offset.
             return self.log.durable_offset + 1
         return self.log.next_offset
 
@@ -165,15 +167,18 @@ class Topic:
         log = self.log
         try:
             first, last = log.append(raws) if ends is None else log.append_packed(raws, ends)
-            if self.durability == ALWAYS:
+            if self.durability == ALWAYS or log.buffer is not None:
                 await log.sync_to(last)
         except WALError as exc:
             raise StorageFailed(f"could not store the messages on {self.name}: {exc}") from exc
         self.messages_in += last - first + 1
         self.bytes_in += nbytes
+        self.wake_subscriptions()
+        return range(first, last + 1)
+
+    def wake_subscriptions(self):
         for sub in self.subscriptions.values():
             sub.dispatcher.notify()
-        return range(first, last + 1)
 
     def closed_error(self):
         """What a publish to the closed topic is refused with: the reason it was closed

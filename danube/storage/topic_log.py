@@ -24,39 +24,55 @@ import time
 from typing import Callable
 
 from danube.storage.errors import OffsetTruncatedError
-from danube.storage.wal import WAL, WALConfig
+from danube.storage.wal import ALWAYS, WAL, WALConfig
 
 log = logging.getLogger("danube.storage")
+
+#: How long closing a topic waits for its write buffer to confirm what it holds.
+BUFFER_CLOSE_TIMEOUT = 5.0
 
 
 class TopicLog:
     """Open one with ``await TopicLog.open(...)``. ``wal`` is the local WAL; ``tier`` the
     topic's ``TopicTier`` (its catalogue and uploads) when storage is tiered, else None."""
 
-    def __init__(self, name: str, wal: WAL, tier=None):
+    def __init__(self, name: str, wal: WAL, tier=None, buffer=None):
         self.name = name
         self.wal = wal
         self.tier = tier
+        #: The topic's ``TopicBuffer`` when ``storage.write_buffer`` is set, else None.
+        self.buffer = buffer
         self._uploads_stopped = False
         # The WAL's own bound methods: the publish path calls them with no extra frame.
         self.append = wal.append
         self.append_packed = wal.append_packed
-        self.append_durable = wal.append_durable
         self.sync_to = wal.sync_to
         self.read = wal.read
         self.wait_for = wal.wait_for
+        if buffer is not None:
+            self.append = self._append_buffered
+            self.append_packed = self._append_packed_buffered
+            self.sync_to = self._sync_to_buffered
+            self._wal_syncs = wal.mode == ALWAYS
+            if tier is not None:
+                tier.on_upload = self._uploaded
 
     @classmethod
     async def open(cls, name: str, directory: str, config: WALConfig, *,
                    executor: concurrent.futures.Executor | None = None,
-                   tiered=None) -> TopicLog:
+                   tiered=None, write_buffer=None) -> TopicLog:
         """Recover the topic's WAL in ``directory`` and, with ``tiered`` (the broker's
-        ``TieredStorage``), load its durable catalogue and register it for uploads.
+        ``TieredStorage``), load its durable catalogue and register it for uploads. With
+        ``write_buffer`` (the broker's ``WriteBuffer``) the log continues from the durable
+        tier and the buffer's tail (``danube.storage.writebuffer.rebuild``).
 
         A WAL that is missing (a lost disk, a topic that moved here) continues right after
         the durable history. A WAL that ends before it (a restored backup, a stale disk)
         would give two messages one offset: it is moved aside to ``{directory}.stale-{time}``
         for inspection and a new one continues after the durable history."""
+        if write_buffer is not None:
+            return await cls._open_buffered(name, directory, config, executor=executor,
+                                            tiered=tiered, write_buffer=write_buffer)
         if tiered is None:
             return cls(name, await WAL.open(directory, config, executor=executor))
         from danube.storage.tiered.manager import wal_is_missing
@@ -77,6 +93,63 @@ class TopicLog:
                      tier.uploaded_end, wal.first_offset, wal.next_offset - 1)
         tier.wal = wal
         return cls(name, wal, tier)
+
+    @classmethod
+    async def _open_buffered(cls, name, directory, config, *, executor, tiered,
+                             write_buffer) -> TopicLog:
+        from danube.storage.tiered.manager import wal_is_missing
+        from danube.storage.writebuffer.rebuild import open_wal
+
+        missing = wal_is_missing(directory)
+        tier = None if tiered is None else await tiered.load_topic(name, wal_missing=missing)
+        wal = await open_wal(name, directory, config, executor=executor, tier=tier,
+                             wb=write_buffer, wal_missing=missing)
+        if tier is not None:
+            tier.wal = wal
+        return cls(name, wal, tier, write_buffer.topic(name, wal.next_offset))
+
+    # -- the write buffer ----------------------------------------------------------------
+
+    def _append_buffered(self, payloads) -> tuple[int, int]:
+        """``WAL.append``, then the batch to the write buffer (checked for room first, so a
+        refused append stores nothing)."""
+        buf = self.buffer
+        buf.check_room(sum(map(len, payloads)))
+        first, last = self.wal.append(payloads)
+        buf.add(first, payloads)
+        return first, last
+
+    def _append_packed_buffered(self, data, ends) -> tuple[int, int]:
+        buf = self.buffer
+        buf.check_room(len(data))
+        first, last = self.wal.append_packed(data, ends)
+        buf.add_packed(first, data, ends)
+        return first, last
+
+    async def _sync_to_buffered(self, offset: int | None = None) -> int:
+        """Return once ``offset`` is in the write buffer (replicated as configured) and, in
+        durability ``always``, synced in the WAL: the two run at once."""
+        if offset is None:
+            offset = self.wal.next_offset - 1
+        if self._wal_syncs and offset > self.wal.durable_offset:
+            await asyncio.gather(self.wal.sync_to(offset), self.buffer.wait(offset))
+        else:
+            await self.buffer.wait(offset)
+        return self.durable_offset
+
+    def _uploaded(self, catalog) -> None:
+        """A segment reached the durable tier: drop the buffer's entries below the last
+        ``max_cached_closed_segments`` uploaded segments (kept as a warm copy)."""
+        buf = self.buffer
+        keep = buf.cached_segments
+        segments = catalog.segments
+        if keep and len(segments) > keep:
+            below = segments[-keep].start_offset
+        elif keep:
+            return
+        else:
+            below = catalog.end_offset + 1
+        buf.request_trim(below)
 
     # -- offsets -------------------------------------------------------------------------
 
@@ -107,8 +180,14 @@ class TopicLog:
 
     @property
     def durable_offset(self) -> int:
-        """The newest offset a completed WAL sync covers."""
-        return self.wal.durable_offset
+        """The newest offset a completed WAL sync covers; with a write buffer, also
+        confirmed by it (in durability ``always``, both)."""
+        buf = self.buffer
+        if buf is None:
+            return self.wal.durable_offset
+        if self._wal_syncs:
+            return min(self.wal.durable_offset, buf.confirmed)
+        return buf.confirmed
 
     @property
     def directory(self) -> str:
@@ -171,8 +250,15 @@ class TopicLog:
             self.tier.tiered.forget(self.name)
 
     async def close(self) -> None:
-        """Stop uploads and close the WAL (a last sync and checkpoint). Idempotent."""
+        """Stop uploads, let the write buffer confirm what it holds (a few seconds at most),
+        and close the WAL (a last sync and checkpoint). Idempotent."""
         self.stop_uploads()
+        if self.buffer is not None and not self.buffer.detached:
+            if not await self.buffer.flush(BUFFER_CLOSE_TIMEOUT):
+                log.warning("%s: the write buffer did not confirm offsets %d..%d before the "
+                            "topic closed; they are in the local WAL", self.name,
+                            self.buffer.confirmed + 1, self.buffer.appended)
+            self.buffer.detach()
         await self.wal.close()
 
     def __repr__(self) -> str:

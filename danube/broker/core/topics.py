@@ -103,7 +103,10 @@ class Topics:
                             cache_capacity=cfg.wal_cache_capacity)
         topic.log = await TopicLog.open(topic.name, os.path.join(self.wal_root, ns, name),
                                         wal_cfg, executor=self.wal_executor,
-                                        tiered=self.tiered)
+                                        tiered=self.tiered, write_buffer=self.write_buffer)
+        if topic.log.buffer is not None:
+            # Appends whose publish failed are confirmed by a later pass: deliver them then.
+            topic.log.buffer.on_confirmed = lambda _offset: topic.wake_subscriptions()
 
     # -- namespaces ----------------------------------------------------------------------
 

@@ -85,6 +85,8 @@ class TopicTier:
         self.failures = 0
         self.last_error: str | None = None
         self.closed = False
+        #: Called with the catalogue after each segment uploaded (the write buffer's trim).
+        self.on_upload = None
 
     @property
     def uploaded_end(self) -> int:
@@ -132,6 +134,8 @@ class TopicTier:
                         {"start": f"{desc.start_offset:020d}", "end_offset": desc.end_offset}},
                     durable=desc.end_offset > wal.durable_offset)
                 self.catalog.add(desc)
+                if self.on_upload is not None:
+                    self.on_upload(self.catalog)
                 self.tiered.stats["segments"] += 1
                 self.tiered.stats["bytes"] += desc.size
                 done += 1

@@ -1,0 +1,248 @@
+"""The broker's write buffer: one connection that every topic's appends go through, and one
+worker that commits them in groups.
+
+A pass of the worker takes what every topic appended since the last pass, sends it as one
+pipeline (an XADD per append) ending in one ``WAIT wait_replicas wait_timeout_ms``, and
+then answers each topic's waiters. So, as with the WAL's fdatasync, the number of round
+trips tracks Redis' speed, not the publish rate, across topics too. One connection carries
+every write because ``WAIT`` counts the replicas that have the *connection's* last write:
+a pass's WAIT then covers every entry written before it, including those of an earlier pass
+whose WAIT timed out. Reads (a new owner's recovery) and trims use a second, pooled client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from danube.storage.errors import WriteBufferError, WriteBufferStartupError
+from danube.storage.writebuffer.entries import ENDS, PAYLOAD, entry_id
+from danube.storage.writebuffer.topic import TopicBuffer
+from danube.tasks import cancel_and_wait
+
+log = logging.getLogger("danube.storage.writebuffer")
+
+#: Bytes of entries one pass sends at most (the rest goes in the next pass).
+PASS_BYTES = 16 << 20
+#: After a failed pass, the next try of what is still unconfirmed.
+RETRY_SECONDS = 1.0
+#: A write that WAIT can count when a pass has no entry to write (a retried WAIT after a
+#: reconnection: a fresh connection's WAIT would count no write of its own).
+HEARTBEAT_KEY = "/danube/write_buffer/heartbeat"
+
+
+def _url(endpoint: str) -> str:
+    """valkey:// is redis:// to the client."""
+    for ours, theirs in (("valkeys://", "rediss://"), ("valkey://", "redis://")):
+        if endpoint.startswith(ours):
+            return theirs + endpoint[len(ours):]
+    return endpoint
+
+
+class WriteBuffer:
+    """Start with ``await start()``; ``topic(name, next_offset)`` gives a topic's buffer."""
+
+    def __init__(self, cfg):
+        import redis.asyncio as aioredis
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+
+        self.cfg = cfg
+        self.endpoint = cfg.endpoints[0]
+        url = _url(self.endpoint)
+        # WAIT blocks the connection for up to wait_timeout_ms: the socket waits longer.
+        timeout = cfg.wait_timeout_ms / 1000 + 10
+        # No retries inside the client: a pipeline sent twice would write entries twice (the
+        # second XADD refused); the worker re-reads the stream's end and goes on instead.
+        common = dict(socket_connect_timeout=5, socket_timeout=timeout,
+                      retry=Retry(NoBackoff(), 0), health_check_interval=0)
+        self._writer = aioredis.Redis.from_url(url, max_connections=1, **common)
+        self.reader = aioredis.Redis.from_url(url, max_connections=16, **common)
+        self.topics: dict[str, TopicBuffer] = {}
+        self.stats = {"passes": 0, "entries": 0, "bytes": 0, "wait_timeouts": 0,
+                      "failures": 0, "trims": 0}
+        self._dirty: set[TopicBuffer] = set()
+        self._kick = asyncio.Event()
+        self._task: asyncio.Task | None = None
+        self._retry: asyncio.TimerHandle | None = None
+        self._resync_all = False
+        self._warned_at = 0.0
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Reach the primary once, so a wrong URL or a replica is a start-up error."""
+        from redis.exceptions import RedisError
+
+        try:
+            await self.reader.ping()
+            info = await self.reader.info("replication")
+        except (RedisError, OSError) as exc:
+            await self._close_clients()
+            raise WriteBufferStartupError(
+                f"storage.write_buffer: cannot reach {self.endpoint}: {exc}") from exc
+        role = info.get("role")
+        if role != "master":
+            await self._close_clients()
+            raise WriteBufferStartupError(
+                f"storage.write_buffer: {self.endpoint} is a {role}, not a primary; give the "
+                f"primary's URL (writes to a replica are refused)")
+        replicas = int(info.get("connected_slaves", 0))
+        if replicas < self.cfg.wait_replicas:
+            log.warning("write buffer %s has %d connected replica(s) but wait_replicas is %d: "
+                        "publishes %s until enough replicas are connected", self.endpoint,
+                        replicas, self.cfg.wait_replicas,
+                        "fail" if self.cfg.on_wait_timeout == "fail"
+                        else "are acknowledged without replication")
+        self._task = asyncio.get_running_loop().create_task(self._run(),
+                                                            name="write-buffer")
+        log.info("write buffer on %s (%s, %d replica(s) connected, WAIT %d within %d ms, "
+                 "on_wait_timeout %s)", self.endpoint, self.cfg.backend, replicas,
+                 self.cfg.wait_replicas, self.cfg.wait_timeout_ms, self.cfg.on_wait_timeout)
+
+    async def close(self) -> None:
+        if self._retry is not None:
+            self._retry.cancel()
+        if self._task is not None:
+            await cancel_and_wait(self._task)
+            self._task = None
+        for topic in list(self.topics.values()):
+            topic.fail_waiters(WriteBufferError("the write buffer is closed"))
+        await self._close_clients()
+
+    async def _close_clients(self) -> None:
+        for client in (self._writer, self.reader):
+            try:
+                await client.aclose()
+            except Exception:  # noqa: BLE001 - closing a broken connection
+                pass
+
+    # -- topics ---------------------------------------------------------------------------
+
+    def topic(self, name: str, next_offset: int) -> TopicBuffer:
+        """The buffer of a topic whose next append gets ``next_offset``."""
+        old = self.topics.get(name)
+        if old is not None:
+            old.detach()
+        buf = TopicBuffer(self, name, next_offset)
+        self.topics[name] = buf
+        return buf
+
+    def forget(self, buf: TopicBuffer) -> None:
+        if self.topics.get(buf.name) is buf:
+            del self.topics[buf.name]
+        self._dirty.discard(buf)
+
+    def wake(self, buf: TopicBuffer) -> None:
+        """``buf`` has entries to write or to confirm."""
+        self._dirty.add(buf)
+        self._kick.set()
+
+    # -- the worker -----------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        from redis.exceptions import RedisError
+
+        while True:
+            await self._kick.wait()
+            self._kick.clear()
+            if not self._dirty:
+                continue
+            topics = [t for t in self._dirty if not t.detached]
+            self._dirty.clear()
+            try:
+                await self._pass(topics)
+            except asyncio.CancelledError:
+                raise
+            except (RedisError, OSError, WriteBufferError) as exc:
+                self._failed(topics, exc)
+            except Exception as exc:  # noqa: BLE001 - never leave producers waiting
+                log.exception("write buffer pass failed")
+                self._failed(topics, exc)
+
+    async def _pass(self, topics: list[TopicBuffer]) -> None:
+        if self._resync_all:
+            for t in topics:
+                t.resync = True
+            self._resync_all = False
+        for t in topics:
+            if t.resync:
+                await t.resync_from_stream()
+        pipe = self._writer.pipeline(transaction=False)
+        sent: list[tuple[TopicBuffer, object]] = []
+        budget = PASS_BYTES
+        for t in topics:
+            for entry in t.unsent(budget):
+                pipe.xadd(t.key, {PAYLOAD: entry.data, ENDS: entry.ends},
+                          id=entry_id(entry.first))
+                sent.append((t, entry))
+                budget -= entry.nbytes
+        confirm = [t for t in topics if t.needs_confirmation()]
+        if not confirm:
+            return
+        wait = self.cfg.wait_replicas
+        if wait:
+            if not sent:
+                pipe.execute_command("INCR", HEARTBEAT_KEY)
+            pipe.execute_command("WAIT", wait, self.cfg.wait_timeout_ms)
+        results = await pipe.execute(raise_on_error=False)
+        failed = None
+        for (t, entry), result in zip(sent, results):
+            if isinstance(result, Exception):
+                t.resync = True      # what of it landed is read back before the next write
+                failed = failed or result
+            elif not t.resync:
+                t.mark_written(entry)
+        self.stats["passes"] += 1
+        self.stats["entries"] += len(sent)
+        self.stats["bytes"] += sum(e.nbytes for _, e in sent)
+        if failed is not None:
+            raise WriteBufferError(f"{self.endpoint} refused a write: {failed}")
+        if wait:
+            replicas = results[-1]
+            if isinstance(replicas, Exception):
+                raise WriteBufferError(f"WAIT on {self.endpoint} failed: {replicas}")
+            if replicas < wait:
+                self.stats["wait_timeouts"] += 1
+                if self.cfg.on_wait_timeout == "fail":
+                    raise WriteBufferError(
+                        f"WAIT timed out: {replicas} of {wait} replica(s) of {self.endpoint} "
+                        f"confirmed within {self.cfg.wait_timeout_ms} ms "
+                        f"(on_wait_timeout: fail)")
+                self._warn(f"WAIT timed out: {replicas} of {wait} replica(s) confirmed within "
+                           f"{self.cfg.wait_timeout_ms} ms; acknowledged anyway "
+                           f"(on_wait_timeout: ack)")
+        for t in confirm:
+            t.confirm_written()
+        # What did not fit in this pass, or was appended while it ran, goes next.
+        for t in topics:
+            if t.needs_confirmation():
+                self.wake(t)
+
+    def _failed(self, topics: list[TopicBuffer], exc: BaseException) -> None:
+        from redis.exceptions import ConnectionError as RedisConnectionError, TimeoutError
+
+        self.stats["failures"] += 1
+        if isinstance(exc, (RedisConnectionError, TimeoutError, OSError)):
+            # The connection was lost mid-pass: which writes landed is unknown.
+            self._resync_all = True
+        err = exc if isinstance(exc, WriteBufferError) else WriteBufferError(
+            f"{self.endpoint}: {type(exc).__name__}: {exc}")
+        self._warn(f"write buffer: {err}; unacknowledged appends are retried every "
+                   f"{RETRY_SECONDS:g}s")
+        for t in topics:
+            t.fail_waiters(err)
+            if t.needs_confirmation():
+                self._dirty.add(t)
+        if self._dirty and self._retry is None:
+            def retry():
+                self._retry = None
+                self._kick.set()
+            self._retry = asyncio.get_running_loop().call_later(RETRY_SECONDS, retry)
+
+    def _warn(self, message: str) -> None:
+        now = time.monotonic()
+        if now - self._warned_at >= 10:
+            self._warned_at = now
+            log.warning("%s", message)

@@ -1,0 +1,136 @@
+"""Real redis-server processes (Debian's redis-server) for the write buffer's tests: a
+primary and replicas (``--replicaof``) on ephemeral 127.0.0.1 ports, each with its own data
+directory and an append-only file, so a primary killed with SIGKILL and started again on the
+same port comes back with every write it answered (Redis writes the AOF before it replies).
+Every server started is stopped at teardown, and at interpreter exit."""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import time
+
+from tests.support.objstore_servers import free_port
+
+_live: set = set()
+_lock = threading.Lock()
+
+
+@atexit.register
+def _kill_leftovers():
+    with _lock:
+        servers = list(_live)
+    for server in servers:
+        server.stop()
+
+
+def redis_server_binary() -> str | None:
+    return shutil.which("redis-server")
+
+
+def client(port: int):
+    """A synchronous redis-py client: the tests' own view of a server."""
+    import redis
+
+    return redis.Redis(host="127.0.0.1", port=port, socket_timeout=10)
+
+
+class RedisServer:
+    """``start()``, ``kill()`` (SIGKILL), ``start()`` again on the same port and data."""
+
+    def __init__(self, base_dir: str, name: str, replica_of: RedisServer | None = None):
+        self.dir = os.path.join(base_dir, name)
+        os.makedirs(self.dir, exist_ok=True)
+        self.port = free_port()
+        self.replica_of = replica_of
+        self.proc: subprocess.Popen | None = None
+        self.log_path = os.path.join(self.dir, "redis.log")
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}"
+
+    def start(self) -> RedisServer:
+        args = [redis_server_binary(), "--port", str(self.port), "--bind", "127.0.0.1",
+                "--dir", self.dir, "--appendonly", "yes", "--appendfsync", "everysec",
+                "--save", "", "--daemonize", "no", "--protected-mode", "no",
+                "--logfile", self.log_path]
+        if self.replica_of is not None:
+            args += ["--replicaof", "127.0.0.1", str(self.replica_of.port)]
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        with _lock:
+            _live.add(self)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with client(self.port) as c:
+                    if c.ping():
+                        break
+            except Exception:  # noqa: BLE001 - not up yet
+                pass
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"redis-server on {self.port} did not start: "
+                                   f"{self.log_tail()}")
+            time.sleep(0.05)
+        return self
+
+    def client(self):
+        return client(self.port)
+
+    def info(self, section: str = "replication") -> dict:
+        with self.client() as c:
+            return c.info(section)
+
+    def wait_linked(self, timeout: float = 30) -> None:
+        """A replica: until its link to the primary is up and synced."""
+        deadline = time.monotonic() + timeout
+        while self.info().get("master_link_status") != "up":
+            if time.monotonic() > deadline:
+                raise AssertionError(f"replica {self.port} never linked: {self.log_tail()}")
+            time.sleep(0.05)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        with _lock:
+            _live.discard(self)
+
+    def log_tail(self) -> str:
+        try:
+            with open(self.log_path, encoding="utf-8", errors="replace") as f:
+                return f.read()[-2000:]
+        except OSError:
+            return ""
+
+
+class RedisPair:
+    """A primary and ``replicas`` replicas, started and linked."""
+
+    def __init__(self, base_dir: str, replicas: int = 1):
+        self.primary = RedisServer(base_dir, "primary").start()
+        self.replicas = [RedisServer(base_dir, f"replica{i}", self.primary).start()
+                         for i in range(replicas)]
+        for r in self.replicas:
+            r.wait_linked()
+
+    @property
+    def url(self) -> str:
+        return self.primary.url
+
+    def stop(self) -> None:
+        for s in (*self.replicas, self.primary):
+            s.stop()
