@@ -42,11 +42,13 @@ def client(port: int):
 class RedisServer:
     """``start()``, ``kill()`` (SIGKILL), ``start()`` again on the same port and data."""
 
-    def __init__(self, base_dir: str, name: str, replica_of: RedisServer | None = None):
+    def __init__(self, base_dir: str, name: str, replica_of: RedisServer | None = None,
+                 appendonly: bool = True):
         self.dir = os.path.join(base_dir, name)
         os.makedirs(self.dir, exist_ok=True)
         self.port = free_port()
         self.replica_of = replica_of
+        self.appendonly = appendonly
         self.proc: subprocess.Popen | None = None
         self.log_path = os.path.join(self.dir, "redis.log")
 
@@ -56,7 +58,7 @@ class RedisServer:
 
     def start(self) -> RedisServer:
         args = [redis_server_binary(), "--port", str(self.port), "--bind", "127.0.0.1",
-                "--dir", self.dir, "--appendonly", "yes", "--appendfsync", "everysec",
+                "--dir", self.dir, "--appendonly", "yes" if self.appendonly else "no", "--appendfsync", "everysec",
                 "--save", "", "--daemonize", "no", "--protected-mode", "no",
                 "--logfile", self.log_path]
         if self.replica_of is not None:
@@ -120,9 +122,10 @@ class RedisServer:
 class RedisPair:
     """A primary and ``replicas`` replicas, started and linked."""
 
-    def __init__(self, base_dir: str, replicas: int = 1):
-        self.primary = RedisServer(base_dir, "primary").start()
-        self.replicas = [RedisServer(base_dir, f"replica{i}", self.primary).start()
+    def __init__(self, base_dir: str, replicas: int = 1, appendonly: bool = True):
+        self.primary = RedisServer(base_dir, "primary", appendonly=appendonly).start()
+        self.replicas = [RedisServer(base_dir, f"replica{i}", self.primary,
+                                     appendonly=appendonly).start()
                          for i in range(replicas)]
         for r in self.replicas:
             r.wait_linked()
