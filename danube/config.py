@@ -82,7 +82,9 @@ class BrokerConfig:
     consumer_stream_grace_ms: int = 10000       # dispatch.consumer_stream_grace_ms (ours)
     # Reliable topics (reference d.1 keys where upstream has them; durability is ours).
     wal_root: str | None = None                 # storage.local_wal_root (default data_dir/wal)
-    wal_durability: str = "always"              # storage.wal.durability: always|interval|none
+    # storage.wal.durability: always|interval|none, or uploaded (acknowledged once in the
+    # durable tier; the WAL syncs as in always)
+    wal_durability: str = "always"
     wal_topic_durability: dict = dataclasses.field(default_factory=dict)
     wal_sync_interval_ms: int = 5000            # storage.wal.advanced.file_sync.interval_ms
     wal_segment_max_bytes: int = 64 * 1024 * 1024   # storage.wal.rotation.max_bytes
@@ -204,8 +206,14 @@ class BrokerConfig:
         for where, mode in [("storage.wal.durability", self.wal_durability),
                             *((f"storage.wal.topic_durability[{t}]", m)
                               for t, m in self.wal_topic_durability.items())]:
-            if mode not in ("always", "interval", "none"):
-                raise ConfigError(f"{where}: expected always, interval or none, got {mode!r}")
+            if mode not in ("always", "interval", "none", "uploaded"):
+                raise ConfigError(f"{where}: expected always, interval, none or uploaded, "
+                                  f"got {mode!r}")
+            if mode == "uploaded" and self.durable is None:
+                # Acknowledged once in the durable tier: there must be one.
+                raise ConfigError(f"{where}: uploaded acknowledges a message once it is in "
+                                  f"the durable tier, which needs storage.mode object_store "
+                                  f"or shared_fs")
         if self.wal_root is None:
             self.wal_root = os.path.join(self.data_dir, "wal")
         if self.failure_policy is None:

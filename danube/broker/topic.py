@@ -11,7 +11,6 @@ from danube.broker.errors import (BrokerError, InvalidArgument, MessageTooLarge,
 from danube.config import Policies
 from danube.proto import DanubeApi_pb2 as pb
 from danube.storage.errors import WALError
-from danube.storage.wal import ALWAYS
 
 NON_RELIABLE, RELIABLE = 0, 1
 DELIVERY_NAMES = {NON_RELIABLE: "NonReliable", RELIABLE: "Reliable"}
@@ -66,9 +65,10 @@ class Topic:
         """Offsets below this may be delivered. In mode `always` only what a sync covers is
         delivered, so a consumer never sees a message that a machine crash could take back
         (and whose offset would then be given to another message)."""
-        if self.durability == ALWAYS or self.log.buffer is not None:
-            # With a write buffer, only what it confirmed: a new owner rebuilds the log
-            # from it, so nothing else is sure to keep its offset.
+        if self.log.ack_waits:
+            # Only what an ack could have been given for (synced; with a write buffer,
+            # confirmed by it; in mode uploaded, uploaded): nothing else is sure to keep
+            # its offset when the log is recovered elsewhere.
             return self.log.durable_offset + 1
         return self.log.next_offset
 
@@ -167,7 +167,7 @@ class Topic:
         log = self.log
         try:
             first, last = log.append(raws) if ends is None else log.append_packed(raws, ends)
-            if self.durability == ALWAYS or log.buffer is not None:
+            if log.ack_waits:
                 await log.sync_to(last)
         except WALError as exc:
             raise StorageFailed(f"could not store the messages on {self.name}: {exc}") from exc

@@ -70,3 +70,8 @@ class WriteBufferFullError(WriteBufferError):
 
 class WriteBufferStartupError(TieredStartupError):
     """The write buffer is unusable at start-up (unreachable, a replica, a wrong URL)."""
+
+
+class UploadFailedError(WALError):
+    """Durability ``uploaded``: the upload that was to carry an append failed. The append
+    is not acknowledged; it stays in the local WAL and is uploaded by a later export."""

@@ -28,6 +28,10 @@ from danube.storage.wal import ALWAYS, WAL, WALConfig
 
 log = logging.getLogger("danube.storage")
 
+#: The durability mode that acknowledges a message once it is in the durable tier (the WAL
+#: itself syncs as in ``always``): storage.wal.durability / topic_durability ``uploaded``.
+UPLOADED = "uploaded"
+
 #: How long closing a topic waits for its write buffer to confirm what it holds.
 BUFFER_CLOSE_TIMEOUT = 5.0
 
@@ -56,20 +60,51 @@ class TopicLog:
             self._wal_syncs = wal.mode == ALWAYS
             if tier is not None:
                 tier.on_upload = self._uploaded
+        self.ack_after_upload = False
+        #: Whether a publish waits for ``sync_to`` before its ack (and delivery for
+        #: ``durable_offset``): durability ``always``, a write buffer, or ``uploaded``.
+        self.ack_waits = wal.mode == ALWAYS or buffer is not None
+
+    def _wait_for_upload(self) -> None:
+        """Durability ``uploaded``: ``sync_to`` (so the ack) also waits until the durable
+        tier holds the offset; the topic is exported as soon as anything waits."""
+        self.ack_after_upload = True
+        self.ack_waits = True
+        self._sync_local = self.sync_to
+        self.sync_to = self._sync_to_uploaded
+
+    async def _sync_to_uploaded(self, offset: int | None = None) -> int:
+        if offset is None:
+            offset = self.wal.next_offset - 1
+        await self._sync_local(offset)
+        await self.tier.wait_uploaded(offset)
+        return self.durable_offset
 
     @classmethod
     async def open(cls, name: str, directory: str, config: WALConfig, *,
                    executor: concurrent.futures.Executor | None = None,
-                   tiered=None, write_buffer=None) -> TopicLog:
+                   tiered=None, write_buffer=None,
+                   ack_after_upload: bool = False) -> TopicLog:
         """Recover the topic's WAL in ``directory`` and, with ``tiered`` (the broker's
         ``TieredStorage``), load its durable catalogue and register it for uploads. With
         ``write_buffer`` (the broker's ``WriteBuffer``) the log continues from the durable
-        tier and the buffer's tail (``danube.storage.writebuffer.rebuild``).
+        tier and the buffer's tail (``danube.storage.writebuffer.rebuild``). With
+        ``ack_after_upload`` (durability ``uploaded``), ``sync_to`` waits for the upload.
 
         A WAL that is missing (a lost disk, a topic that moved here) continues right after
         the durable history. A WAL that ends before it (a restored backup, a stale disk)
         would give two messages one offset: it is moved aside to ``{directory}.stale-{time}``
         for inspection and a new one continues after the durable history."""
+        if ack_after_upload and tiered is None:
+            raise ValueError("durability uploaded needs a durable tier")
+        log = await cls._open(name, directory, config, executor=executor, tiered=tiered,
+                              write_buffer=write_buffer)
+        if ack_after_upload:
+            log._wait_for_upload()
+        return log
+
+    @classmethod
+    async def _open(cls, name, directory, config, *, executor, tiered, write_buffer):
         if write_buffer is not None:
             return await cls._open_buffered(name, directory, config, executor=executor,
                                             tiered=tiered, write_buffer=write_buffer)
@@ -184,10 +219,14 @@ class TopicLog:
         confirmed by it (in durability ``always``, both)."""
         buf = self.buffer
         if buf is None:
-            return self.wal.durable_offset
-        if self._wal_syncs:
-            return min(self.wal.durable_offset, buf.confirmed)
-        return buf.confirmed
+            durable = self.wal.durable_offset
+        elif self._wal_syncs:
+            durable = min(self.wal.durable_offset, buf.confirmed)
+        else:
+            durable = buf.confirmed
+        if self.ack_after_upload:
+            return min(durable, self.tier.uploaded_end)
+        return durable
 
     @property
     def directory(self) -> str:
