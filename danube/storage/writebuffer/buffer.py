@@ -227,9 +227,10 @@ class WriteBuffer:
         if isinstance(exc, (RedisConnectionError, TimeoutError, OSError)):
             # The connection was lost mid-pass: which writes landed is unknown.
             self._resync_all = True
-        err = exc if isinstance(exc, WriteBufferError) else WriteBufferError(
-            f"{self.endpoint}: {type(exc).__name__}: {exc}")
-        self._warn(f"write buffer: {err}; unacknowledged appends are retried every "
+        detail = str(exc) if isinstance(exc, WriteBufferError) else \
+            f"{self.endpoint}: {type(exc).__name__}: {exc}"
+        err = WriteBufferError(f"write buffer: {detail}")
+        self._warn(f"{err}; unacknowledged appends are written again every "
                    f"{RETRY_SECONDS:g}s")
         for t in topics:
             t.fail_waiters(err)
