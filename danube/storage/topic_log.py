@@ -25,6 +25,7 @@ from typing import Callable
 
 from danube.storage.errors import OffsetTruncatedError
 from danube.storage.wal import ALWAYS, WAL, WALConfig
+from danube.storage.writebuffer.warm import MISS as _MISS
 
 log = logging.getLogger("danube.storage")
 
@@ -313,6 +314,7 @@ class TopicLogReader:
         self._log = topic_log
         self._on_ready = on_ready
         self._history = None             # HistoryCursor, once history is read
+        self._warm = None                # WarmCursor, once the write buffer is read
 
     def read(self, offset: int, max_messages: int) -> list | None:
         """Up to ``max_messages`` ``(offset, payload)`` from ``offset`` on; empty at the head
@@ -322,6 +324,10 @@ class TopicLogReader:
         first = wal.first_offset
         if offset >= first or offset < 0 or wal.closed:
             return wal.read(offset, max_messages)
+        if self._log.buffer is not None:
+            got = self._read_warm(offset, max_messages, first)
+            if got is not _MISS:
+                return got
         tier = self._log.tier
         if tier is None:
             raise OffsetTruncatedError(offset, first)
@@ -330,6 +336,14 @@ class TopicLogReader:
             self._history = HistoryCursor(tier, self._on_ready)
         return self._history.read(offset, max_messages, first)
 
+    def _read_warm(self, offset, max_messages, first):
+        if self._warm is None:
+            from danube.storage.writebuffer.warm import WarmCursor
+            self._warm = WarmCursor(self._log.buffer, self._on_ready)
+        return self._warm.read(offset, max_messages, first)
+
     def close(self) -> None:
         if self._history is not None:
             self._history.close()
+        if self._warm is not None:
+            self._warm.close()

@@ -227,3 +227,28 @@ async def test_a_replica_url_is_a_startup_error(redis_pair):
     wb = WriteBuffer(wb_config(redis_pair.replicas[0].url))
     with pytest.raises(WriteBufferStartupError, match="not a primary"):
         await wb.start()
+
+
+async def test_a_reader_behind_the_wal_reads_the_stream(tmp_path, redis_pair):
+    """Warm reads: offsets local retention deleted are read back from the stream (no
+    durable tier here: the stream is then never trimmed)."""
+    wb = await started(wb_config(redis_pair.url))
+    log = await open_log(tmp_path, wb)
+    try:
+        await log.sync_to(log.append([b"old-%d" % i for i in range(10)])[1])
+        await log.wal.rotate()
+        await log.sync_to(log.append([b"new-%d" % i for i in range(5)])[1])
+        deleted = await log.wal.retention(max_bytes=0, force=True)
+        assert deleted and log.first_offset == 10
+        ready = asyncio.Event()
+        reader = log.reader(ready.set)
+        assert reader.read(0, 100) is None          # fetching from the stream
+        await asyncio.wait_for(ready.wait(), 30)
+        got = reader.read(0, 100)
+        assert [(o, bytes(p)) for o, p in got] == [(i, b"old-%d" % i) for i in range(10)]
+        assert [bytes(p) for _, p in reader.read(10, 100)] == [b"new-%d" % i for i in range(5)]
+        assert log.buffer.warm_reads == 10
+        reader.close()
+    finally:
+        await log.close()
+        await wb.close()

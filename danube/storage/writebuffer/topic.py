@@ -51,6 +51,7 @@ class TopicBuffer:
         #: Called with the confirmed offset after each confirmation (wakes dispatchers).
         self.on_confirmed = None
         self.cached_segments = wb.cfg.max_cached_closed_segments
+        self.warm_reads = 0                 # messages readers got from the stream
         self._trim_below = -1
         self._trimming: asyncio.Task | None = None
 
@@ -80,6 +81,11 @@ class TopicBuffer:
         self.pending_bytes += entry.nbytes
         self.appended = entry.last
         self._wb.wake(self)
+
+    @property
+    def reader(self):
+        """The pooled client for reads (recovery, warm reads)."""
+        return self._wb.reader
 
     # -- waiting --------------------------------------------------------------------------
 
