@@ -51,6 +51,7 @@ class TopicLog:
         # The WAL's own bound methods: the publish path calls them with no extra frame.
         self.append = wal.append
         self.append_packed = wal.append_packed
+        self.append_durable = wal.append_durable
         self.sync_to = wal.sync_to
         self.read = wal.read
         self.wait_for = wal.wait_for
@@ -58,6 +59,7 @@ class TopicLog:
             self.append = self._append_buffered
             self.append_packed = self._append_packed_buffered
             self.sync_to = self._sync_to_buffered
+            self.append_durable = self._append_durable_waiting
             self._wal_syncs = wal.mode == ALWAYS
             if tier is not None:
                 tier.on_upload = self._uploaded
@@ -73,6 +75,14 @@ class TopicLog:
         self.ack_waits = True
         self._sync_local = self.sync_to
         self.sync_to = self._sync_to_uploaded
+        self.append_durable = self._append_durable_waiting
+
+    async def _append_durable_waiting(self, payloads) -> tuple[int, int]:
+        """``append``, then wait for what an ack needs (``sync_to``)."""
+        first, last = self.append(payloads)
+        if last >= first:
+            await self.sync_to(last)
+        return first, last
 
     async def _sync_to_uploaded(self, offset: int | None = None) -> int:
         if offset is None:

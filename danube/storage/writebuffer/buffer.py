@@ -68,6 +68,9 @@ class WriteBuffer:
         self._retry: asyncio.TimerHandle | None = None
         self._resync_all = False
         self._warned_at = 0.0
+        #: The last pass failed (Redis down or short of replicas): closing topics do not
+        #: wait for it.
+        self.failing = False
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -213,6 +216,7 @@ class WriteBuffer:
                 self._warn(f"WAIT timed out: {replicas} of {wait} replica(s) confirmed within "
                            f"{self.cfg.wait_timeout_ms} ms; acknowledged anyway "
                            f"(on_wait_timeout: ack)")
+        self.failing = False
         for t in confirm:
             t.confirm_written()
         # What did not fit in this pass, or was appended while it ran, goes next.
@@ -224,6 +228,7 @@ class WriteBuffer:
         from redis.exceptions import ConnectionError as RedisConnectionError, TimeoutError
 
         self.stats["failures"] += 1
+        self.failing = True
         if isinstance(exc, (RedisConnectionError, TimeoutError, OSError)):
             # The connection was lost mid-pass: which writes landed is unknown.
             self._resync_all = True

@@ -217,6 +217,8 @@ class TopicBuffer:
         """Wait (at most ``timeout`` s) until everything handed over is confirmed."""
         if self.appended <= self.confirmed:
             return True
+        if self._wb.failing:
+            return False
         try:
             async with asyncio.timeout(timeout):
                 await self.wait(self.appended)
