@@ -53,11 +53,8 @@ def parse_write_buffer(section, where: str = "storage.write_buffer") -> WriteBuf
         if not endpoint.startswith(_SCHEMES):
             raise ConfigError(f"{where}.endpoints: {endpoint!r} is not a redis:// or "
                               f"rediss:// URL")
-    if len(endpoints) > 1:
-        # Upstream takes several endpoints as a Redis Cluster; see docs/compatibility.md.
-        raise ConfigError(f"{where}.endpoints: {len(endpoints)} endpoints name a Redis "
-                          f"Cluster, which this build does not support; give the one primary "
-                          f"(its replicas are reached through WAIT)")
+    # Several endpoints are a Redis Cluster's nodes (as upstream): the buffer finds each
+    # topic's primary from the cluster's slots.
 
     def integer(key, minimum, maximum):
         value = section.get(key, getattr(defaults, key))

@@ -43,12 +43,13 @@ class RedisServer:
     """``start()``, ``kill()`` (SIGKILL), ``start()`` again on the same port and data."""
 
     def __init__(self, base_dir: str, name: str, replica_of: RedisServer | None = None,
-                 appendonly: bool = True):
+                 appendonly: bool = True, cluster: bool = False):
         self.dir = os.path.join(base_dir, name)
         os.makedirs(self.dir, exist_ok=True)
         self.port = free_port()
         self.replica_of = replica_of
         self.appendonly = appendonly
+        self.cluster = cluster
         self.proc: subprocess.Popen | None = None
         self.log_path = os.path.join(self.dir, "redis.log")
 
@@ -61,6 +62,12 @@ class RedisServer:
                 "--dir", self.dir, "--appendonly", "yes" if self.appendonly else "no", "--appendfsync", "everysec",
                 "--save", "", "--daemonize", "no", "--protected-mode", "no",
                 "--logfile", self.log_path]
+        if self.cluster:
+            # The bus port explicitly: the default (port + 10000) may be taken or too high.
+            if not hasattr(self, "bus_port"):
+                self.bus_port = free_port()
+            args += ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                     "--cluster-node-timeout", "5000", "--cluster-port", str(self.bus_port)]
         if self.replica_of is not None:
             args += ["--replicaof", "127.0.0.1", str(self.replica_of.port)]
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -136,4 +143,49 @@ class RedisPair:
 
     def stop(self) -> None:
         for s in (*self.replicas, self.primary):
+            s.stop()
+
+
+class RedisClusterServers:
+    """A Redis Cluster of ``primaries`` primaries with one replica each, created by
+    ``redis-cli --cluster create`` (Debian's redis-tools, beside redis-server)."""
+
+    def __init__(self, base_dir: str, primaries: int = 3):
+        self.servers = [RedisServer(base_dir, f"node{i}", appendonly=False,
+                                    cluster=True).start() for i in range(primaries * 2)]
+        nodes = [f"127.0.0.1:{s.port}" for s in self.servers]
+        out = subprocess.run([shutil.which("redis-cli"), "--cluster", "create", *nodes,
+                              "--cluster-replicas", "1", "--cluster-yes"],
+                             capture_output=True, text=True, timeout=120)
+        if out.returncode:
+            self.stop()
+            raise RuntimeError(f"redis-cli --cluster create failed: {out.stdout[-2000:]}"
+                               f"{out.stderr[-2000:]}")
+        deadline = time.monotonic() + 60
+        while True:
+            states = []
+            for s in self.servers:
+                with s.client() as c:
+                    info = c.execute_command("CLUSTER", "INFO")
+                    if isinstance(info, bytes):
+                        info = info.decode()
+                    states.append("cluster_state:ok" in str(info))
+            replicas_up = all(s.info().get("master_link_status", "up") == "up"
+                              for s in self.servers)
+            if all(states) and replicas_up:
+                break
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError("the Redis Cluster did not become ready")
+            time.sleep(0.2)
+
+    @property
+    def urls(self) -> list[str]:
+        return [s.url for s in self.servers[:3]]
+
+    def primaries(self) -> list[RedisServer]:
+        return [s for s in self.servers if s.info().get("role") == "master"]
+
+    def stop(self) -> None:
+        for s in self.servers:
             s.stop()

@@ -252,3 +252,50 @@ async def test_a_reader_behind_the_wal_reads_the_stream(tmp_path, redis_pair):
     finally:
         await log.close()
         await wb.close()
+
+
+@pytest.fixture
+def redis_cluster(tmp_path):
+    from tests.support.redis_servers import RedisClusterServers
+
+    cluster = RedisClusterServers(str(tmp_path / "rcluster"))
+    yield cluster
+    cluster.stop()
+
+
+async def test_redis_cluster_topics_on_several_primaries(tmp_path, redis_cluster):
+    """Several endpoints are a Redis Cluster (as upstream): each topic's stream on the
+    primary of its slot, each primary written with its own WAIT; a new owner rebuilds
+    from it."""
+    from danube.storage.writebuffer.entries import stream_key as key_of
+
+    cfg = WriteBufferConfig(endpoints=tuple(redis_cluster.urls), wait_replicas=1,
+                            wait_timeout_ms=2000)
+    wb = await started(cfg)
+    names = [f"/default/rc-{i}" for i in range(8)]
+    logs = [await TopicLog.open(n, str(tmp_path / f"t{i}"), WALConfig(), write_buffer=wb)
+            for i, n in enumerate(names)]
+    try:
+        lasts = [log.append([b"%s-%d" % (log.name.encode(), j) for j in range(20)])[1]
+                 for log in logs]
+        await asyncio.gather(*(log.sync_to(last) for log, last in zip(logs, lasts)))
+        homes = set()
+        for log in logs:
+            node = wb.reader.get_node_from_key(key_of(log.name))
+            homes.add(node.port)
+            server = next(s for s in redis_cluster.servers if s.port == node.port)
+            with server.client() as c:
+                assert c.xlen(key_of(log.name)) == 1
+        assert len(homes) > 1                  # the topics are spread over primaries
+        for log in logs:
+            log.buffer.detach()
+            await log.wal.close()
+        wb2 = await started(cfg)
+        log2 = await TopicLog.open(names[3], str(tmp_path / "other"), WALConfig(),
+                                   write_buffer=wb2)
+        assert [bytes(p) for _, p in log2.read(0, 100)] == \
+            [b"/default/rc-3-%d" % j for j in range(20)]
+        await log2.close()
+        await wb2.close()
+    finally:
+        await wb.close()

@@ -29,7 +29,7 @@ PASS_BYTES = 16 << 20
 RETRY_SECONDS = 1.0
 #: A write that WAIT can count when a pass has no entry to write (a retried WAIT after a
 #: reconnection: a fresh connection's WAIT would count no write of its own).
-HEARTBEAT_KEY = "/danube/write_buffer/heartbeat"
+HEARTBEAT_SUFFIX = "/write_buffer_heartbeat"
 
 
 def _url(endpoint: str) -> str:
@@ -56,9 +56,30 @@ class WriteBuffer:
         # No retries inside the client: a pipeline sent twice would write entries twice (the
         # second XADD refused); the worker re-reads the stream's end and goes on instead.
         common = dict(socket_connect_timeout=5, socket_timeout=timeout,
-                      retry=Retry(NoBackoff(), 0), health_check_interval=0)
-        self._writer = aioredis.Redis.from_url(url, max_connections=1, **common)
-        self.reader = aioredis.Redis.from_url(url, max_connections=16, **common)
+                      retry=Retry(NoBackoff(), 0))
+        self._common = common
+        # Reads (and trims) may be sent again: a pooled connection the server closed (it
+        # restarted) fails once, then a fresh one is made.
+        reads = dict(common, retry=Retry(NoBackoff(), 2))
+        #: Several endpoints: a Redis Cluster (as upstream). Each topic's stream lives on
+        #: one primary; the worker writes to each primary over a connection of its own.
+        self.clustered = len(cfg.endpoints) > 1
+        self._writers: dict[str, object] = {}      # "host:port" -> a one-connection client
+        if self.clustered:
+            from redis.asyncio.cluster import ClusterNode, RedisCluster
+            from urllib.parse import urlsplit
+
+            nodes = [ClusterNode(u.hostname, u.port or 6379)
+                     for u in (urlsplit(_url(e)) for e in cfg.endpoints)]
+            self.reader = RedisCluster(startup_nodes=nodes, max_connections=16,
+                                       ssl=_url(self.endpoint).startswith("rediss://"),
+                                       **reads)
+            self._writer = None
+        else:
+            self._writer = aioredis.Redis.from_url(url, max_connections=1,
+                                                   health_check_interval=0, **common)
+            self.reader = aioredis.Redis.from_url(url, max_connections=16,
+                                                  health_check_interval=0, **reads)
         self.topics: dict[str, TopicBuffer] = {}
         self.stats = {"passes": 0, "entries": 0, "bytes": 0, "wait_timeouts": 0,
                       "failures": 0, "trims": 0}
@@ -67,6 +88,7 @@ class WriteBuffer:
         self._task: asyncio.Task | None = None
         self._retry: asyncio.TimerHandle | None = None
         self._resync_all = False
+        self._reconnect = False
         self._warned_at = 0.0
         #: The last pass failed (Redis down or short of replicas): closing topics do not
         #: wait for it.
@@ -75,16 +97,27 @@ class WriteBuffer:
     # -- lifecycle ------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Reach the primary once, so a wrong URL or a replica is a start-up error."""
+        """Reach the primary (every primary of a cluster) once, so a wrong URL or a replica
+        is a start-up error."""
         from redis.exceptions import RedisError
 
         try:
-            await self.reader.ping()
-            info = await self.reader.info("replication")
+            if self.clustered:
+                await self.reader.initialize()
+                primaries = self.reader.get_primaries()
+                infos = [await self._node_writer(n.host, n.port).info("replication")
+                         for n in primaries]
+                info = {"role": "master",
+                        "connected_slaves": min(int(i.get("connected_slaves", 0))
+                                                for i in infos)}
+            else:
+                await self.reader.ping()
+                info = await self.reader.info("replication")
         except (RedisError, OSError) as exc:
             await self._close_clients()
             raise WriteBufferStartupError(
-                f"storage.write_buffer: cannot reach {self.endpoint}: {exc}") from exc
+                f"storage.write_buffer: cannot reach {', '.join(self.cfg.endpoints)}: "
+                f"{exc}") from exc
         role = info.get("role")
         if role != "master":
             await self._close_clients()
@@ -100,8 +133,9 @@ class WriteBuffer:
                         else "are acknowledged without replication")
         self._task = asyncio.get_running_loop().create_task(self._run(),
                                                             name="write-buffer")
-        log.info("write buffer on %s (%s, %d replica(s) connected, WAIT %d within %d ms, "
-                 "on_wait_timeout %s)", self.endpoint, self.cfg.backend, replicas,
+        log.info("write buffer on %s (%s%s, %d replica(s) connected, WAIT %d within %d ms, "
+                 "on_wait_timeout %s)", ", ".join(self.cfg.endpoints), self.cfg.backend,
+                 " cluster" if self.clustered else "", replicas,
                  self.cfg.wait_replicas, self.cfg.wait_timeout_ms, self.cfg.on_wait_timeout)
 
     async def close(self) -> None:
@@ -114,8 +148,39 @@ class WriteBuffer:
             topic.fail_waiters(WriteBufferError("the write buffer is closed"))
         await self._close_clients()
 
+    def _node_writer(self, host: str, port: int):
+        import redis.asyncio as aioredis
+
+        name = f"{host}:{port}"
+        writer = self._writers.get(name)
+        if writer is None:
+            writer = aioredis.Redis(host=host, port=port, max_connections=1,
+                                    health_check_interval=0, **self._common)
+            self._writers[name] = writer
+        return writer
+
+    def _writer_for(self, key: str):
+        """The one-connection client of the primary holding ``key``."""
+        if not self.clustered:
+            return self._writer
+        node = self.reader.get_node_from_key(key)
+        return self._node_writer(node.host, node.port)
+
+    async def _drop_connections(self) -> None:
+        clients = [self._writer, *self._writers.values()]
+        if not self.clustered:
+            clients.append(self.reader)     # a cluster client renews its own on errors
+        for client in clients:
+            if client is not None:
+                try:
+                    await client.connection_pool.disconnect()
+                except Exception:  # noqa: BLE001 - a broken connection is dropped anyway
+                    pass
+
     async def _close_clients(self) -> None:
-        for client in (self._writer, self.reader):
+        for client in (self._writer, self.reader, *self._writers.values()):
+            if client is None:
+                continue
             try:
                 await client.aclose()
             except Exception:  # noqa: BLE001 - closing a broken connection
@@ -154,25 +219,42 @@ class WriteBuffer:
                 continue
             topics = [t for t in self._dirty if not t.detached]
             self._dirty.clear()
+            if self._reconnect:
+                self._reconnect = False
+                await self._drop_connections()
+            if self._resync_all:
+                for t in topics:
+                    t.resync = True
+                self._resync_all = False
+            groups: dict = {}
             try:
-                await self._pass(topics)
-            except asyncio.CancelledError:
-                raise
-            except (RedisError, OSError, WriteBufferError) as exc:
+                for t in topics:
+                    groups.setdefault(self._writer_for(t.key), []).append(t)
+            except (RedisError, OSError) as exc:
                 self._failed(topics, exc)
-            except Exception as exc:  # noqa: BLE001 - never leave producers waiting
-                log.exception("write buffer pass failed")
-                self._failed(topics, exc)
+                continue
+            # A cluster's primaries are written at once, each with its own WAIT.
+            await asyncio.gather(*(self._pass_guarded(w, ts) for w, ts in groups.items()))
 
-    async def _pass(self, topics: list[TopicBuffer]) -> None:
-        if self._resync_all:
-            for t in topics:
-                t.resync = True
-            self._resync_all = False
+    async def _pass_guarded(self, writer, topics: list[TopicBuffer]) -> None:
+        from redis.exceptions import RedisError
+
+        try:
+            await self._pass(writer, topics)
+        except asyncio.CancelledError:
+            raise
+        except (RedisError, OSError, WriteBufferError) as exc:
+            log.debug("write buffer pass failed", exc_info=True)
+            self._failed(topics, exc)
+        except Exception as exc:  # noqa: BLE001 - never leave producers waiting
+            log.exception("write buffer pass failed")
+            self._failed(topics, exc)
+
+    async def _pass(self, writer, topics: list[TopicBuffer]) -> None:
         for t in topics:
             if t.resync:
                 await t.resync_from_stream()
-        pipe = self._writer.pipeline(transaction=False)
+        pipe = writer.pipeline(transaction=False)
         sent: list[tuple[TopicBuffer, object]] = []
         budget = PASS_BYTES
         for t in topics:
@@ -187,7 +269,8 @@ class WriteBuffer:
         wait = self.cfg.wait_replicas
         if wait:
             if not sent:
-                pipe.execute_command("INCR", HEARTBEAT_KEY)
+                # Hash-tagged by a topic's key: in a cluster, on that topic's primary.
+                pipe.execute_command("INCR", "{%s}%s" % (confirm[0].key, HEARTBEAT_SUFFIX))
             pipe.execute_command("WAIT", wait, self.cfg.wait_timeout_ms)
         results = await pipe.execute(raise_on_error=False)
         failed = None
@@ -230,8 +313,10 @@ class WriteBuffer:
         self.stats["failures"] += 1
         self.failing = True
         if isinstance(exc, (RedisConnectionError, TimeoutError, OSError)):
-            # The connection was lost mid-pass: which writes landed is unknown.
+            # The connection was lost mid-pass: which writes landed is unknown. Every pooled
+            # connection may be to a server that is gone: all are made afresh.
             self._resync_all = True
+            self._reconnect = True
         detail = str(exc) if isinstance(exc, WriteBufferError) else \
             f"{self.endpoint}: {type(exc).__name__}: {exc}"
         err = WriteBufferError(f"write buffer: {detail}")
