@@ -8,7 +8,8 @@ redis-server primary with one replica:
   UNAVAILABLE naming the write buffer, the broker keeps serving, and once the primary is
   back publishes resume; nothing acknowledged is lost;
 - the broker killed (``kill -9``) and its WAL directory lost: started again, it rebuilds the
-  topic from the stream at the same offsets.
+  topic from the stream at the same offsets;
+- a deleted topic's stream is deleted: the topic created again starts empty.
 """
 
 import pathlib
@@ -19,6 +20,7 @@ import grpc
 import pytest
 
 from broker_process import BrokerProcess
+from danube.proto import DanubeAdmin_pb2 as admin_pb
 from danube.proto import DanubeApi_pb2 as pb
 from grpc_calls import create_producer, send
 from official_client import broker_url, run_scenario, unique_topic
@@ -148,5 +150,20 @@ def test_a_lost_disk_is_rebuilt_from_the_stream(tmp_path, redis_pair):
         assert got["received"] == [[p, i] for i, p in enumerate(payloads)]
         assert "rebuilt the log from the write buffer: 100 message(s), offsets 0..99" in \
             broker.log()
+        key = f"/topics{topic}/stream"
+        with redis_pair.primary.client() as c:
+            assert c.exists(key)
+        with grpc.insecure_channel(broker.admin_addr) as ch:
+            ch.unary_unary("/danube_admin.TopicAdmin/DeleteTopic",
+                           request_serializer=admin_pb.TopicRequest.SerializeToString,
+                           response_deserializer=admin_pb.TopicResponse.FromString)(
+                admin_pb.TopicRequest(name=topic), timeout=10)
+        with redis_pair.primary.client() as c:
+            assert not c.exists(key)
+        with grpc.insecure_channel(broker.client_addr) as ch:
+            pid = create_producer(ch, topic, "p2", pb.Reliable)
+            assert send(ch, topic, pid, b"fresh").request_id == 1
+        with redis_pair.primary.client() as c:
+            assert [r[0] for r in c.xrange(key, "-", "+")] == [b"0-1"]
     finally:
         broker.stop()

@@ -249,6 +249,8 @@ class Topics:
             if topic.log is not None:
                 await self.loop.run_in_executor(
                     self.wal_executor, shutil.rmtree, topic.log.directory, True)
+                if self.write_buffer is not None:
+                    await self.write_buffer.delete_topic(name)
             await self.store.delete(keys.namespace_topic(name))
             await self.store.delete_prefix(keys.topic_root(name))
             await self.store.delete(keys.cluster_broker_topic(self.broker_id, name))
@@ -278,6 +280,8 @@ class Topics:
                             self.wal_executor, shutil.rmtree, topic.log.directory, True)
                     if self.tiered is not None:
                         await self.tiered.delete_topic(target)
+                    if self.write_buffer is not None:
+                        await self.write_buffer.delete_topic(target)
                 await self.store.delete(keys.namespace_topic(target))
                 await self.store.delete_prefix(keys.topic_root(target))
                 if self.cluster is not None:

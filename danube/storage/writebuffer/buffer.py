@@ -17,7 +17,7 @@ import logging
 import time
 
 from danube.storage.errors import WriteBufferError, WriteBufferStartupError
-from danube.storage.writebuffer.entries import ENDS, PAYLOAD, entry_id
+from danube.storage.writebuffer.entries import ENDS, PAYLOAD, entry_id, stream_key
 from danube.storage.writebuffer.topic import TopicBuffer
 from danube.tasks import cancel_and_wait
 
@@ -196,6 +196,21 @@ class WriteBuffer:
         buf = TopicBuffer(self, name, next_offset)
         self.topics[name] = buf
         return buf
+
+    async def delete_topic(self, name: str) -> None:
+        """A deleted topic's stream goes too: a topic created again under the name must not
+        recover the old one's messages."""
+        from redis.exceptions import RedisError
+
+        old = self.topics.get(name)
+        if old is not None:
+            old.detach()
+        try:
+            await self.reader.delete(stream_key(name))
+        except (RedisError, OSError) as exc:
+            log.error("%s: could not delete its write buffer stream %s on %s (%s): a topic "
+                      "created again under this name would recover its messages; delete the "
+                      "key by hand", name, stream_key(name), self.endpoint, exc)
 
     def forget(self, buf: TopicBuffer) -> None:
         if self.topics.get(buf.name) is buf:
