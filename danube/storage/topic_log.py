@@ -197,6 +197,14 @@ class TopicLog:
             below = catalog.end_offset + 1
         buf.request_trim(below)
 
+    def _trim_local(self) -> None:
+        """No durable tier: the stream keeps the active segment and the last
+        ``max_cached_closed_segments`` closed ones (upstream's rule), so it stays bounded."""
+        segments = self.wal.segments()
+        keep = self.buffer.cached_segments
+        if len(segments) > keep + 1:
+            self.buffer.request_trim(segments[-(keep + 1)].first_offset)
+
     # -- offsets -------------------------------------------------------------------------
 
     @property
@@ -282,6 +290,8 @@ class TopicLog:
         (and recorded for good: ``durable_ends``, from ``TieredStorage.durable_ends``) may
         go and the rest stays, whatever ``keep_from_offset`` and ``force`` say; a topic
         missing from ``durable_ends`` keeps its WAL this time. Returns what was deleted."""
+        if self.tier is None and self.buffer is not None:
+            self._trim_local()
         if self.tier is not None:
             end = (durable_ends or {}).get(self.name)
             if end is None:

@@ -299,3 +299,23 @@ async def test_redis_cluster_topics_on_several_primaries(tmp_path, redis_cluster
         await wb2.close()
     finally:
         await wb.close()
+
+
+async def test_without_a_durable_tier_the_stream_keeps_the_last_segments(tmp_path, redis_pair):
+    """Upstream's rule when nothing is uploaded: the active segment and the last
+    max_cached_closed_segments closed ones stay in the stream, applied by retention."""
+    wb = await started(dataclasses.replace(wb_config(redis_pair.url),
+                                           max_cached_closed_segments=1))
+    log = await open_log(tmp_path, wb)
+    try:
+        for k in range(4):               # four closed segments of 10, then an active one
+            await log.sync_to(log.append([b"s%d-%d" % (k, i) for i in range(10)])[1])
+            await log.wal.rotate()
+        await log.sync_to(log.append([b"active"])[1])
+        await log.retention()
+        await async_wait_for(lambda: stream_offsets(redis_pair.primary) == list(range(30, 41)),
+                             what="the stream trimmed to the last closed segment and the "
+                                  "active one")
+    finally:
+        await log.close()
+        await wb.close()

@@ -206,7 +206,9 @@ class WriteBuffer:
         if old is not None:
             old.detach()
         try:
-            await self.reader.delete(stream_key(name))
+            key = stream_key(name)
+            await self.reader.delete(key)
+            await self.reader.delete("{%s}%s" % (key, HEARTBEAT_SUFFIX))
         except (RedisError, OSError) as exc:
             log.error("%s: could not delete its write buffer stream %s on %s (%s): a topic "
                       "created again under this name would recover its messages; delete the "

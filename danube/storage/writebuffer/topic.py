@@ -185,7 +185,7 @@ class TopicBuffer:
         first = first_of(rid)
         last = first + len(unpack_ends(fields[ENDS])) - 1
         min_id = rid if last >= offset else entry_id(offset)
-        dropped = await self._wb.reader.xtrim(self.key, minid=min_id)
+        dropped = await self._wb.reader.xtrim(self.key, minid=min_id, approximate=False)
         self._wb.stats["trims"] += 1
         return dropped
 
