@@ -12,6 +12,7 @@ from danube import config_keys
 from danube.config_cluster import (EtcdTLS, RebalancingConfig, check_etcd_tls, load_etcd_auth,
                                    load_etcd_tls, load_rebalancing)
 from danube.config_durable import parse_durable, require_sdk
+from danube.config_writebuffer import parse_write_buffer, require_client
 from danube.config_errors import ConfigError
 from danube.failure_policy import FailurePolicy, InvalidFailurePolicy
 
@@ -81,7 +82,9 @@ class BrokerConfig:
     consumer_stream_grace_ms: int = 10000       # dispatch.consumer_stream_grace_ms (ours)
     # Reliable topics (reference d.1 keys where upstream has them; durability is ours).
     wal_root: str | None = None                 # storage.local_wal_root (default data_dir/wal)
-    wal_durability: str = "always"              # storage.wal.durability: always|interval|none
+    # storage.wal.durability: always|interval|none, or uploaded (acknowledged once in the
+    # durable tier; the WAL syncs as in always)
+    wal_durability: str = "always"
     wal_topic_durability: dict = dataclasses.field(default_factory=dict)
     wal_sync_interval_ms: int = 5000            # storage.wal.advanced.file_sync.interval_ms
     wal_segment_max_bytes: int = 64 * 1024 * 1024   # storage.wal.rotation.max_bytes
@@ -95,6 +98,7 @@ class BrokerConfig:
     storage_mode: str = "local"                 # storage.mode: local|shared_fs|object_store
     metadata_prefix: str = "/danube"            # storage.metadata_prefix
     durable: object = None                      # storage.durable (DurableConfig), tiers only
+    write_buffer: object = None                 # storage.write_buffer (WriteBufferConfig)
     # Transport cap on one gRPC message (our key, not upstream's); policies.max_message_size
     # must stay below it so oversize publishes get INVALID_ARGUMENT, not RESOURCE_EXHAUSTED.
     grpc_max_message_size: int = DEFAULT_GRPC_MAX_MESSAGE_SIZE
@@ -202,8 +206,14 @@ class BrokerConfig:
         for where, mode in [("storage.wal.durability", self.wal_durability),
                             *((f"storage.wal.topic_durability[{t}]", m)
                               for t, m in self.wal_topic_durability.items())]:
-            if mode not in ("always", "interval", "none"):
-                raise ConfigError(f"{where}: expected always, interval or none, got {mode!r}")
+            if mode not in ("always", "interval", "none", "uploaded"):
+                raise ConfigError(f"{where}: expected always, interval, none or uploaded, "
+                                  f"got {mode!r}")
+            if mode == "uploaded" and self.durable is None:
+                # Acknowledged once in the durable tier: there must be one.
+                raise ConfigError(f"{where}: uploaded acknowledges a message once it is in "
+                                  f"the durable tier, which needs storage.mode object_store "
+                                  f"or shared_fs")
         if self.wal_root is None:
             self.wal_root = os.path.join(self.data_dir, "wal")
         if self.failure_policy is None:
@@ -427,6 +437,10 @@ def _load_storage(cfg, tree):
         raise ConfigError("storage.local_retention.delete_unconsumed: expected true or false")
     cfg.retention_delete_unconsumed = unconsumed
     _load_tiers(cfg, tree)
+    section = _get(tree, "storage.write_buffer")
+    if section is not None:
+        cfg.write_buffer = parse_write_buffer(section)
+        require_client()
     try:
         cfg.failure_policy = FailurePolicy.from_config(_get(tree, "dispatch.failure_policy"))
     except (InvalidFailurePolicy, TypeError) as exc:

@@ -91,9 +91,10 @@ SCHEMA = {
         },
         "durable": OPAQUE,          # storage/durable/config.py checks it
         "object_store": OPAQUE,     # upstream's older name of durable
-        "write_buffer": Unbuilt("the Valkey write buffer", {name: KEY for name in (
+        # danube/config_writebuffer.py checks the values; max_pending_bytes is ours.
+        "write_buffer": {name: KEY for name in (
             "backend", "endpoints", "wait_replicas", "wait_timeout_ms", "on_wait_timeout",
-            "max_cached_closed_segments")}),
+            "max_cached_closed_segments", "max_pending_bytes")},
     },
     "dispatch": {
         "max_unacked_messages": KEY,

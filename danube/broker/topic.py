@@ -15,7 +15,6 @@ from danube.config import Policies
 from danube.metering import Summary
 from danube.proto import DanubeApi_pb2 as pb
 from danube.storage.errors import WALError
-from danube.storage.wal import ALWAYS
 
 NON_RELIABLE, RELIABLE = 0, 1
 DELIVERY_NAMES = {NON_RELIABLE: "NonReliable", RELIABLE: "Reliable"}
@@ -86,7 +85,10 @@ class Topic:
         """Offsets below this may be delivered. In mode `always` only what a sync covers is
         delivered, so a consumer never sees a message that a machine crash could take back
         (and whose offset would then be given to another message)."""
-        if self.durability == ALWAYS:
+        if self.log.ack_waits:
+            # Only what an ack could have been given for (synced; with a write buffer,
+            # confirmed by it; in mode uploaded, uploaded): nothing else is sure to keep
+            # its offset when the log is recovered elsewhere.
             return self.log.durable_offset + 1
         return self.log.next_offset
 
@@ -211,15 +213,18 @@ class Topic:
         log = self.log
         try:
             first, last = log.append(raws) if ends is None else log.append_packed(raws, ends)
-            if self.durability == ALWAYS:
+            if log.ack_waits:
                 await log.sync_to(last)
         except WALError as exc:
             raise StorageFailed(f"could not store the messages on {self.name}: {exc}") from exc
         self.messages_in += last - first + 1
         self.bytes_in += nbytes
+        self.wake_subscriptions()
+        return range(first, last + 1)
+
+    def wake_subscriptions(self):
         for sub in self.subscriptions.values():
             sub.dispatcher.notify()
-        return range(first, last + 1)
 
     def record_send(self, started, error_code=None):
         """One send at the API boundary (SendMessage, or a batch) that began at

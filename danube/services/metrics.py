@@ -64,6 +64,8 @@ class BrokerCollector:
             yield from storage_metrics(core)
             if core.tiered is not None:
                 yield from _storage_metrics(core.tiered)
+            if core.write_buffer is not None:
+                yield from _write_buffer_metrics(core.write_buffer)
         cluster = getattr(self.broker, "cluster", None)
         if cluster is not None:
             yield from _cluster_metrics(cluster)
@@ -304,6 +306,33 @@ def _storage_metrics(tiered):
     for name, tier in list(tiered.topics.items()):
         durable.add_metric([name], tier.uploaded_end)
     yield durable
+
+
+def _write_buffer_metrics(wb):
+    """storage.write_buffer (ours; upstream has no write buffer metrics)."""
+    stats = wb.stats
+    for name, key, doc in (
+            ("danube_write_buffer_passes", "passes", "Pipelines sent (one WAIT each)"),
+            ("danube_write_buffer_entries", "entries", "Stream entries written (one per append)"),
+            ("danube_write_buffer_bytes", "bytes", "Bytes written to the write buffer"),
+            ("danube_write_buffer_wait_timeouts", "wait_timeouts",
+             "WAITs that timed out with too few replicas"),
+            ("danube_write_buffer_failures", "failures", "Failed passes (retried)"),
+            ("danube_write_buffer_trims", "trims", "Trims after uploads")):
+        yield _counter(name, doc, stats[key])
+    yield _gauge("danube_write_buffer_failing", "1 while the last pass failed",
+                 int(wb.failing))
+    pending = GaugeMetricFamily("danube_write_buffer_pending_bytes",
+                                "Bytes of appends not confirmed by the write buffer yet",
+                                labels=["topic"])
+    confirmed = GaugeMetricFamily("danube_write_buffer_confirmed_offset",
+                                  "The last offset the write buffer confirmed",
+                                  labels=["topic"])
+    for name, buf in list(wb.topics.items()):
+        pending.add_metric([name], buf.pending_bytes)
+        confirmed.add_metric([name], buf.confirmed)
+    yield pending
+    yield confirmed
 
 
 class MetricsExporter:

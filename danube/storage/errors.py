@@ -54,3 +54,24 @@ class OffsetTruncatedError(WALError, LookupError):
 class TieredStartupError(Exception):
     """The durable store of tiered storage is unusable at start-up (bad credentials, a
     missing bucket, an unreachable endpoint); the message says which and where."""
+
+
+class WriteBufferError(WALError):
+    """The write buffer (``storage.write_buffer``) did not take an append: Valkey/Redis could
+    not be reached, refused the write, or (with ``on_wait_timeout: fail``) too few replicas
+    confirmed it in time. The append is not acknowledged; it stays in the local WAL and is
+    written to the buffer again, so a later publish finds the buffer complete."""
+
+
+class WriteBufferFullError(WriteBufferError):
+    """A topic has ``max_pending_bytes`` of appends waiting for the write buffer (it is down
+    or slow): the publish is refused before anything of it is stored."""
+
+
+class WriteBufferStartupError(TieredStartupError):
+    """The write buffer is unusable at start-up (unreachable, a replica, a wrong URL)."""
+
+
+class UploadFailedError(WALError):
+    """Durability ``uploaded``: the upload that was to carry an append failed. The append
+    is not acknowledged; it stays in the local WAL and is uploaded by a later export."""

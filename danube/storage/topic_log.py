@@ -24,19 +24,29 @@ import time
 from typing import Callable
 
 from danube.storage.errors import OffsetTruncatedError
-from danube.storage.wal import WAL, WALConfig
+from danube.storage.wal import ALWAYS, WAL, WALConfig
+from danube.storage.writebuffer.warm import MISS as _MISS
 
 log = logging.getLogger("danube.storage")
+
+#: The durability mode that acknowledges a message once it is in the durable tier (the WAL
+#: itself syncs as in ``always``): storage.wal.durability / topic_durability ``uploaded``.
+UPLOADED = "uploaded"
+
+#: How long closing a topic waits for its write buffer to confirm what it holds.
+BUFFER_CLOSE_TIMEOUT = 5.0
 
 
 class TopicLog:
     """Open one with ``await TopicLog.open(...)``. ``wal`` is the local WAL; ``tier`` the
     topic's ``TopicTier`` (its catalogue and uploads) when storage is tiered, else None."""
 
-    def __init__(self, name: str, wal: WAL, tier=None):
+    def __init__(self, name: str, wal: WAL, tier=None, buffer=None):
         self.name = name
         self.wal = wal
         self.tier = tier
+        #: The topic's ``TopicBuffer`` when ``storage.write_buffer`` is set, else None.
+        self.buffer = buffer
         self._uploads_stopped = False
         # Upstream's danube_wal_reader_create_total{mode} and
         # danube_handoff_durable_history_to_hot_total.
@@ -49,18 +59,70 @@ class TopicLog:
         self.sync_to = wal.sync_to
         self.read = wal.read
         self.wait_for = wal.wait_for
+        if buffer is not None:
+            self.append = self._append_buffered
+            self.append_packed = self._append_packed_buffered
+            self.sync_to = self._sync_to_buffered
+            self.append_durable = self._append_durable_waiting
+            self._wal_syncs = wal.mode == ALWAYS
+            if tier is not None:
+                tier.on_upload = self._uploaded
+        self.ack_after_upload = False
+        #: Whether a publish waits for ``sync_to`` before its ack (and delivery for
+        #: ``durable_offset``): durability ``always``, a write buffer, or ``uploaded``.
+        self.ack_waits = wal.mode == ALWAYS or buffer is not None
+
+    def _wait_for_upload(self) -> None:
+        """Durability ``uploaded``: ``sync_to`` (so the ack) also waits until the durable
+        tier holds the offset; the topic is exported as soon as anything waits."""
+        self.ack_after_upload = True
+        self.ack_waits = True
+        self._sync_local = self.sync_to
+        self.sync_to = self._sync_to_uploaded
+        self.append_durable = self._append_durable_waiting
+
+    async def _append_durable_waiting(self, payloads) -> tuple[int, int]:
+        """``append``, then wait for what an ack needs (``sync_to``)."""
+        first, last = self.append(payloads)
+        if last >= first:
+            await self.sync_to(last)
+        return first, last
+
+    async def _sync_to_uploaded(self, offset: int | None = None) -> int:
+        if offset is None:
+            offset = self.wal.next_offset - 1
+        await self._sync_local(offset)
+        await self.tier.wait_uploaded(offset)
+        return self.durable_offset
 
     @classmethod
     async def open(cls, name: str, directory: str, config: WALConfig, *,
                    executor: concurrent.futures.Executor | None = None,
-                   tiered=None) -> TopicLog:
+                   tiered=None, write_buffer=None,
+                   ack_after_upload: bool = False) -> TopicLog:
         """Recover the topic's WAL in ``directory`` and, with ``tiered`` (the broker's
-        ``TieredStorage``), load its durable catalogue and register it for uploads.
+        ``TieredStorage``), load its durable catalogue and register it for uploads. With
+        ``write_buffer`` (the broker's ``WriteBuffer``) the log continues from the durable
+        tier and the buffer's tail (``danube.storage.writebuffer.rebuild``). With
+        ``ack_after_upload`` (durability ``uploaded``), ``sync_to`` waits for the upload.
 
         A WAL that is missing (a lost disk, a topic that moved here) continues right after
         the durable history. A WAL that ends before it (a restored backup, a stale disk)
         would give two messages one offset: it is moved aside to ``{directory}.stale-{time}``
         for inspection and a new one continues after the durable history."""
+        if ack_after_upload and tiered is None:
+            raise ValueError("durability uploaded needs a durable tier")
+        log = await cls._open(name, directory, config, executor=executor, tiered=tiered,
+                              write_buffer=write_buffer)
+        if ack_after_upload:
+            log._wait_for_upload()
+        return log
+
+    @classmethod
+    async def _open(cls, name, directory, config, *, executor, tiered, write_buffer):
+        if write_buffer is not None:
+            return await cls._open_buffered(name, directory, config, executor=executor,
+                                            tiered=tiered, write_buffer=write_buffer)
         if tiered is None:
             return cls(name, await WAL.open(directory, config, executor=executor))
         from danube.storage.tiered.manager import wal_is_missing
@@ -81,6 +143,71 @@ class TopicLog:
                      tier.uploaded_end, wal.first_offset, wal.next_offset - 1)
         tier.wal = wal
         return cls(name, wal, tier)
+
+    @classmethod
+    async def _open_buffered(cls, name, directory, config, *, executor, tiered,
+                             write_buffer) -> TopicLog:
+        from danube.storage.tiered.manager import wal_is_missing
+        from danube.storage.writebuffer.rebuild import open_wal
+
+        missing = wal_is_missing(directory)
+        tier = None if tiered is None else await tiered.load_topic(name, wal_missing=missing)
+        wal = await open_wal(name, directory, config, executor=executor, tier=tier,
+                             wb=write_buffer, wal_missing=missing)
+        if tier is not None:
+            tier.wal = wal
+        return cls(name, wal, tier, write_buffer.topic(name, wal.next_offset))
+
+    # -- the write buffer ----------------------------------------------------------------
+
+    def _append_buffered(self, payloads) -> tuple[int, int]:
+        """``WAL.append``, then the batch to the write buffer (checked for room first, so a
+        refused append stores nothing)."""
+        buf = self.buffer
+        buf.check_room(sum(map(len, payloads)))
+        first, last = self.wal.append(payloads)
+        buf.add(first, payloads)
+        return first, last
+
+    def _append_packed_buffered(self, data, ends) -> tuple[int, int]:
+        buf = self.buffer
+        buf.check_room(len(data))
+        first, last = self.wal.append_packed(data, ends)
+        buf.add_packed(first, data, ends)
+        return first, last
+
+    async def _sync_to_buffered(self, offset: int | None = None) -> int:
+        """Return once ``offset`` is in the write buffer (replicated as configured) and, in
+        durability ``always``, synced in the WAL: the two run at once."""
+        if offset is None:
+            offset = self.wal.next_offset - 1
+        if self._wal_syncs and offset > self.wal.durable_offset:
+            await asyncio.gather(self.wal.sync_to(offset), self.buffer.wait(offset))
+        else:
+            await self.buffer.wait(offset)
+        return self.durable_offset
+
+    def _uploaded(self, catalog) -> None:
+        """A segment reached the durable tier: drop the buffer's entries below the last
+        ``max_cached_closed_segments`` uploaded segments (kept as a warm copy)."""
+        buf = self.buffer
+        keep = buf.cached_segments
+        segments = catalog.segments
+        if keep and len(segments) > keep:
+            below = segments[-keep].start_offset
+        elif keep:
+            return
+        else:
+            below = catalog.end_offset + 1
+        buf.request_trim(below)
+
+    def _trim_local(self) -> None:
+        """No durable tier: the stream keeps the active segment and the last
+        ``max_cached_closed_segments`` closed ones (upstream's rule), so it stays bounded."""
+        segments = self.wal.segments()
+        keep = self.buffer.cached_segments
+        if len(segments) > keep + 1:
+            self.buffer.request_trim(segments[-(keep + 1)].first_offset)
 
     # -- offsets -------------------------------------------------------------------------
 
@@ -111,8 +238,18 @@ class TopicLog:
 
     @property
     def durable_offset(self) -> int:
-        """The newest offset a completed WAL sync covers."""
-        return self.wal.durable_offset
+        """The newest offset a completed WAL sync covers; with a write buffer, also
+        confirmed by it (in durability ``always``, both)."""
+        buf = self.buffer
+        if buf is None:
+            durable = self.wal.durable_offset
+        elif self._wal_syncs:
+            durable = min(self.wal.durable_offset, buf.confirmed)
+        else:
+            durable = buf.confirmed
+        if self.ack_after_upload:
+            return min(durable, self.tier.uploaded_end)
+        return durable
 
     @property
     def directory(self) -> str:
@@ -158,6 +295,8 @@ class TopicLog:
         (and recorded for good: ``durable_ends``, from ``TieredStorage.durable_ends``) may
         go and the rest stays, whatever ``keep_from_offset`` and ``force`` say; a topic
         missing from ``durable_ends`` keeps its WAL this time. Returns what was deleted."""
+        if self.tier is None and self.buffer is not None:
+            self._trim_local()
         if self.tier is not None:
             end = (durable_ends or {}).get(self.name)
             if end is None:
@@ -176,8 +315,15 @@ class TopicLog:
             self.tier.tiered.forget(self.name)
 
     async def close(self) -> None:
-        """Stop uploads and close the WAL (a last sync and checkpoint). Idempotent."""
+        """Stop uploads, let the write buffer confirm what it holds (a few seconds at most),
+        and close the WAL (a last sync and checkpoint). Idempotent."""
         self.stop_uploads()
+        if self.buffer is not None and not self.buffer.detached:
+            if not await self.buffer.flush(BUFFER_CLOSE_TIMEOUT):
+                log.warning("%s: the write buffer did not confirm offsets %d..%d before the "
+                            "topic closed; they are in the local WAL", self.name,
+                            self.buffer.confirmed + 1, self.buffer.appended)
+            self.buffer.detach()
         await self.wal.close()
 
     def __repr__(self) -> str:
@@ -194,6 +340,7 @@ class TopicLogReader:
         self._on_ready = on_ready
         self._history = None             # HistoryCursor, once history is read
         self._in_history = False         # the last read was served by the durable tier
+        self._warm = None                # WarmCursor, once the write buffer is read
 
     def read(self, offset: int, max_messages: int) -> list | None:
         """Up to ``max_messages`` ``(offset, payload)`` from ``offset`` on; empty at the head
@@ -206,6 +353,10 @@ class TopicLogReader:
                 self._in_history = False
                 self._log.handoffs_to_hot += 1
             return wal.read(offset, max_messages)
+        if self._log.buffer is not None:
+            got = self._read_warm(offset, max_messages, first)
+            if got is not _MISS:
+                return got
         tier = self._log.tier
         if tier is None:
             raise OffsetTruncatedError(offset, first)
@@ -216,6 +367,14 @@ class TopicLogReader:
         self._in_history = True
         return self._history.read(offset, max_messages, first)
 
+    def _read_warm(self, offset, max_messages, first):
+        if self._warm is None:
+            from danube.storage.writebuffer.warm import WarmCursor
+            self._warm = WarmCursor(self._log.buffer, self._on_ready)
+        return self._warm.read(offset, max_messages, first)
+
     def close(self) -> None:
         if self._history is not None:
             self._history.close()
+        if self._warm is not None:
+            self._warm.close()

@@ -5,6 +5,8 @@ knows fails with a suggestion; upstream's secure file (`auth.mode: tls` with a J
 serves TLS with a token required on every call, and tls mode without any JWT key fails
 closed; a backend whose SDK is missing fails with the command that installs it."""
 
+import pathlib
+import re
 import socket
 import subprocess
 import sys
@@ -15,6 +17,9 @@ import pytest
 from broker_process import BrokerProcess
 from danube.config import ConfigError, load_config
 from danube.config_keys import unbuilt_warning
+
+UPSTREAM_WRITE_BUFFER_YML = (pathlib.Path(__file__).parent / "upstream_configs"
+                             / "danube_broker_write_buffer.yml")
 
 # Every key of upstream's config/danube_broker.yml (commented-out ones included), with
 # values of our own so that a key read from the wrong place shows.
@@ -120,10 +125,15 @@ def test_unbuilt_features_are_named_in_one_warning_line(tmp_path):
     line = unbuilt_warning(cfg.unbuilt_keys)
     assert "\n" not in line
     for key in ("broker.ports.raft", "meta_store.seed_nodes",
-                "storage.write_buffer", "storage.wal.advanced.file_sync.max_batch_bytes"):
+                "storage.wal.advanced.file_sync.max_batch_bytes"):
         assert key in line
     # Keys that are read are not in it.
     assert "policies" not in line and "auth" not in line and "rebalancing" not in line
+    assert "write_buffer" not in line
+    wb = cfg.write_buffer       # upstream's write buffer section, read
+    assert (wb.backend, wb.endpoints, wb.wait_replicas, wb.wait_timeout_ms, wb.on_wait_timeout,
+            wb.max_cached_closed_segments) == ("valkey", ("redis://127.0.0.1:6379",), 0, 100,
+                                               "fail", 5)
     r = cfg.rebalancing         # upstream's values in FULL, which are also its defaults
     assert (r.enabled, r.aggressiveness, r.check_interval_seconds, r.max_moves_per_hour,
             r.cooldown_seconds, r.min_brokers_for_rebalance, r.min_topic_age_seconds,
@@ -223,10 +233,35 @@ def test_a_misspelt_key_fails_with_a_suggestion(tmp_path, text, where, suggestio
     assert f"{where}: unknown key" in message and f"did you mean {suggestion}" in message
 
 
-def test_a_key_of_an_unbuilt_feature_is_still_checked_for_typos(tmp_path):
+def test_a_write_buffer_key_is_checked_for_typos(tmp_path):
     with pytest.raises(ConfigError, match=r"storage.write_buffer.backnd: unknown key "
                                           r"\(did you mean 'backend'\?\)"):
         load_config(_write(tmp_path, "storage:\n  write_buffer:\n    backnd: x\n"))
+
+
+@pytest.mark.parametrize("section, message", [
+    ("backend: memcached", "backend: expected valkey or redis"),
+    ("endpoints: []", "endpoints: expected a list of URLs"),
+    ("endpoints: ['http://h:6379']", "is not a redis:// or rediss:// URL"),
+    ("wait_replicas: -1", "wait_replicas: expected an integer from 0"),
+    ("wait_timeout_ms: 'soon'", "wait_timeout_ms: expected an integer"),
+    ("on_wait_timeout: retry", "on_wait_timeout: expected fail or ack, got 'retry'"),
+    ("max_cached_closed_segments: 1.5", "max_cached_closed_segments: expected an integer"),
+    ("max_pending_bytes: 10", "max_pending_bytes: expected an integer from 1048576"),
+])
+def test_write_buffer_values_are_checked(tmp_path, section, message):
+    with pytest.raises(ConfigError, match=r"^storage\.write_buffer\.") as err:
+        load_config(_write(tmp_path, f"storage:\n  write_buffer: {{{section}}}\n"))
+    assert message in str(err.value)
+
+
+def test_upstream_write_buffer_config_loads(tmp_path):
+    """Upstream's config/for_tests/danube_broker_write_buffer.yml, as it is."""
+    cfg = load_config(str(UPSTREAM_WRITE_BUFFER_YML))
+    cfg.validate()
+    assert cfg.write_buffer.endpoints == ("redis://127.0.0.1:6379",)
+    assert cfg.write_buffer.wait_replicas == 0 and cfg.write_buffer.on_wait_timeout == "fail"
+    assert cfg.storage_mode == "local"
 
 
 @pytest.mark.parametrize("text, mode, message", [
@@ -307,6 +342,10 @@ def _free_port():
         return s.getsockname()[1]
 
 
+def _without_write_buffer(text):
+    return re.sub(r"\n  write_buffer:\n(    .*\n)+", "\n", text)
+
+
 def _refused(port):
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", port)) != 0
@@ -315,7 +354,8 @@ def _refused(port):
 def test_upstream_config_starts_the_broker_in_the_default_cluster_mode(tmp_path):
     """`danube broker --config-file danube_broker.yml`, upstream's own command line: no
     --mode, so cluster mode; without etcd it is a single-node cluster."""
-    path = _write(tmp_path, FULL.format(data=tmp_path))
+    # The write buffer needs a reachable Redis (test_write_buffer_e2e starts one).
+    path = _write(tmp_path, _without_write_buffer(FULL).format(data=tmp_path))
     b = BrokerProcess(data_dir=tmp_path / "unused")
     b.args = ["--config-file", path]
     b.start()
@@ -332,7 +372,7 @@ def test_upstream_config_starts_the_broker_in_the_default_cluster_mode(tmp_path)
         log = b.log()
         warnings = [line for line in log.splitlines() if "features this build does not have"
                     in line]
-        assert len(warnings) == 1 and "storage.write_buffer" in warnings[0]
+        assert len(warnings) == 1 and "broker.ports.raft" in warnings[0]
         assert "single-node cluster" in log
     finally:
         assert b.stop() == 0

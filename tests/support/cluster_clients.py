@@ -146,6 +146,7 @@ class ResilientConsumer(_Resilient):
         super().__init__(cluster, topic)
         self.subscription = subscription
         self.received: list[str] = []
+        self.by_offset: dict[int, set[str]] = {}     # topic_offset -> payloads seen there
         self._lock = threading.Lock()
 
     def attach(self) -> None:
@@ -170,7 +171,10 @@ class ResilientConsumer(_Resilient):
                 try:
                     for msg in stream:
                         with self._lock:
-                            self.received.append(msg.payload.decode())
+                            payload = msg.payload.decode()
+                            self.received.append(payload)
+                            self.by_offset.setdefault(msg.msg_id.topic_offset,
+                                                      set()).add(payload)
                         ack(pb.AckRequest(request_id=msg.request_id, msg_id=msg.msg_id,
                                           subscription_name=self.subscription), timeout=5)
                         if self.stopping.is_set():

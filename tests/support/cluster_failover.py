@@ -66,4 +66,4 @@ def kill_owner_under_load(cluster, topic: str) -> dict:
     assert in_publish_order(producer, consumer)
     return {"victim": victim, "new_owner": owner(cluster, topic),
             "served_again": served_again, "acked": producer.acked,
-            "received": consumer.received}
+            "received": consumer.received, "consumer": consumer}

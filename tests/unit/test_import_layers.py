@@ -14,7 +14,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[2] / "danube"
 #: The bottom of every layer: configuration and the generated protobuf messages.
 BOTTOM = {"danube.config", "danube.config_keys", "danube.config_errors", "danube.proto",
           "danube.config_durable", "danube.config_cluster", "danube.fslock", "danube.tasks",
-          "danube.failure_policy", "danube.metering"}
+          "danube.failure_policy", "danube.metering",
+          "danube.config_writebuffer"}
 
 #: What each part of danube may import besides itself and BOTTOM (docs/architecture.md).
 ALLOWED = {
@@ -51,7 +52,9 @@ ALLOWED = {
 ALLOWED.update({name: set() for name in BOTTOM})
 ALLOWED["danube.config"] = {"danube.config_keys", "danube.config_errors",
                             "danube.config_durable", "danube.config_cluster",
-                            "danube.failure_policy", "danube.metering"}
+                            "danube.failure_policy", "danube.metering",
+                            "danube.config_writebuffer"}
+ALLOWED["danube.config_writebuffer"] = {"danube.config_errors"}
 ALLOWED["danube.config_cluster"] = {"danube.config_errors"}
 ALLOWED["danube.config_durable"] = {"danube.config_keys", "danube.config_errors"}
 ALLOWED["danube.config_keys"] = {"danube.config_errors"}

@@ -58,6 +58,7 @@ class BrokerCore(Topics, Producers, Subscriptions, TopicSchemas, Admin):
         self.wal_root = cfg.wal_root or os.path.join(cfg.data_dir, "wal")
         self.default_failure_policy = cfg.failure_policy or FailurePolicy()
         self.tiered = None                # TieredStorage when storage.mode is not local
+        self.write_buffer = None          # WriteBuffer when storage.write_buffer is set
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -67,6 +68,8 @@ class BrokerCore(Topics, Producers, Subscriptions, TopicSchemas, Admin):
         self.broker_id = self._load_broker_id()
         if self.cfg.durable is not None:
             await self._start_tiered()
+        if self.cfg.write_buffer is not None:
+            await self._start_write_buffer()
         for ns in dict.fromkeys(["default", "system", *self.cfg.bootstrap_namespaces]):
             await self._ensure_namespace(ns)
         if not self.clustered:
@@ -99,6 +102,14 @@ class BrokerCore(Topics, Producers, Subscriptions, TopicSchemas, Admin):
         tiered.start()
         log.info("tiered storage (%s): sealed WAL segments go to %s every %gs",
                  self.cfg.storage_mode, objstore.describe(), tiered.interval)
+
+    async def _start_write_buffer(self):
+        # Imported here: a broker without a write buffer never loads the Redis client.
+        from danube.storage.writebuffer import WriteBuffer
+
+        buffer = WriteBuffer(self.cfg.write_buffer)
+        await buffer.start()
+        self.write_buffer = buffer
 
     async def register(self):
         """Publish this broker's URLs; called once the servers are bound, so the ports are
@@ -133,6 +144,8 @@ class BrokerCore(Topics, Producers, Subscriptions, TopicSchemas, Admin):
             await self._unload(topic, BrokerShuttingDown("the broker is shutting down"))
         if self.tiered is not None:
             await self.tiered.close()
+        if self.write_buffer is not None:
+            await self.write_buffer.close()
         if self.wal_executor is not None:
             self.wal_executor.shutdown(wait=True)
 

@@ -14,8 +14,8 @@ from danube.broker.errors import (InvalidTopicName, NamespaceNotEmpty, Namespace
 from danube.broker.topic import DELIVERY_NAMES, NON_RELIABLE, RELIABLE, Topic
 from danube.config import Policies
 from danube.metadata import keys
-from danube.storage.topic_log import TopicLog
-from danube.storage.wal import WALConfig
+from danube.storage.topic_log import UPLOADED, TopicLog
+from danube.storage.wal import ALWAYS, WALConfig
 
 log = logging.getLogger("danube.broker")
 
@@ -96,14 +96,19 @@ class Topics:
         cfg = self.cfg
         topic.durability = cfg.durability_for(topic.name)
         hours = cfg.wal_segment_max_hours
-        wal_cfg = WALConfig(durability=topic.durability,
+        wal_cfg = WALConfig(durability=ALWAYS if topic.durability == UPLOADED
+                            else topic.durability,
                             sync_interval_ms=cfg.wal_sync_interval_ms,
                             segment_max_bytes=cfg.wal_segment_max_bytes,
                             max_age_seconds=hours * 3600 if hours else None,
                             cache_capacity=cfg.wal_cache_capacity)
         topic.log = await TopicLog.open(topic.name, os.path.join(self.wal_root, ns, name),
                                         wal_cfg, executor=self.wal_executor,
-                                        tiered=self.tiered)
+                                        tiered=self.tiered, write_buffer=self.write_buffer,
+                                        ack_after_upload=topic.durability == UPLOADED)
+        if topic.log.buffer is not None:
+            # Appends whose publish failed are confirmed by a later pass: deliver them then.
+            topic.log.buffer.on_confirmed = lambda _offset: topic.wake_subscriptions()
 
     # -- namespaces ----------------------------------------------------------------------
 
@@ -244,6 +249,8 @@ class Topics:
             if topic.log is not None:
                 await self.loop.run_in_executor(
                     self.wal_executor, shutil.rmtree, topic.log.directory, True)
+                if self.write_buffer is not None:
+                    await self.write_buffer.delete_topic(name)
             await self.store.delete(keys.namespace_topic(name))
             await self.store.delete_prefix(keys.topic_root(name))
             await self.store.delete(keys.cluster_broker_topic(self.broker_id, name))
@@ -273,6 +280,8 @@ class Topics:
                             self.wal_executor, shutil.rmtree, topic.log.directory, True)
                     if self.tiered is not None:
                         await self.tiered.delete_topic(target)
+                    if self.write_buffer is not None:
+                        await self.write_buffer.delete_topic(target)
                 await self.store.delete(keys.namespace_topic(target))
                 await self.store.delete_prefix(keys.topic_root(target))
                 if self.cluster is not None:

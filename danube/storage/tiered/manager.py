@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import heapq
 from concurrent.futures.process import BrokenProcessPool
 import logging
 import math
@@ -47,7 +48,7 @@ import zlib
 
 from danube.metering import Summary
 from danube.storage.durable.base import ObjectStoreConfigError, ObjectStoreError
-from danube.storage.errors import TieredStartupError
+from danube.storage.errors import TieredStartupError, UploadFailedError, WALClosedError
 from danube.storage.segment_files import parse_segment_name
 from danube.storage.tasks import TaskSet
 from danube.storage.tiered.catalog import (DEFAULT_METADATA_PREFIX, Catalog, CatalogKeys,
@@ -89,6 +90,40 @@ class TopicTier:
         # For upstream's danube_cloud_upload_* and danube_durable_history_* metrics.
         self.counts = {"uploaded": 0, "upload_failures": 0, "upload_bytes": 0,
                        "segments_read": 0, "read_bytes": 0}
+        #: Called with the catalogue after each segment uploaded (the write buffer's trim).
+        self.on_upload = None
+        # Durability uploaded: acks waiting for an offset to be uploaded, (offset, seq, fut).
+        self._upload_waiters: list = []
+        self._waiter_seq = 0
+        self.export_again = False
+
+    async def wait_uploaded(self, offset: int) -> None:
+        """Return once the catalogue holds ``offset``; the topic is exported at once (what
+        is appended while an export runs goes in the next one, so exports are grouped as
+        syncs are). Raises ``UploadFailedError`` if the export carrying it fails."""
+        if offset <= self.uploaded_end:
+            return
+        if self.closed:
+            raise WALClosedError(f"{self.name}: the topic is closed")
+        fut = asyncio.get_running_loop().create_future()
+        self._waiter_seq += 1
+        heapq.heappush(self._upload_waiters, (offset, self._waiter_seq, fut))
+        self.tiered.export_now(self)
+        await fut
+
+    @property
+    def upload_waiting(self) -> bool:
+        return bool(self._upload_waiters)
+
+    def settle_waiters(self, exc: BaseException | None = None) -> None:
+        waiters = self._upload_waiters
+        while waiters and (exc is not None or waiters[0][0] <= self.uploaded_end):
+            fut = heapq.heappop(waiters)[2]
+            if not fut.done():
+                if exc is None:
+                    fut.set_result(None)
+                else:
+                    fut.set_exception(exc)
 
     @property
     def uploaded_end(self) -> int:
@@ -139,11 +174,14 @@ class TopicTier:
                 self.catalog.add(desc)
                 # Upload and descriptor: upstream's "upload and finalize one segment".
                 self.tiered.upload_latency_ms.observe((time.perf_counter() - started) * 1000)
+                if self.on_upload is not None:
+                    self.on_upload(self.catalog)
                 self.tiered.stats["segments"] += 1
                 self.tiered.stats["bytes"] += desc.size
                 self.counts["uploaded"] += 1
                 self.counts["upload_bytes"] += desc.size
                 done += 1
+            self.settle_waiters()
             return done
 
 
@@ -280,6 +318,7 @@ class TieredStorage:
         if tier is not None:
             tier.closed = True
             tier.wal = None
+            tier.settle_waiters(WALClosedError(f"{name}: the topic left this broker"))
 
     async def delete_topic(self, name: str) -> None:
         """A deleted topic's catalogue and objects go too (objects in the background: a
@@ -325,6 +364,16 @@ class TieredStorage:
                 else:
                     tier.next_export = self._next_slot(tier, now)
 
+    def export_now(self, tier: TopicTier) -> None:
+        """Export ``tier`` now (durability uploaded), or right after the export under way."""
+        if tier.lock.locked() or tier.next_export == math.inf:
+            tier.export_again = True
+            return
+        if tier.failures:
+            return          # its backoff runs; the retry settles the waiters
+        tier.next_export = math.inf
+        self._tasks.spawn(self._export(tier), name=f"tiered-export {tier.name}")
+
     def _next_slot(self, tier: TopicTier, now: float) -> float:
         """The topic's next export time after ``now``: the next point of its own grid,
         ``phase + k * interval``, so its exports stay spread from the other topics' however
@@ -333,19 +382,26 @@ class TieredStorage:
         return tier.phase + k * self.interval
 
     async def _export(self, tier: TopicTier) -> None:
+        tier.export_again = False
         try:
             n = await tier.export()
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - every failure is retried with backoff
             self._failed(tier, exc)
+            err = UploadFailedError(f"{tier.name}: upload to {self.objstore.describe()} "
+                                    f"failed: {exc}")
+            tier.settle_waiters(err)
             return
+        tier.settle_waiters()
         if tier.failures:
             log.info("%s: uploads to %s work again after %d failed attempts", tier.name,
                      self.objstore.describe(), tier.failures)
         tier.failures = 0
         tier.last_error = None
         tier.next_export = self._next_slot(tier, time.monotonic())
+        if (tier.export_again or tier.upload_waiting) and not tier.closed:
+            self.export_now(tier)
         if n:
             log.debug("%s: uploaded %d segment(s), durable up to offset %d", tier.name, n,
                       tier.uploaded_end)

@@ -145,6 +145,11 @@ class WAL(_Appending, _Reading, _GroupCommit, _Retention):
     # ------------------------------------------------------------------ properties
 
     @property
+    def mode(self) -> str:
+        """The durability mode: ALWAYS, INTERVAL or NONE."""
+        return self._mode
+
+    @property
     def directory(self) -> str:
         return self._dir
 

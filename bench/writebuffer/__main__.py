@@ -1,0 +1,5 @@
+import sys
+
+from bench.writebuffer.runner import main
+
+sys.exit(main())

@@ -1,0 +1,321 @@
+"""The write buffer against real redis-server processes (a primary and a replica): every
+acknowledged append is in the stream before the ack, one pipeline and one WAIT per group,
+clear errors per on_wait_timeout, a bounded queue, and a new owner's rebuild from the
+stream with exact offsets."""
+
+import array
+import asyncio
+import dataclasses
+
+import pytest
+
+from danube.config_writebuffer import WriteBufferConfig
+from danube.storage.errors import (WriteBufferError, WriteBufferFullError,
+                                   WriteBufferStartupError)
+from danube.storage.topic_log import TopicLog
+from danube.storage.wal import WALConfig
+from danube.storage.writebuffer import WriteBuffer
+from danube.storage.writebuffer.entries import ENDS, first_of, stream_key, unpack_ends
+from danube.storage.writebuffer.recovery import read_tail
+from tests.support.objstore_servers import free_port
+from tests.support.redis_servers import RedisPair, redis_server_binary
+from tests.support.waiting import async_wait_for
+
+pytestmark = pytest.mark.skipif(redis_server_binary() is None,
+                                reason="redis-server not installed (bash bin/test installs it)")
+
+TOPIC = "/default/wb"
+
+
+@pytest.fixture
+def redis_pair(tmp_path):
+    pair = RedisPair(str(tmp_path / "redis"), replicas=1)
+    yield pair
+    pair.stop()
+
+
+def wb_config(url, **kw):
+    return WriteBufferConfig(endpoints=(url,), wait_replicas=kw.pop("wait_replicas", 1),
+                             wait_timeout_ms=kw.pop("wait_timeout_ms", 2000), **kw)
+
+
+async def open_log(tmp_path, wb, name="a", durability="always"):
+    return await TopicLog.open(TOPIC, str(tmp_path / name), WALConfig(durability=durability),
+                               write_buffer=wb)
+
+
+async def started(cfg):
+    wb = WriteBuffer(cfg)
+    await wb.start()
+    return wb
+
+
+def stream_offsets(server):
+    """Every offset the stream holds, in order (read from the server by the test)."""
+    out = []
+    with server.client() as c:
+        for rid, fields in c.xrange(stream_key(TOPIC), "-", "+"):
+            first = first_of(rid)
+            out.extend(range(first, first + len(unpack_ends(fields[ENDS]))))
+    return out
+
+
+async def test_acknowledged_appends_are_in_the_primary_and_the_replica(tmp_path, redis_pair):
+    wb = await started(wb_config(redis_pair.url))
+    log = await open_log(tmp_path, wb)
+    try:
+        first, last = log.append([b"m%d" % i for i in range(5)])
+        await log.sync_to(last)
+        first2, last2 = log.append_packed(b"xyzzy", array.array("Q", [2, 5]))
+        await log.sync_to(last2)
+        assert (first, last, first2, last2) == (0, 4, 5, 6)
+        assert log.durable_offset == 6
+        # Confirmed means replicated: the replica has every offset too.
+        assert stream_offsets(redis_pair.primary) == list(range(7))
+        assert stream_offsets(redis_pair.replicas[0]) == list(range(7))
+        got = []
+        async for batch in read_tail(wb.reader, stream_key(TOPIC), 0):
+            got.extend((o, bytes(p)) for o, p in batch)
+        assert got == [(i, b"m%d" % i) for i in range(5)] + [(5, b"xy"), (6, b"zzy")]
+    finally:
+        await log.close()
+        await wb.close()
+
+
+async def test_one_pipeline_and_one_wait_per_group(tmp_path, redis_pair):
+    wb = await started(wb_config(redis_pair.url))
+    log = await open_log(tmp_path, wb)
+    try:
+        # 300 publishes arrive before the worker runs: they share passes.
+        lasts = [log.append([b"p%d" % i])[1] for i in range(300)]
+        await asyncio.gather(*(log.sync_to(last) for last in lasts))
+        assert wb.stats["entries"] == 300
+        assert wb.stats["passes"] <= 2, wb.stats
+        assert stream_offsets(redis_pair.replicas[0]) == list(range(300))
+    finally:
+        await log.close()
+        await wb.close()
+
+
+async def test_wait_timeout_fail_is_a_clear_error_and_retried(tmp_path, redis_pair):
+    wb = await started(wb_config(redis_pair.url, wait_timeout_ms=200))
+    log = await open_log(tmp_path, wb)
+    try:
+        await log.sync_to(log.append([b"before"])[1])
+        redis_pair.replicas[0].kill()
+        _, last = log.append([b"unreplicated"])
+        with pytest.raises(WriteBufferError, match=r"WAIT timed out: 0 of 1 replica"):
+            await log.sync_to(last)
+        # Not confirmed, so not dispatchable: a consumer never sees it before it is safe.
+        assert log.durable_offset == 0
+        redis_pair.replicas[0].start()
+        redis_pair.replicas[0].wait_linked()
+        # Retried in the background: it becomes confirmed without another publish.
+        await async_wait_for(lambda: log.durable_offset == 1, timeout=60,
+                             what="the failed append confirmed after the replica came back")
+        await log.sync_to(log.append([b"after"])[1])
+        assert stream_offsets(redis_pair.replicas[0]) == [0, 1, 2]
+    finally:
+        await log.close()
+        await wb.close()
+
+
+async def test_wait_timeout_ack_acknowledges(tmp_path, redis_pair):
+    wb = await started(wb_config(redis_pair.url, wait_timeout_ms=100, on_wait_timeout="ack"))
+    log = await open_log(tmp_path, wb)
+    try:
+        redis_pair.replicas[0].kill()
+        await log.sync_to(log.append([b"acked anyway"])[1])
+        assert wb.stats["wait_timeouts"] >= 1
+        assert stream_offsets(redis_pair.primary) == [0]
+    finally:
+        await log.close()
+        await wb.close()
+
+
+async def test_primary_down_fails_cleanly_then_resumes_without_holes(tmp_path, redis_pair):
+    wb = await started(wb_config(redis_pair.url))
+    log = await open_log(tmp_path, wb)
+    primary = redis_pair.primary
+    try:
+        await log.sync_to(log.append([b"a"])[1])
+        primary.kill()
+        _, last = log.append([b"b"])
+        with pytest.raises(WriteBufferError):
+            await log.sync_to(last)
+        primary.start()
+        redis_pair.replicas[0].wait_linked()
+        await log.sync_to(log.append([b"c"])[1])
+        # The failed append was written again: the stream has no hole.
+        assert stream_offsets(primary) == [0, 1, 2]
+        await async_wait_for(lambda: stream_offsets(redis_pair.replicas[0]) == [0, 1, 2],
+                             what="the replica has every offset")
+    finally:
+        await log.close()
+        await wb.close()
+
+
+async def test_queue_is_bounded_and_a_refused_append_stores_nothing(tmp_path, redis_pair):
+    cfg = dataclasses.replace(wb_config(redis_pair.url), max_pending_bytes=1 << 20)
+    wb = await started(cfg)
+    log = await open_log(tmp_path, wb)
+    try:
+        redis_pair.primary.kill()
+        big = b"x" * (600 << 10)
+        log.append([big])                 # one append always fits
+        before = log.next_offset
+        with pytest.raises(WriteBufferFullError, match="max_pending_bytes"):
+            log.append([big])
+        assert log.next_offset == before   # nothing of it in the WAL
+    finally:
+        redis_pair.primary.start()
+        await log.close()
+        await wb.close()
+
+
+async def test_new_owner_rebuilds_the_log_from_the_stream(tmp_path, redis_pair):
+    wb = await started(wb_config(redis_pair.url))
+    log = await open_log(tmp_path, wb, "owner1")
+    for i in range(50):
+        await log.sync_to(log.append([b"msg-%d" % j for j in range(i * 3, i * 3 + 3)])[1])
+    # The owner's disk is gone: another broker opens the topic on an empty directory.
+    log.buffer.detach()
+    await log.wal.close()
+    wb2 = await started(wb_config(redis_pair.url))
+    log2 = await open_log(tmp_path, wb2, "owner2")
+    try:
+        assert log2.next_offset == 150
+        got = log2.read(0, 1000)
+        assert [(o, bytes(p)) for o, p in got] == [(i, b"msg-%d" % i) for i in range(150)]
+        # It continues at the exact next offset, and the stream stays contiguous.
+        assert log2.append([b"next"]) == (150, 150)
+        await log2.sync_to(150)
+        assert stream_offsets(redis_pair.primary) == list(range(151))
+    finally:
+        await log2.close()
+        await wb.close()
+        await wb2.close()
+
+
+async def test_a_stale_local_wal_is_set_aside_for_the_stream(tmp_path, redis_pair):
+    """With a durable tier, a WAL ending past the acknowledged log (appends never
+    acknowledged) is not kept; here without one, a WAL short of the stream is extended."""
+    wb = await started(wb_config(redis_pair.url))
+    log = await open_log(tmp_path, wb, "same")
+    await log.sync_to(log.append([b"one", b"two"])[1])
+    log.buffer.detach()
+    await log.wal.close()
+    # A copy of the WAL from before the second append: it stops short of the stream.
+    wb2 = await started(wb_config(redis_pair.url))
+    log2 = await open_log(tmp_path, wb2, "same")
+    try:
+        assert log2.next_offset == 2
+        assert [bytes(p) for _, p in log2.read(0, 10)] == [b"one", b"two"]
+    finally:
+        await log2.close()
+        await wb.close()
+        await wb2.close()
+
+
+async def test_unreachable_buffer_is_a_startup_error():
+    wb = WriteBuffer(wb_config(f"redis://127.0.0.1:{free_port()}"))
+    with pytest.raises(WriteBufferStartupError, match="cannot reach redis://127.0.0.1"):
+        await wb.start()
+
+
+async def test_a_replica_url_is_a_startup_error(redis_pair):
+    wb = WriteBuffer(wb_config(redis_pair.replicas[0].url))
+    with pytest.raises(WriteBufferStartupError, match="not a primary"):
+        await wb.start()
+
+
+async def test_a_reader_behind_the_wal_reads_the_stream(tmp_path, redis_pair):
+    """Warm reads: offsets local retention deleted are read back from the stream (no
+    durable tier here: the stream is then never trimmed)."""
+    wb = await started(wb_config(redis_pair.url))
+    log = await open_log(tmp_path, wb)
+    try:
+        await log.sync_to(log.append([b"old-%d" % i for i in range(10)])[1])
+        await log.wal.rotate()
+        await log.sync_to(log.append([b"new-%d" % i for i in range(5)])[1])
+        deleted = await log.wal.retention(max_bytes=0, force=True)
+        assert deleted and log.first_offset == 10
+        ready = asyncio.Event()
+        reader = log.reader(ready.set)
+        assert reader.read(0, 100) is None          # fetching from the stream
+        await asyncio.wait_for(ready.wait(), 30)
+        got = reader.read(0, 100)
+        assert [(o, bytes(p)) for o, p in got] == [(i, b"old-%d" % i) for i in range(10)]
+        assert [bytes(p) for _, p in reader.read(10, 100)] == [b"new-%d" % i for i in range(5)]
+        assert log.buffer.warm_reads == 10
+        reader.close()
+    finally:
+        await log.close()
+        await wb.close()
+
+
+@pytest.fixture
+def redis_cluster(tmp_path):
+    from tests.support.redis_servers import RedisClusterServers
+
+    cluster = RedisClusterServers(str(tmp_path / "rcluster"))
+    yield cluster
+    cluster.stop()
+
+
+async def test_redis_cluster_topics_on_several_primaries(tmp_path, redis_cluster):
+    """Several endpoints are a Redis Cluster (as upstream): each topic's stream on the
+    primary of its slot, each primary written with its own WAIT; a new owner rebuilds
+    from it."""
+    from danube.storage.writebuffer.entries import stream_key as key_of
+
+    cfg = WriteBufferConfig(endpoints=tuple(redis_cluster.urls), wait_replicas=1,
+                            wait_timeout_ms=2000)
+    wb = await started(cfg)
+    names = [f"/default/rc-{i}" for i in range(8)]
+    logs = [await TopicLog.open(n, str(tmp_path / f"t{i}"), WALConfig(), write_buffer=wb)
+            for i, n in enumerate(names)]
+    try:
+        lasts = [log.append([b"%s-%d" % (log.name.encode(), j) for j in range(20)])[1]
+                 for log in logs]
+        await asyncio.gather(*(log.sync_to(last) for log, last in zip(logs, lasts)))
+        homes = set()
+        for log in logs:
+            node = wb.reader.get_node_from_key(key_of(log.name))
+            homes.add(node.port)
+            server = next(s for s in redis_cluster.servers if s.port == node.port)
+            with server.client() as c:
+                assert c.xlen(key_of(log.name)) == 1
+        assert len(homes) > 1                  # the topics are spread over primaries
+        for log in logs:
+            log.buffer.detach()
+            await log.wal.close()
+        wb2 = await started(cfg)
+        log2 = await TopicLog.open(names[3], str(tmp_path / "other"), WALConfig(),
+                                   write_buffer=wb2)
+        assert [bytes(p) for _, p in log2.read(0, 100)] == \
+            [b"/default/rc-3-%d" % j for j in range(20)]
+        await log2.close()
+        await wb2.close()
+    finally:
+        await wb.close()
+
+
+async def test_without_a_durable_tier_the_stream_keeps_the_last_segments(tmp_path, redis_pair):
+    """Upstream's rule when nothing is uploaded: the active segment and the last
+    max_cached_closed_segments closed ones stay in the stream, applied by retention."""
+    wb = await started(dataclasses.replace(wb_config(redis_pair.url),
+                                           max_cached_closed_segments=1))
+    log = await open_log(tmp_path, wb)
+    try:
+        for k in range(4):               # four closed segments of 10, then an active one
+            await log.sync_to(log.append([b"s%d-%d" % (k, i) for i in range(10)])[1])
+            await log.wal.rotate()
+        await log.sync_to(log.append([b"active"])[1])
+        await log.retention()
+        await async_wait_for(lambda: stream_offsets(redis_pair.primary) == list(range(30, 41)),
+                             what="the stream trimmed to the last closed segment and the "
+                                  "active one")
+    finally:
+        await log.close()
+        await wb.close()
