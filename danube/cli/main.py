@@ -55,11 +55,6 @@ def _add_broker(sub):
                    help="upstream's Raft seed nodes; accepted and ignored")
     p.add_argument("--join", action="store_true",
                    help="upstream's Raft join; accepted and ignored")
-    p.add_argument("--edge-config", metavar="PATH",
-                   help="upstream's edge mode: its config file (edge mode is not in this "
-                        "build)")
-    p.add_argument("--edge-token", metavar="TOKEN",
-                   help="upstream's edge mode: its token (edge mode is not in this build)")
     p.add_argument("--insecure-allow-unauthenticated", action="store_true",
                    help="with auth.mode tls, serve TLS but check no token (JWT) and no "
                         "permission: every call is accepted. Without this flag, tls mode "

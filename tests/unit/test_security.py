@@ -209,11 +209,13 @@ def test_binding_keys_follow_upstreams_layout():
 def test_every_rpc_of_every_served_service_has_a_permission_row():
     """A method without a row is refused to all but super admins: correct, but a service
     added without a row is then unusable for ordinary principals, so each must have one."""
-    from danube.proto import DanubeAdmin_pb2, DanubeApi_pb2, DanubeExt_pb2, SchemaRegistry_pb2
+    from danube.proto import (DanubeAdmin_pb2, DanubeApi_pb2, DanubeExt_pb2, EdgeReplicator_pb2,
+                              SchemaRegistry_pb2)
     from danube.security.permissions import RULES
 
     paths = {f"/{svc.full_name}/{method.name}"
-             for module in (DanubeApi_pb2, DanubeAdmin_pb2, DanubeExt_pb2, SchemaRegistry_pb2)
+             for module in (DanubeApi_pb2, DanubeAdmin_pb2, DanubeExt_pb2, SchemaRegistry_pb2,
+                            EdgeReplicator_pb2)
              for svc in module.DESCRIPTOR.services_by_name.values()
              for method in svc.methods}
     assert not paths - set(RULES), sorted(paths - set(RULES))
