@@ -10,6 +10,13 @@ Handlers are plain coroutines in grpc.aio's shapes:
   stream-stream  async def m(request_iterator, context): yield response
 A handler fails its call by raising `RpcError` (or `await context.abort(code, details)`); any
 other exception fails only that call, with INTERNAL.
+
+A unary-unary handler starts where its request completes, in the connection's input
+callback, and gets a task only when it first suspends (ServerStream._run_unary): most
+unary calls are answered in the loop turn that read them, with no task. Until its first
+`await` that suspends, such a handler has no current task: `asyncio.current_task()` is None
+there and `asyncio.timeout()` refuses to start, so a handler that needs either awaits
+something first (or uses `asyncio.wait_for`). No handler of the broker does.
 """
 
 import asyncio
