@@ -271,3 +271,18 @@ def test_cli_consume_drains_a_reliable_backlog(broker):
                  "--output", "json")
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["received"] == 0
+
+
+def test_cli_produce_without_interval_is_pipelined_with_a_key_per_message(broker):
+    url, topic = f"http://{broker.client_addr}", "/default/default_cli_keys"
+    result = cli("produce", "-s", url, "-t", topic, "-m", "k", "-c", "40", "-k", "user-{i}")
+    assert result.returncode == 0, result.stderr
+    assert "Success: 40" in result.stdout and "Errors:" not in result.stdout
+    assert result.stdout.count("sent successfully") == 40
+    # -i: upstream's pacing (and its minimum interval).
+    result = cli("produce", "-s", url, "-t", topic, "-m", "k", "-c", "3", "-i", "100")
+    assert result.returncode == 0, result.stderr
+    for i in range(1, 4):
+        assert f"📤 Message {i}/3 sent successfully" in result.stdout
+    result = cli("produce", "-s", url, "-t", topic, "-m", "k", "-c", "3", "-i", "50")
+    assert result.returncode == 2 and "at least 100 milliseconds" in result.stderr
