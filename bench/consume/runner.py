@@ -138,13 +138,13 @@ def drain_case(label, server, fill_cmd, fill_cfg, drain_cmd, drain_cfg, n, timeo
     return r
 
 
-SLOW_CASES = ("each", "official", "nack10", "noop")
+SLOW_CASES = ("each", "official", "nack10", "noop", "olddefault")
 
 
-def ours_cases(broker, tag, n, slow_n, size, window, cases, timeout):
+def ours_cases(broker, tag, n, slow_n, size, window, cases, timeout, cli_n=200_000):
     out = []
     for case in cases:
-        n_case = slow_n if case in SLOW_CASES else n
+        n_case = cli_n if case == "cli" else slow_n if case in SLOW_CASES else n
         topic = f"/default/{tag.replace(' ', '-')}-{case}-{os.getpid()}"
         fill = {"role": "fill", "url": broker.url, "topic": topic, "sub": "s", "n": n_case,
                 "size": size}
@@ -152,6 +152,22 @@ def ours_cases(broker, tag, n, slow_n, size, window, cases, timeout):
         if case == "official":
             label, cmd = f"official client ({tag})", official_cmd()
             drain = dict(drain, ack_window=1000)
+        elif case == "cli":
+            out.append(cli_case(broker, tag, fill, n_case, timeout))
+            continue
+        elif case in ("default", "receive", "olddefault"):
+            cmd = OURS
+            # olddefault: the options that were the defaults before issue 35 (the broker's
+            # window, one Ack per message) with a plain loop awaiting each ack.
+            drain.update({"default": dict(acks="default"),
+                          "receive": dict(acks="default", receive="one"),
+                          # 10: the broker's default window (upstream's), which the
+                          # bench's broker config replaces with --window.
+                          "olddefault": dict(acks="each", window=10,
+                                             sequential_acks=True)}[case])
+            label = {"default": f"our client, no options, receive_many ({tag})",
+                     "receive": f"our client, no options, receive() one at a time ({tag})",
+                     "olddefault": f"our client, the defaults before issue 35 ({tag})"}[case]
         else:
             cmd = OURS
             acks = "each" if case == "each" else "batched"
@@ -166,6 +182,32 @@ def ours_cases(broker, tag, n, slow_n, size, window, cases, timeout):
                      "nack10": f"our client, batched acks, 10 % nacked ({tag})"}[case]
         out.append(drain_case(label, broker, OURS, fill, cmd, drain, n_case, timeout))
     return out
+
+
+def cli_case(broker, tag, fill, n, timeout):
+    """`danube consume --quiet` of an n-message reliable backlog (its own summary gives the
+    rate from its first message to its last; the wall time includes start-up)."""
+    run_worker(OURS, fill, timeout)
+    time.sleep(0.5)
+    cmd = [sys.executable, "-P", "-m", "danube", "consume", "-s", broker.url, "-t",
+           fill["topic"], "-m", fill["sub"], "-n", "bench-c", "--sub-type", "exclusive",
+           "--count", str(n), "--quiet", "--output", "json"]
+    cpu0, t0 = broker.cpu(), time.perf_counter()
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                         env=repo_env(), cwd=REPO)
+    wall = time.perf_counter() - t0
+    if out.returncode != 0:
+        raise RuntimeError(f"danube consume failed ({out.returncode}):\n{out.stderr[-3000:]}")
+    summary = json.loads(out.stdout.strip().splitlines()[-1])
+    r = {"case": f"danube consume --quiet ({tag})", "received": summary["received"],
+         "distinct": summary["received"], "duplicates": 0, "lost": n - summary["received"],
+         "seconds": summary["elapsed_s"], "msgs_per_s": summary["msgs_per_sec"],
+         "wall_s": wall, "server_cpu_s": broker.cpu() - cpu0}
+    r["server_us_per_msg"] = 1e6 * r["server_cpu_s"] / max(1, r["received"])
+    print(f"  {r['case']}: {r['msgs_per_s']:,.0f} msgs/s (first to last message; "
+          f"{n / wall:,.0f} msgs/s over the process's {wall:.2f} s), lost {r['lost']}",
+          flush=True)
+    return r
 
 
 def noop_case(scratch, slow_n, window, timeout):
@@ -217,9 +259,14 @@ def main(argv=None):
     ap.add_argument("--size", type=int, default=100)
     ap.add_argument("--window", type=int, default=1000)
     ap.add_argument("--cases",
-                    default="batched,shared,key_shared,each,official,nack10,noop,nats",
+                    default="default,receive,batched,shared,key_shared,each,olddefault,"
+                            "cli,official,nack10,noop,nats",
                     help="noop: the official client against a server that only answers "
-                         "(bench.consume.noop_server), the ceiling any broker could give it")
+                         "(bench.consume.noop_server), the ceiling any broker could give it; "
+                         "default/receive: our client with no options (receive_many / "
+                         "receive()); olddefault: the options that were the defaults before "
+                         "issue 35; cli: danube consume --quiet of a --cli-messages backlog")
+    ap.add_argument("--cli-messages", type=int, default=200_000)
     ap.add_argument("--baseline-python", default=None,
                     help="also run the official client (and one-Ack-per-message) against a "
                          "broker of this interpreter (e.g. main's .venv/bin/python): "
@@ -238,7 +285,8 @@ def main(argv=None):
         broker = Broker(sys.executable, scratch, "ours", args.window)
         try:
             results += ours_cases(broker, "this branch", n, slow_n, args.size, args.window,
-                                  [c for c in cases if c not in ("nats", "noop")], args.timeout)
+                                  [c for c in cases if c not in ("nats", "noop")], args.timeout,
+                                  args.cli_messages)
         finally:
             broker.stop()
         if args.baseline_python:

@@ -4,9 +4,10 @@
          and publishes `n` payloads of `size` bytes with send_many (batches of 1000):
          [u64 sequence number] + padding.
   drain  subscribes and receives until every offset 0..n-1 has arrived, acking each:
-         `acks` "batched" (Consumer(batch_acks=True), ranges) or "each" (one Ack call per
-         message, at most 1000 outstanding); `window` is the consumer's
-         max_unacked_messages; `nack_every` > 0 nacks every such message (delay 0) the
+         `acks` "default" (subscribe() with no options), "batched" (batch_acks=True, ranges)
+         or "each" (one Ack call per message, at most 1000 outstanding, or one at a time,
+         awaited, with `sequential_acks`: a plain loop's cost); `window` is the consumer's
+         max_unacked_messages; `receive` "one": receive() per message (else receive_many); `nack_every` > 0 nacks every such message (delay 0) the
          first time it arrives instead of acking it (the redelivery path).
 Prints one JSON line: received, distinct, duplicates (deliveries of an offset already
 received, beyond the nacked ones' expected second delivery), wrong, seconds, cpu_s."""
@@ -43,10 +44,16 @@ async def drain(client, cfg):
     n, batched = cfg["n"], cfg["acks"] == "batched"
     nack_every = cfg.get("nack_every", 0)
     cpu0, t0 = time.process_time(), time.perf_counter()
-    consumer = await client.subscribe(cfg["topic"], "bench-c", cfg["sub"],
-                                      sub_type=cfg.get("sub_type", "exclusive"),
-                                      max_unacked_messages=cfg.get("window"),
-                                      batch_acks=batched, ack_batch=cfg.get("ack_batch"))
+    sub_type = cfg.get("sub_type", "exclusive")
+    if cfg["acks"] == "default":            # subscribe() with no options at all
+        consumer = await client.subscribe(cfg["topic"], "bench-c", cfg["sub"], sub_type)
+        batched = True
+    else:
+        consumer = await client.subscribe(cfg["topic"], "bench-c", cfg["sub"], sub_type,
+                                          max_unacked_messages=cfg.get("window"),
+                                          batch_acks=batched, ack_batch=cfg.get("ack_batch"))
+    one_at_a_time = cfg.get("receive") == "one"
+    sequential_acks = cfg.get("sequential_acks", False)
     seen = bytearray(n)
     received = distinct = dups = wrong = nacked = 0
     acks = asyncio.Semaphore(1000)
@@ -61,7 +68,10 @@ async def drain(client, cfg):
     unpack = SEQ.unpack_from
     while distinct < n:
         try:
-            msgs = await consumer.receive_many(1000, timeout=cfg.get("idle_timeout", 30))
+            if one_at_a_time:
+                msgs = (await consumer.receive(timeout=cfg.get("idle_timeout", 30)),)
+            else:
+                msgs = await consumer.receive_many(1000, timeout=cfg.get("idle_timeout", 30))
         except TimeoutError:
             break
         for msg in msgs:
@@ -81,7 +91,7 @@ async def drain(client, cfg):
             else:
                 distinct += 1
             seen[off] = 1
-            if batched:
+            if batched or sequential_acks:
                 await consumer.ack(msg)
             else:
                 await acks.acquire()

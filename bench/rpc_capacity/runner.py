@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench._proc import children, popen, proc_cpu, reap, reap_all, repo_env, system_busy
+from bench._proc import CLK_TCK, children, popen, proc_cpu, reap, reap_all, repo_env, system_busy
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "bench" / "results" / "rpc_capacity.json"
@@ -33,6 +33,8 @@ UNARY_C, UNARY_M = 4, 64
 UNARY_TARGET = 3.0             # ours / grpc.aio unary calls/s
 STREAM_TARGET = 1_000_000      # msgs/s on one server-streaming call
 IDLE_TARGET = 0.10             # within 10%
+LONE_VS_GRPC = 0.5             # lone calls: our server CPU per call <= 0.5x grpc.aio's
+LONE_VS_BASE = 2.0             # ... and >= 2x better than the baseline's (--baseline-python)
 
 
 # -- child processes ---------------------------------------------------------------------
@@ -73,10 +75,12 @@ def sleep_until(t, pid=None):
 class ServerProc:
     """`python -m bench.rpc_capacity.server --impl IMPL --port 0` in its own process."""
 
-    def __init__(self, impl):
+    def __init__(self, impl, python=None):
         self.impl = impl
-        self.proc = spawn([sys.executable, "-m", "bench.rpc_capacity.server", "--impl", impl,
-                           "--host", "127.0.0.1", "--port", "0"],
+        # -P: the server imports the installed danube (of `python`: another checkout's for
+        # a baseline), never the source tree in the working directory.
+        self.proc = spawn([python or sys.executable, "-P", "-m", "bench.rpc_capacity.server",
+                           "--impl", impl, "--host", "127.0.0.1", "--port", "0"],
                           stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         self.pid = self.proc.pid
         deadline = time.monotonic() + 60
@@ -182,6 +186,57 @@ def run_unary(h2load, server, body, duration, warmup):
     if not r["data_check"]:
         r["h2load_output"] = out
     return r
+
+
+def _user_sys(pid):
+    """(user, system) CPU seconds of a whole process, from /proc/<pid>/stat."""
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        data = f.read()
+    fields = data[data.rindex(b")") + 2:].split()
+    return int(fields[11]) / CLK_TCK, int(fields[12]) / CLK_TCK
+
+
+def run_lone(server, connections, procs, duration, warmup):
+    """`procs` grpc.aio client processes with `connections` connections between them, each
+    connection one unary call in flight at a time (bench.rpc_capacity.lone_client): calls
+    that arrive alone in their TCP segments. Server CPU is sampled over the same wall-clock
+    window the clients count calls in."""
+    start_at = time.time() + warmup + 1.0       # the clients' connection set-up first
+    end_at = start_at + duration
+    per = [connections // procs + (1 if i < connections % procs else 0) for i in range(procs)]
+    clients = [spawn([sys.executable, "-P", "-m", "bench.rpc_capacity.lone_client",
+                      "--port", str(server.port), "--connections", str(n),
+                      "--start-at", repr(start_at), "--end-at", repr(end_at)],
+                     stdout=subprocess.PIPE) for n in per if n]
+    mono = time.monotonic() - time.time()
+    sleep_until(start_at + mono)
+    a = (time.monotonic(), *_user_sys(server.pid), system_busy())
+    sleep_until(end_at + mono)
+    b = (time.monotonic(), *_user_sys(server.pid), system_busy())
+    wall, user, kernel, busy = [y - x for x, y in zip(a, b)]
+    scpu = user + kernel
+    results = []
+    for p in clients:
+        out = p.stdout.read().decode()
+        cpu = wait_child(p)
+        lines = [line for line in out.splitlines() if line.startswith("{")]
+        r = json.loads(lines[-1]) if p.returncode == 0 and lines else {"error": p.returncode}
+        r["cpu_s"] = cpu
+        results.append(r)
+    calls = sum(r.get("calls", 0) for r in results)
+    return {"connections": connections, "procs": len(clients), "window_s": wall,
+            "calls": calls, "calls_per_s": calls / wall if wall else 0.0,
+            "errors": sum(r.get("errors", 0) for r in results),
+            "wrong": sum(r.get("wrong", 0) for r in results),
+            "failed_clients": sum(1 for r in results if "error" in r),
+            "server_cpu_util": scpu / wall if wall else 0.0,
+            "other_cpu_util": max(0.0, (busy - scpu) / wall) if wall else 0.0,
+            "server_cpu_us_per_call": 1e6 * scpu / calls if calls else None,
+            # The kernel's share is mostly the two syscalls per call (read, write), and on
+            # loopback a write also runs the receiving side's TCP input.
+            "server_user_us_per_call": 1e6 * user / calls if calls else None,
+            "server_sys_us_per_call": 1e6 * kernel / calls if calls else None,
+            "clients": results}
 
 
 def run_stream(h2load, server, path, n, tmpdir):
@@ -355,6 +410,38 @@ def summarize(res):
     elif i:
         out.append("")
         out.append(f"3. Idle-stream cost: FAILED ({i.get('error')})")
+    lone = res.get("lone")
+    if lone:
+        g = (lone.get("grpcio") or {}).get("server_cpu_us_per_call")
+        base = (lone.get("baseline") or {}).get("server_cpu_us_per_call")
+        rows = []
+        for key, label in (("ours", "ours"), ("baseline", "ours, baseline"),
+                           ("grpcio", "grpc.aio")):
+            r = lone.get(key)
+            if not r:
+                continue
+            us = r.get("server_cpu_us_per_call")
+            rows.append([label, f_num(r.get("calls_per_s")), f_num(us, 1),
+                         f"{f_num(r.get('server_user_us_per_call'), 1)} / "
+                         f"{f_num(r.get('server_sys_us_per_call'), 1)}",
+                         f_num(r.get("server_cpu_util"), 2), f_num(r.get("other_cpu_util"), 2),
+                         f"{r['errors']}/{r['wrong']}/{r['failed_clients']}",
+                         f"{f_ratio(us, g):.2f}x" if f_ratio(us, g) else "-"])
+        out.append("")
+        out.append(f"4. Lone unary calls: {cfg.get('lone_connections')} grpc.aio connections in "
+                   f"{cfg.get('lone_procs')} processes, one call in flight each, "
+                   f"{cfg['duration']:g} s")
+        out.append(table(["", "calls/s", "server CPU us/call", "user / sys", "server cores",
+                          "other procs",
+                          "errors/wrong/failed", "vs grpc.aio"], rows))
+        o = (lone.get("ours") or {}).get("server_cpu_us_per_call")
+        if o and g:
+            line = (f"   target: ours <= {LONE_VS_GRPC:g}x grpc.aio: {o / g:.2f}x "
+                    f"({met(o / g <= LONE_VS_GRPC)})")
+            if base:
+                line += (f"; >= {LONE_VS_BASE:g}x better than the baseline: {base / o:.2f}x "
+                         f"({met(base / o >= LONE_VS_BASE)})")
+            out.append(line)
     return "\n".join(out)
 
 
@@ -401,15 +488,21 @@ def main(argv=None):
                     help="target length of each streaming call (default 4; 1 with --quick)")
     ap.add_argument("--idle-streams", type=int, default=5000)
     ap.add_argument("--idle-concurrency", type=int, default=64)
-    ap.add_argument("--sections", default="unary,stream,idle",
-                    help="comma-separated subset of unary,stream,idle")
+    ap.add_argument("--sections", default="unary,stream,idle,lone",
+                    help="comma-separated subset of unary,stream,idle,lone")
+    ap.add_argument("--lone-connections", type=int, default=200)
+    ap.add_argument("--lone-procs", type=int, default=4,
+                    help="client processes the lone section's connections are spread over")
+    ap.add_argument("--baseline-python", default=None,
+                    help="lone section: also measure the server of this interpreter (another "
+                         "checkout's .venv/bin/python): 'before' figures in the same run")
     ap.add_argument("--h2load", default=shutil.which("h2load") or "/usr/bin/h2load")
     ap.add_argument("--json", default=str(RESULTS), help=f"results file (default {RESULTS})")
     args = ap.parse_args(argv)
     duration = args.duration if args.duration is not None else (3.0 if args.quick else 10.0)
     stream_s = args.stream_seconds or (1.0 if args.quick else 4.0)
     sections = {s.strip() for s in args.sections.split(",") if s.strip()}
-    if not os.path.exists(args.h2load):
+    if sections & {"unary", "stream"} and not os.path.exists(args.h2load):
         sys.exit(f"h2load not found at {args.h2load} (apt-get install nghttp2-client)")
 
     signal.signal(signal.SIGTERM, _on_sigterm)
@@ -420,6 +513,8 @@ def main(argv=None):
     res = {"config": {"duration": duration, "warmup": args.warmup, "quick": args.quick,
                       "stream_seconds": stream_s, "idle_streams": args.idle_streams,
                       "idle_concurrency": args.idle_concurrency, "sections": sorted(sections),
+                      "lone_connections": args.lone_connections, "lone_procs": args.lone_procs,
+                      "baseline_python": args.baseline_python,
                       "started": datetime.datetime.now().isoformat(timespec="seconds")},
            "env": _env(args.h2load)}
     try:
@@ -479,6 +574,21 @@ def main(argv=None):
                 else:
                     res["idle"] = {"error": f"load client exited with {p.returncode}"}
                     log(f"    load client failed (exit {p.returncode})")
+            if "lone" in sections:
+                res["lone"] = {}
+                impls = [("ours", "ours", None), ("grpcio", "grpcio", None)]
+                if args.baseline_python:
+                    impls.insert(1, ("baseline", "ours", args.baseline_python))
+                for key, impl, python in impls:
+                    log(f"[lone] {key}: {args.lone_connections} connections, one call in "
+                        f"flight each, {args.warmup:g} s warm-up + {duration:g} s ...")
+                    with ServerProc(impl, python) as srv:
+                        r = run_lone(srv, args.lone_connections, args.lone_procs, duration,
+                                     args.warmup)
+                    res["lone"][key] = r
+                    log(f"    {f_num(r['calls_per_s'])} calls/s, "
+                        f"{f_num(r['server_cpu_us_per_call'], 1)} server CPU-us/call, "
+                        f"errors {r['errors']}, wrong {r['wrong']}")
     except KeyboardInterrupt:
         reap_all()
         print("\ninterrupted; all benchmark processes stopped", file=sys.stderr)

@@ -1,5 +1,6 @@
 """`danube produce`: upstream danube-cli's produce command (same flags and output lines),
-plus --output json and --pipeline for large counts."""
+plus --output json and --pipeline for large counts. Without -i the messages go pipelined
+(upstream paces them 500 ms apart); -i paces them as upstream does."""
 
 import argparse
 import asyncio
@@ -10,6 +11,9 @@ import time
 
 from danube.cli.connect import add_connection_options
 
+# Sends in flight at once without -i (messages with a key each; otherwise send_many's batches).
+DEFAULT_PIPELINE = 256
+
 JSON_HELP = """\
 output:
   text (default): one line per message, "📤 Message i/N sent successfully (ID: <id>)"
@@ -19,6 +23,8 @@ output:
     {"index": i, "count": N, "request_id": <id>}   or   {"index": i, "count": N, "error": "..."}
   then a final summary object
     {"sent": N, "failed": N, "msgs_per_sec": R, "elapsed_s": S}
+  Without -i the messages are sent pipelined (batches against this broker) and the lines
+  come in message order as they are acknowledged; with -i, one every -i ms, as upstream.
   With --pipeline the per-message lines/objects are left out; only the summary is printed.
   With --count > 1 and stderr a terminal, a progress bar is drawn on stderr.
   Exit status: 0 when every message was sent, 1 otherwise (or when the producer cannot be
@@ -30,8 +36,9 @@ examples:
   danube produce -s http://127.0.0.1:6650 -m x -c 100000 --pipeline 256 --output json
   danube produce -s http://127.0.0.1:6650 -t /default/orders -m hi -c 6 -i 100 -k "user-{i}"
 
--c N sends N messages one every --interval ms (500 by default, as upstream), so -c 10 takes
-about 5 s; lower it with -i 100, or use --pipeline for bulk.
+-c N sends N messages pipelined (ours: upstream paces them 500 ms apart by default); -i MS
+sends one every MS milliseconds (at least 100), as upstream; --pipeline N for bulk without
+per-message lines.
 """
 
 
@@ -69,8 +76,9 @@ def add_parser(sub):
     p.add_argument("-p", "--partitions", type=_positive,
                    help="number of partitions (messages go round-robin)")
     p.add_argument("-c", "--count", type=_positive, default=1, help="messages to send (1)")
-    p.add_argument("-i", "--interval", type=int, default=500,
-                   help="milliseconds between messages (default 500, minimum 100)")
+    p.add_argument("-i", "--interval", type=int, default=None,
+                   help="milliseconds between messages (minimum 100); without it the "
+                        "messages are sent pipelined (ours: upstream's default is 500)")
     p.add_argument("--reliable", action="store_true", help="Reliable dispatch strategy")
     p.add_argument("-k", "--routing-key", metavar="KEY",
                    help="ours: the messages' routing key (Key-Shared subscriptions, and the "
@@ -99,7 +107,7 @@ def _check(args):
     """Upstream's rules that argparse cannot express; returns an error message or None."""
     if args.message is None and args.file is None:
         return "one of -m/--message or -f/--file is required"
-    if args.interval < 100 and args.pipeline is None:
+    if args.interval is not None and args.interval < 100 and args.pipeline is None:
         return "The interval must be at least 100 milliseconds"
     if (args.schema_version is not None or args.schema_min_version is not None) \
             and not args.schema_subject:
@@ -177,8 +185,15 @@ async def _produce(args, payload, schema_definition):
                 window=args.pipeline,
                 return_exceptions=True,
                 on_result=lambda i, r: report.result(i + 1, r, quiet=True))
-        else:
+        elif args.interval is not None or args.count == 1:
             await _paced(producer, payload, args, report)
+        elif args.routing_key is not None and "{i}" in args.routing_key:
+            await _keyed_pipelined(producer, payload, args, report)
+        else:
+            await producer.send_many([payload] * args.count, args.attributes,
+                                     args.routing_key, window=DEFAULT_PIPELINE,
+                                     return_exceptions=True,
+                                     on_result=lambda i, r: report.result(i + 1, r))
     except asyncio.CancelledError:
         task.uncancel()
         report.finish(interrupted=True)
@@ -191,6 +206,33 @@ async def _produce(args, payload, schema_definition):
         await client.close()
     report.finish()
     return 0 if report.failed == 0 else 1
+
+
+async def _keyed_pipelined(producer, payload, args, report):
+    """Without -i, a key per message ('{i}'): up to DEFAULT_PIPELINE sends in flight."""
+    from danube.client import DanubeError
+
+    slots = asyncio.Semaphore(DEFAULT_PIPELINE)
+
+    async def one(i):
+        try:
+            outcome = await producer.send(payload, args.attributes,
+                                          args.routing_key.replace("{i}", str(i)))
+        except DanubeError as exc:
+            outcome = exc
+        finally:
+            slots.release()
+        report.result(i, outcome)
+
+    tasks = []
+    try:
+        for i in range(1, args.count + 1):
+            await slots.acquire()
+            tasks.append(asyncio.ensure_future(one(i)))
+        await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
 
 
 async def _paced(producer, payload, args, report):
@@ -208,7 +250,8 @@ async def _paced(producer, payload, args, report):
             outcome = exc
         report.result(i, outcome)
         if i < args.count:
-            await asyncio.sleep(max(0.0, start + i * args.interval / 1000 - time.monotonic()))
+            await asyncio.sleep(max(0.0, start + i * (args.interval or 0) / 1000
+                                    - time.monotonic()))
 
 
 class Report:

@@ -52,6 +52,12 @@ class _Failure:
 
 _CLOSED = object()
 
+# The window a consumer asks for by default (ReceiveBatches' max_unacked_messages). Chosen by
+# measurement (bench.consume, docs/consume.md): the drain rate rises steeply up to a few
+# hundred in flight and levels off near a thousand; a larger window only lengthens how long
+# a delivered message may wait in a slow reader's buffer, against the ack timeout.
+DEFAULT_WINDOW = 1000
+
 
 async def _let_the_call_out():
     # A batch of acks just became an AckRanges call. A reader that acks a whole delivery
@@ -157,21 +163,33 @@ class Consumer:
     danube.client.Message: StreamMessage's fields, decoded without a protobuf object
     (`msg.to_proto()` gives one).
 
-    ``max_unacked_messages`` (1..10000): the reliable subscription's window while this
-    consumer's stream is open (our broker; an operator's SetSubscriptionDispatchConfig
-    wins). ``batch_acks``: ``ack`` queues the message and returns at once; queued acks go
-    as offset ranges in one call per ``ack_batch`` messages (default: a quarter of the
-    window, at most 1024) or after ``ack_delay`` seconds; ``flush_acks()`` waits for them
-    and raises a failed call's error; ``close()`` flushes."""
+    The defaults are the fast path (docs/consume.md): a window of DEFAULT_WINDOW and
+    batched acks. ``max_unacked_messages`` (1..10000): the reliable subscription's window
+    while this consumer's stream is open (our broker; an operator's
+    SetSubscriptionDispatchConfig wins); None leaves the broker's
+    (dispatch.max_unacked_messages). ``batch_acks`` (default True): ``ack`` queues the
+    message and returns at once; queued acks go as offset ranges in one call per
+    ``ack_batch`` messages (default: a quarter of the window, at most 1024) or after
+    ``ack_delay`` seconds; ``flush_acks()`` waits for them and raises a failed call's error;
+    ``close()`` flushes. ``batch_acks=False``: ``ack`` is upstream's Ack, one call per
+    message, returning once the broker has it."""
 
     def __init__(self, client, topic, name, subscription, sub_type="shared", key_filters=(),
-                 queue_size=1000, *, max_unacked_messages=None, batch_acks=False,
+                 queue_size=1000, *, max_unacked_messages=DEFAULT_WINDOW, batch_acks=True,
                  ack_batch=None, ack_delay=0.002):
         if not name or not subscription:
             raise errors.InvalidArgument("a consumer needs a name and a subscription")
-        if max_unacked_messages is not None and not 1 <= max_unacked_messages <= 10000:
-            raise errors.InvalidArgument(f"max_unacked_messages must be between 1 and "
-                                         f"10000, not {max_unacked_messages}")
+        if max_unacked_messages is not None and (
+                type(max_unacked_messages) is not int or
+                not 1 <= max_unacked_messages <= 10000):
+            raise errors.InvalidArgument(f"max_unacked_messages must be an integer between "
+                                         f"1 and 10000, not {max_unacked_messages!r}")
+        if ack_batch is not None and (type(ack_batch) is not int or ack_batch < 1):
+            raise errors.InvalidArgument(f"ack_batch must be a positive integer, not "
+                                         f"{ack_batch!r}")
+        if not isinstance(ack_delay, (int, float)) or not 0 <= ack_delay <= 60:
+            raise errors.InvalidArgument(f"ack_delay must be between 0 and 60 seconds, not "
+                                         f"{ack_delay!r}")
         self.client = client
         self.topic = topic
         self.name = name

@@ -520,6 +520,12 @@ class H2Connection(asyncio.Protocol):
         stream = self.streams.pop(sid, None)
         if stream is None:
             self._check_closed_stream(sid, "RST_STREAM")
+            if not self.is_client and not self._reset_budget.take(self.loop.time()):
+                # A call answered in the turn it arrived in (a unary handler that did not
+                # wait) is closed before the client's reset is read: the reset still counts,
+                # or opening and resetting streams would cost the attacker nothing again.
+                raise H2ConnectionError(http2.E_ENHANCE_YOUR_CALM,
+                                        self.reset_budget_exceeded())
             return
         if not self.is_client:
             # Rapid reset (CVE-2023-44487): each stream opened and reset at once costs the

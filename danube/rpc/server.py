@@ -10,6 +10,13 @@ Handlers are plain coroutines in grpc.aio's shapes:
   stream-stream  async def m(request_iterator, context): yield response
 A handler fails its call by raising `RpcError` (or `await context.abort(code, details)`); any
 other exception fails only that call, with INTERNAL.
+
+A unary-unary handler starts where its request completes, in the connection's input
+callback, and gets a task only when it first suspends (ServerStream._run_unary): most
+unary calls are answered in the loop turn that read them, with no task. Until its first
+`await` that suspends, such a handler has no current task: `asyncio.current_task()` is None
+there and `asyncio.timeout()` refuses to start, so a handler that needs either awaits
+something first (or uses `asyncio.wait_for`). No handler of the broker does.
 """
 
 import asyncio
@@ -126,6 +133,7 @@ class ServerConnection(H2Connection):
         self._reset_order = collections.deque()
         self._timer = None               # handshake, then idle timer
         self._active_at = 0.0            # when the last stream ended (or the connection began)
+        self._deadlines_due = []         # calls started by this input: their timers to arm
 
     def connection_made(self, transport):
         server = self.server
@@ -154,6 +162,24 @@ class ServerConnection(H2Connection):
         self.server.connections.discard(self)
         if self.server.idle_waiter is not None:
             self.server.idle_waiter.set()
+
+    def _receiving(self, handle, arg):
+        try:
+            super()._receiving(handle, arg)
+        finally:
+            due = self._deadlines_due
+            if due:
+                self._deadlines_due = []
+                for stream in due:
+                    stream.arm_deadline()
+
+    def arm_deadline_later(self, stream):
+        """Arm `stream`'s deadline timer once the input being handled is done, unless the
+        call has ended by then (ServerStream.start)."""
+        if self._in_receive:
+            self._deadlines_due.append(stream)
+        else:
+            stream.arm_deadline()
 
     # -- limits on the connection's life (issue 17) --------------------------------------
 

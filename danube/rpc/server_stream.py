@@ -11,6 +11,7 @@ import asyncio
 import collections
 import logging
 import time
+import types
 
 from danube.codec import http2
 from danube.codec.grpcframe import (CompressedMessage, GrpcDeframer, GrpcMessageTooLarge,
@@ -42,6 +43,27 @@ def _log_handler_failure(method_name, exc):
     _failures_logged.add(key)
     log.error("handler for %s failed: %s (answered INTERNAL; later failures of this kind are "
               "logged at debug)", method_name, summary, exc_info=exc)
+
+
+@types.coroutine
+def _resumed(coro, waiting):
+    """Carry on, inside a task, a coroutine whose first step ran outside one and is now
+    suspended on `waiting` (what that step yielded): the task waits on it as if the
+    coroutine had yielded it to the task itself, then passes every later step through, so
+    the coroutine cannot tell the difference, cancellation included (the task cancels
+    the future it waits on, and the coroutine sees CancelledError where it awaits)."""
+    send, throw = coro.send, coro.throw
+    while True:
+        try:
+            value = yield waiting
+        except BaseException as exc:  # noqa: BLE001 - thrown in by the task: pass it on
+            step, arg = throw, exc
+        else:
+            step, arg = send, value
+        try:
+            waiting = step(arg)
+        except StopIteration as done:
+            return done.value
 
 
 _RESPONSE_HEADERS = encode_headers([(b":status", b"200"), (b"content-type", b"application/grpc")])
@@ -146,9 +168,9 @@ class ServerStream(StreamBase):
             self.fail_early(StatusCode.INTERNAL, "truncated gRPC message at end of stream")
             return
         if self.task is None and not self.finished:
-            self.start_task()
-        else:
-            self._wake_inbox()
+            self.start_task()       # a unary call may be answered (and done with) in it
+            return
+        self._wake_inbox()
         if self.closed_local and self.pending is None:
             self.conn.stream_done(self)
 
@@ -177,7 +199,11 @@ class ServerStream(StreamBase):
                 self._expired_on_arrival(conn)
                 return
             self.deadline = conn.loop.time() + head.timeout
-            self._timer = conn.loop.call_at(self.deadline, self._on_deadline)
+            # The timer is armed once this input is handled, and only if the call is still
+            # running then: a unary call whose request came whole is usually answered in
+            # the same turn, and a timer made and cancelled for each such call was about a
+            # tenth of its cost (grpcio sends grpc-timeout on every call).
+            conn.arm_deadline_later(self)
         if end_stream:
             self._end_of_requests()
             return
@@ -216,7 +242,78 @@ class ServerStream(StreamBase):
                         http2.E_CANCEL)
 
     def start_task(self):
-        self.task = self.conn.loop.create_task(self._run())
+        if self.method.kind is Kind.UNARY_UNARY:
+            self._run_unary()
+        else:
+            self.task = self.conn.loop.create_task(self._run())
+
+    def _run_unary(self):
+        """A unary call, started where its request completed (in the connection's input
+        callback) rather than in a task of its own: a handler that answers without waiting
+        for anything (Ack, a non-reliable SendMessage, most reads) is answered in the same
+        event-loop turn, its response in the socket write that ends the turn. Only a
+        handler that suspends gets a task, which resumes it where it stopped (_resumed).
+        That saves a task and two loop turns per call (bench.rpc_capacity, lone calls: 1.18x
+        less server CPU per call with 8 busy connections, nothing measurable with 200, where
+        a turn serves many connections anyway). The handler's first step runs with no
+        current task (asyncio.current_task() is None there)."""
+        method = self.method
+        server = self.conn.server
+        server.active_calls += 1
+        try:
+            coro = method.handler(self._single_request(), self)
+            step = getattr(coro, "send", None)
+            if step is None:                        # not a coroutine: any awaitable
+                self.task = self.conn.loop.create_task(self._finish_unary(coro))
+                return
+            try:
+                waiting = step(None)
+            except StopIteration as done:
+                self._send_unary(done.value)
+            else:
+                self.task = self.conn.loop.create_task(
+                    self._finish_unary(_resumed(coro, waiting)))
+                return
+        except BaseException as exc:  # noqa: BLE001 - _failed re-raises what is not a call's
+            self._failed(exc)
+        self._call_ended(server)
+
+    async def _finish_unary(self, awaitable):
+        server = self.conn.server
+        try:
+            self._send_unary(await awaitable)
+        except BaseException as exc:  # noqa: BLE001 - _failed re-raises what is not a call's
+            self._failed(exc)
+        finally:
+            self._call_ended(server)
+
+    def _failed(self, exc):
+        """A handler's call ended with `exc`: answer the status it stands for."""
+        if isinstance(exc, RpcError):
+            self.finish(exc.code, exc.details, exc.trailing_metadata)
+        elif isinstance(exc, asyncio.CancelledError):
+            if self.deadline_hit:
+                self.finish(StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
+            elif not self.reset:
+                self.finish(StatusCode.UNAVAILABLE, "server is shutting down")
+        elif isinstance(exc, Exception):
+            if self.reset or self.finished:
+                return
+            _log_handler_failure(self.method.name, exc)
+            self.finish(StatusCode.INTERNAL,
+                        f"Exception calling application: {type(exc).__name__}: {exc}")
+        else:
+            raise exc           # KeyboardInterrupt, SystemExit: not the call's to answer
+
+    def _call_ended(self, server):
+        server.active_calls -= 1
+        self._cancel_timer()
+        if server.active_calls == 0 and server.idle_waiter is not None:
+            server.idle_waiter.set()
+
+    def arm_deadline(self):
+        if not self.finished and self._timer is None:
+            self._timer = self.conn.loop.call_at(self.deadline, self._on_deadline)
 
     def _on_deadline(self):
         self._timer = None
@@ -261,10 +358,6 @@ class ServerStream(StreamBase):
         server = self.conn.server
         server.active_calls += 1
         try:
-            if kind is Kind.UNARY_UNARY:
-                response = await method.handler(self._single_request(), self)
-                self._send_unary(response)
-                return
             if kind is Kind.STREAM_UNARY:
                 response = await method.handler(self._request_iterator(), self)
                 self._send_unary(response)

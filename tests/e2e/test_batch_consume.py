@@ -188,9 +188,11 @@ async def test_the_window_asked_for_lasts_as_long_as_the_stream(broker):
         assert [m.msg_id.topic_offset for m in first] == list(range(50))
         assert await nothing_more(c) == []
         await c.close()
-        # Without a request the broker's default window (10) is back. The unacked 0..49
-        # come first (a consumer joining gets a left one's messages at once, in order).
-        c2 = await client.subscribe(topic, "c", "s", sub_type="exclusive")
+        # Without a request (max_unacked_messages=None; our client's default asks for
+        # 1,000) the broker's default window (10) is back. The unacked 0..49 come first (a
+        # consumer joining gets a left one's messages at once, in order).
+        c2 = await client.subscribe(topic, "c", "s", sub_type="exclusive",
+                                    max_unacked_messages=None)
         again = await receive_offsets(c2, 10)
         assert await nothing_more(c2) == []
         assert [m.msg_id.topic_offset for m in again] == list(range(10))

@@ -313,6 +313,7 @@ async def test_a_read_leaves_subscriptions_alone(tmp_path):
                 msg = await consumer.receive(timeout=10)
                 assert msg.msg_id.topic_offset == i
                 await consumer.ack(msg)
+            await consumer.flush_acks()         # batched acks (the default) all in
             dispatcher = broker.topic(topic).subscriptions["s"].dispatcher
             before = (dispatcher.cursor, dispatcher.next_read, sorted(dispatcher.inflight))
             assert before[0] == 4
