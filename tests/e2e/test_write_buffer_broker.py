@@ -121,12 +121,16 @@ def test_primary_killed_publishes_fail_cleanly_then_resume(tmp_path, redis_pair)
         import urllib.request
         metrics = urllib.request.urlopen(
             f"http://127.0.0.1:{broker.prom_port}/metrics", timeout=10).read().decode()
-        values = dict(line.rsplit(" ", 1) for line in metrics.splitlines()
-                      if line.startswith("danube_write_buffer"))
-        assert float(values["danube_write_buffer_failures_total"]) >= 1
-        assert float(values["danube_write_buffer_entries_total"]) >= 40
-        assert values["danube_write_buffer_failing"] == "0.0"
-        assert float(values[f'danube_write_buffer_confirmed_offset{{topic="{topic}"}}']) >= 40
+        from prometheus_client.parser import text_string_to_metric_families
+        # Every series carries the broker's id (upstream's broker label): keyed without it.
+        values = {(s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k != "broker"))):
+                  s.value
+                  for family in text_string_to_metric_families(metrics)
+                  for s in family.samples if s.name.startswith("danube_write_buffer")}
+        assert values[("danube_write_buffer_failures_total", ())] >= 1
+        assert values[("danube_write_buffer_entries_total", ())] >= 40
+        assert values[("danube_write_buffer_failing", ())] == 0
+        assert values[("danube_write_buffer_confirmed_offset", (("topic", topic),))] >= 40
         got = drain(broker, topic, acked, tmp_path)
         assert got["complete"], got
         received = [p for p, _ in got["received"]]
