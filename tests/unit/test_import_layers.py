@@ -14,6 +14,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2] / "danube"
 #: The bottom of every layer: configuration and the generated protobuf messages.
 BOTTOM = {"danube.config", "danube.config_keys", "danube.config_errors", "danube.proto",
           "danube.config_durable", "danube.config_cluster", "danube.fslock", "danube.tasks",
+          "danube.dirsync",
           "danube.failure_policy"}
 
 #: What each part of danube may import besides itself and BOTTOM (docs/architecture.md).
