@@ -7,10 +7,12 @@ to the code, fails the run.
     bin/mutants            every mutant
     bin/mutants --list     the list
     bin/mutants NAME ...   some of them
+    bin/mutants -j 2       two at a time (bin/test's setting)
 
 docs/testing.md lists them with their killing tests."""
 
 import argparse
+import concurrent.futures
 import os
 import shutil
 import subprocess
@@ -76,6 +78,7 @@ def main():
     parser.add_argument("names", nargs="*")
     parser.add_argument("--list", action="store_true")
     parser.add_argument("-v", "--verbose", action="store_true", help="show pytest's output")
+    parser.add_argument("-j", "--jobs", type=int, default=1, help="mutants run at once")
     args = parser.parse_args()
     known = {m.name: m for m in MUTANTS}
     unknown = [n for n in args.names if n not in known]
@@ -87,12 +90,15 @@ def main():
             print(f"{m.name}: danube/{m.file}: {m.what}\n    killed by {' '.join(m.tests)}")
         return 0
     survivors = []
-    for m in chosen:
-        killed, took = run(m, args.verbose)
-        print(f"{'killed  ' if killed else 'SURVIVED'} {m.name} ({took:.0f} s): {m.what}",
-              flush=True)
-        if not killed:
-            survivors.append(m.name)
+    with concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:
+        futures = {pool.submit(run, m, args.verbose): m for m in chosen}
+        for future in concurrent.futures.as_completed(futures):
+            m = futures[future]
+            killed, took = future.result()
+            print(f"{'killed  ' if killed else 'SURVIVED'} {m.name} ({took:.0f} s): {m.what}",
+                  flush=True)
+            if not killed:
+                survivors.append(m.name)
     print(f"{len(chosen) - len(survivors)} of {len(chosen)} mutants killed")
     if survivors:
         print(f"survived: {' '.join(survivors)}")
