@@ -30,7 +30,6 @@ import threading
 import time
 
 import grpc
-import pytest
 
 from broker_process import BrokerProcess
 from danube.proto import DanubeApi_pb2 as pb
@@ -114,8 +113,9 @@ class Publishing:
 def publish_then_cut(tmp_path, cut, config, topic, rng, at_least=300, before_cut=None,
                      until=None):
     """One round: start the broker under the shim, publish until at least `at_least`
-    messages are acknowledged (and `until()` holds) and a random moment more, SIGKILL it mid-publish, cut the
-    power (after `before_cut()`, if given, looked at the files as the kill left them).
+    messages are acknowledged (and `until()` holds) and a random moment more, SIGKILL it
+    mid-publish, cut the power (after `before_cut()`, if given, looked at the files as the
+    kill left them).
     Returns (acknowledged [(payload, time)], the round's sync records)."""
     broker = BrokerProcess("--config-file", str(config), data_dir=cut.root,
                            env=cut.arm()).start(timeout=60)

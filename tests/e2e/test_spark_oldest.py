@@ -6,7 +6,6 @@ PySpark runs the same file in the main session."""
 
 import os
 import subprocess
-import sys
 
 import pytest
 

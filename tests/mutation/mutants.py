@@ -64,7 +64,8 @@ MUTANTS = [
            [DENY],
            "the guard allows a call whatever the principal's bindings"),
     Mutant("super-admin-is-anyone", "security/rbac.py",
-           '        if principal.type == "broker_internal" or principal.name in self.super_admins:\n',
+           '        if principal.type == "broker_internal" or principal.name in '
+           'self.super_admins:\n',
            '        if principal.type == "broker_internal" or principal.name:\n',
            ["tests/unit/test_security.py::test_decision_across_scopes"],
            "every principal is treated as a super admin"),
