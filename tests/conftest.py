@@ -6,6 +6,12 @@ import os
 import sys
 
 import pytest
+from hypothesis import settings
+
+# No per-example time limit (hypothesis' default is 200 ms): an example that takes 500 ms
+# on a loaded machine is slow, not wrong. Speed is measured in bench/, never asserted here.
+settings.register_profile("danube", deadline=None)
+settings.load_profile("danube")
 
 # The helpers both kinds of test share (tests/support/) import as top-level modules.
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "support"))
