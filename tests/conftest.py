@@ -6,6 +6,12 @@ import os
 import sys
 
 import pytest
+from hypothesis import settings
+
+# No per-example time limit (hypothesis' default is 200 ms): an example that takes 500 ms
+# on a loaded machine is slow, not wrong. Speed is measured in bench/, never asserted here.
+settings.register_profile("danube", deadline=None)
+settings.load_profile("danube")
 
 # The helpers both kinds of test share (tests/support/) import as top-level modules.
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "support"))
@@ -82,3 +88,37 @@ from objstore_fixtures import (_no_cloud_metadata_probes, azurite_server,  # noq
 # `store`: a metadata store, in memory, embedded (SQLite) and on etcd, for the metadata
 # test modules (test_objstore_backends has a `store` of its own).
 from metadata_stores import etcd_server, store  # noqa: E402,F401
+
+
+#: The slowest test files, slowest first (bash bin/test --durations=40, docs/testing.md):
+#: under --dist loadfile they are handed to the workers before any other file, so that no
+#: long file starts late and runs alone at the end. (xdist's own order is by the number of
+#: tests in a file, which puts a one-test file that runs for minutes last.)
+HEAVY_FIRST = (
+    "tests/e2e/test_spark_oldest.py",       # ~7 min: the connector's tests on PySpark 4.0.0
+    "tests/e2e/test_packaging.py",          # ~7 min: PyInstaller build, attack suites
+    "tests/e2e/test_spark_connector.py",    # ~6 min
+    "tests/e2e/test_tiered_e2e.py",
+    "tests/e2e/test_soak.py",
+    "tests/e2e/test_cluster_object_store.py",
+    "tests/e2e/test_cluster_resilience.py",
+    "tests/e2e/test_cluster_rebalancing.py",
+    "tests/e2e/test_cluster_failover.py",
+    "tests/e2e/test_tiered_broker_process.py",
+)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class HeavyFirst(LoadFileScheduling):
+        def _assign_work_unit(self, node):
+            for path in HEAVY_FIRST:
+                if path in self.workqueue:
+                    self.workqueue.move_to_end(path, last=False)
+                    break
+            super()._assign_work_unit(node)
+
+    return HeavyFirst(config, log)

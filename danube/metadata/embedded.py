@@ -39,6 +39,7 @@ import os
 import sqlite3
 import time
 
+from danube.dirsync import fsync_dir, makedirs_durable
 from danube.fslock import try_lock
 from danube.metadata._local import LocalStore
 from danube.metadata._writer import Writer
@@ -125,7 +126,7 @@ class EmbeddedStore(LocalStore):
         self._writer: Writer | None = None
         wdb = None
         try:
-            os.makedirs(self.directory, exist_ok=True)
+            makedirs_durable(self.directory)
             self._lock_fd = _lock_directory(self.directory)
             created = not os.path.exists(self.path)
             # The writer's connection is opened here, so that a store that cannot be
@@ -143,7 +144,9 @@ class EmbeddedStore(LocalStore):
             self._revision = wdb.execute(
                 "SELECT value FROM meta WHERE name = 'revision'").fetchone()[0]
             if created:
-                _fsync_directory(self.directory)
+                # The new database file's entry: a power cut right after the first
+                # acknowledged write must not lose the whole file.
+                fsync_dir(self.directory)
             self._db = sqlite3.connect(self.path, isolation_level=None,
                                        check_same_thread=False)
             self._db.execute("PRAGMA query_only=ON")
@@ -229,11 +232,3 @@ def _lock_directory(directory: str) -> int:
     return fd
 
 
-def _fsync_directory(directory: str) -> None:
-    """Persist the new database file's directory entry, so a power cut right after the first
-    acknowledged write cannot lose the whole file."""
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -10,6 +10,7 @@ import signal
 from danube.broker.core import BrokerCore
 from danube.broker.registry import ClientRegistry
 from danube.config import GRPC_LIMIT_KEYS
+from danube.dirsync import makedirs_durable
 from danube.metadata.embedded import EmbeddedStore
 from danube.metadata.errors import MetadataUnavailable
 from danube.rpc.config import TransportConfig
@@ -101,7 +102,7 @@ class Broker:
 
     async def start(self):
         cfg = self.cfg
-        os.makedirs(cfg.data_dir, exist_ok=True)
+        makedirs_durable(cfg.data_dir)
         log.debug("open-file limit %d", raise_open_file_limit())
         if not keep_freed_heap():
             log.debug("malloc tuning not available (not glibc)")

@@ -31,6 +31,8 @@ import os
 import zlib
 from typing import Any
 
+from danube.dirsync import fsync_dir  # noqa: F401 - the WAL's modules import it from here
+
 CHECKPOINT_NAME = "wal.ckpt"
 CHECKPOINT_TMP_NAME = "wal.ckpt.tmp"
 VERSION = 1
@@ -42,13 +44,6 @@ def _canonical(body: dict[str, Any]) -> bytes:
     return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
 
 
-def fsync_dir(directory: str) -> None:
-    """Make the directory's entries (created, renamed, deleted files) durable."""
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def write_checkpoint(directory: str, body: dict[str, Any]) -> None:

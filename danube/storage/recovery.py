@@ -27,6 +27,7 @@ import logging
 import os
 import time
 
+from danube.dirsync import makedirs_durable
 from danube.fslock import try_lock
 from danube.storage.checkpoint import (build_checkpoint, read_checkpoint, remove_stale_tmp,
                                        write_checkpoint)
@@ -78,7 +79,7 @@ def _number(entry, key, default):
 
 def recover(directory: str, config, start_offset: int, clock) -> Recovered:
     started = time.perf_counter()
-    os.makedirs(directory, exist_ok=True)
+    makedirs_durable(directory)
     lock_fd = lock_directory(directory)
     segments: list[Segment] = []
     try:

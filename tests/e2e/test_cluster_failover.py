@@ -26,7 +26,9 @@ def test_kill_owner_of_reliable_topic_loses_no_acked_message(cluster, run):
     victim, served_again = result["victim"], result["served_again"]
     assert result["new_owner"] is not victim
     assert not set(result["acked"]) - set(result["received"])
-    assert served_again < 15, served_again
+    # The lease is 3 s: ten of them is generous for a slow machine, and a topic that is
+    # never served again fails the wait inside kill_owner_under_load.
+    assert served_again < 30, served_again
     print(f"run {run}: served again {served_again:.2f}s after kill -9, "
           f"{len(result['acked'])} acked, {len(result['received'])} received")
     cluster.restart(victim)

@@ -57,7 +57,7 @@ def test_consumer_without_a_stream_gives_way_after_the_grace(broker):
         # In flight to the ghost, redelivered at once rather than after the 30 s ack timeout.
         start = time.monotonic()
         got = [next(stream) for _ in range(3)]
-        assert time.monotonic() - start < 5
+        assert time.monotonic() - start < 15            # half the ack timeout
         assert [(m.payload, m.msg_id.topic_offset) for m in got] == \
             [(b"m0", 0), (b"m1", 1), (b"m2", 2)]
         stream.cancel()

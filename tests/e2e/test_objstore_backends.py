@@ -233,12 +233,13 @@ def test_unreachable_endpoint_is_retryable_and_fast(kind):
         started = time.monotonic()
         with pytest.raises(ObjectStoreError) as err:
             store.check()
-        assert time.monotonic() - started < 10
+        # Generous for a slow machine, and far below what retries of a 60 s read timeout take.
+        assert time.monotonic() - started < 30
     assert not isinstance(err.value, ObjectStoreConfigError)
     assert "127.0.0.1" in str(err.value)
 
 
-def test_hung_endpoint_check_gives_up_within_ten_seconds():
+def test_hung_endpoint_check_gives_up_long_before_the_read_timeout():
     """A server that accepts connections and never answers: only the probe's read timeout
     ends check(). The three backends are probed at once to keep the test short."""
     with Silent() as silent:
@@ -260,7 +261,9 @@ def test_hung_endpoint_check_gives_up_within_ten_seconds():
             store.close()
     for store, (exc, elapsed) in zip(stores, results):
         assert exc is not None and not isinstance(exc, ObjectStoreConfigError), store
-        assert elapsed < 10, (store, elapsed)
+        # The probe's caps (2 s connect, 3 s read) end it; generous for a slow machine, and
+        # far below the store's own 60 s read timeout times its retries.
+        assert elapsed < 30, (store, elapsed)
 
 
 # ---------------------------------------------------------------- outage

@@ -262,10 +262,11 @@ def test_stalled_requests_time_out_and_free_their_streams(broker):
             peak = max(peak, rss_mib(broker))
             t0 = time.monotonic()
             for c in wave_conns:
-                assert c.wait(lambda c=c: all(s in c.resets for cc, s in sids if cc is c), 5), \
+                assert c.wait(lambda c=c: all(s in c.resets for cc, s in sids if cc is c), 60), \
                     f"wave {wave}: stalled streams were never reset"
             waited = time.monotonic() - t0
-            assert waited < 3, waited
+            # Reset by the idle timeout, not by something much later (generous: 20 of them).
+            assert waited < 20 * IDLE_TIMEOUT_MS / 1000, waited
             for c, sid in sids:
                 assert c.status.get(sid) == CANCELLED, (sid, c.status.get(sid))
                 assert c.resets[sid] == E_CANCEL

@@ -438,6 +438,21 @@ async def test_unknown_version_is_refused_in_enforce(reg, broker):
         assert "schema_version 99" in str(info.value)
 
 
+async def test_another_subjects_schema_id_is_refused_in_enforce(reg, broker):
+    async with DanubeClient(f"http://{broker.client_addr}") as client:
+        name, topic, good, _ = await _bound_topic(reg, client, "enforce", False)
+        other = await reg.RegisterSchema(sr.RegisterSchemaRequest(
+            subject=subject("other"), schema_type="json_schema", schema_definition=js(ORDER_V1)))
+        own = good.producers[0].schema_id
+        assert other.schema_id != own
+        good.producers[0].schema_id = other.schema_id
+        with pytest.raises(client_errors.DanubeError) as info:
+            await good.send(js({"id": 1}))
+        assert f"schema_id {other.schema_id} is not that of subject {name!r}" in str(info.value)
+        good.producers[0].schema_id = own
+        await good.send(js({"id": 1}))
+
+
 # -- the official client ------------------------------------------------------------------
 
 def test_official_client_registers_fetches_and_produces(broker):

@@ -5,7 +5,6 @@ the certificate reloaded on SIGHUP without dropping connections."""
 import signal
 import socket
 import ssl
-import time
 
 import grpc
 import pytest
@@ -13,6 +12,7 @@ import trustme
 
 from danube.proto import DanubeApi_pb2 as pb
 from secure_broker import Caller, SUPER, broker_fixture, start_secure, token
+from waiting import wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -79,7 +79,8 @@ def test_plaintext_and_garbage_on_the_tls_port_are_dropped_quietly(tmp_path, cer
                         pass
                 except (ConnectionResetError, socket.timeout):
                     pass
-        time.sleep(0.3)
+        wait_for(lambda: "TLS handshake failed" in b.log(), timeout=30,
+                 what="the failed handshake in the log")
         assert "Traceback" not in b.log() and " ERROR " not in b.log()
         assert b.log().count("TLS handshake failed") == 1
         c = Caller(b.client_addr, certs)

@@ -56,6 +56,9 @@ def spark():
                .config("spark.sql.shuffle.partitions", "2")
                .config("spark.sql.session.timeZone", "UTC")
                .config("spark.driver.memory", "512m")
+               # Python workers connecting to the JVM: 15 s by default, which a loaded
+               # machine (the suite runs on several workers) has exceeded.
+               .config("spark.python.authenticate.socketTimeout", "120s")
                .getOrCreate())
     if not SPARK_4_2:
         # Otherwise Trigger.AvailableNow on the danube source is Trigger.Once, which after a

@@ -161,7 +161,7 @@ async def test_interval_mode(tmp_path, fdatasyncs):
         wal.append([b"c"])
         t1 = time.monotonic()
         assert await wal.sync_to() == 0
-        assert time.monotonic() - t1 < 5 and wal.sync_count == 1
+        assert time.monotonic() - t1 < 30 and wal.sync_count == 1   # the interval is 60 s
     finally:
         await wal.close()
 

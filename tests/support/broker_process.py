@@ -43,7 +43,9 @@ class BrokerProcess:
         if not self._ready.wait(timeout):
             self.stop()
             raise RuntimeError("broker did not become ready:\n" + "".join(self.lines))
-        if self.proc.poll() is not None:
+        if self.proc.poll() is not None or not READY.search("".join(self.lines)):
+            # The output ended without "broker ready": it exited (perhaps not reaped yet).
+            self.proc.wait(10)
             raise RuntimeError("broker exited:\n" + "".join(self.lines))
         return self
 

@@ -14,7 +14,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2] / "danube"
 #: The bottom of every layer: configuration and the generated protobuf messages.
 BOTTOM = {"danube.config", "danube.config_keys", "danube.config_errors", "danube.proto",
           "danube.config_durable", "danube.config_cluster", "danube.fslock", "danube.tasks",
-          "danube.failure_policy", "danube.metering",
+          "danube.failure_policy", "danube.metering", "danube.dirsync",
           "danube.config_writebuffer"}
 
 #: What each part of danube may import besides itself and BOTTOM (docs/architecture.md).

@@ -25,6 +25,7 @@ from danube.proto import DanubeExt_pb2 as ext
 from danube.rpc import StatusCode
 from danube.services.delivery import StreamSink
 from danube.services.errors import to_rpc_error
+from waiting import async_holds_for
 
 
 class FakeSink:
@@ -246,8 +247,8 @@ async def test_a_blocked_sink_is_resumed_when_writable(core):
     sink.accept = True
     await topic.publish(message(producer, b"2"))
     await topic.publish(message(producer, b"3"))
-    await asyncio.sleep(0.05)
-    assert len(sink.sent) == 1                 # waiting for the window: nothing more sent
+    # Waiting for the window: nothing more sent (watched over a bounded window).
+    await async_holds_for(lambda: len(sink.sent) == 1, 0.05, what="nothing more sent")
     callback, sink.writable = sink.writable, None
     callback(True)
     assert len(sink.sent) == 2                 # the rest in one send
@@ -358,7 +359,6 @@ async def test_stream_sink_close_stops_and_awaits_its_wait():
     await sink.close()
     assert all(task.done() for task in waits)
     stream.window.set()
-    await asyncio.sleep(0.01)
-    assert calls == []
+    await async_holds_for(lambda: calls == [], 0.01, what="no write after close")
     sink.end(None)
     assert await sink.ended() is None

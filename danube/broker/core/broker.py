@@ -23,6 +23,7 @@ from danube.broker.core.topics import SYSTEM_TOPIC, Topics
 from danube.broker.errors import BrokerShuttingDown
 from danube.broker.schemas.registry import SchemaRegistry
 from danube.broker.topic import NON_RELIABLE
+from danube.dirsync import fsync_dir
 from danube.failure_policy import FailurePolicy
 from danube.metadata import keys
 
@@ -162,4 +163,5 @@ class BrokerCore(Topics, Producers, Subscriptions, TopicSchemas, Admin):
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)
+            fsync_dir(self.cfg.data_dir)     # the rename, or a power cut undoes it
             return value
