@@ -108,6 +108,7 @@ HEAVY_FIRST = (
 )
 
 
+@pytest.hookimpl(optionalhook=True)     # a run without pytest-xdist has no such hook
 def pytest_xdist_make_scheduler(config, log):
     if config.getoption("dist") != "loadfile":
         return None

@@ -186,3 +186,28 @@ async def test_a_placement_starts_the_age_and_a_removal_forgets_it():
     rebalancer.on_event(types.SimpleNamespace(kind="put", key=keys.cluster_broker_state(2)))
     rebalancer.on_event(types.SimpleNamespace(kind="delete", key=key))
     assert "/ns1/t0" not in rebalancer.placed_at
+
+
+async def test_a_failed_move_is_counted_and_tried_again():
+    """upstream's danube_rebalancing_failures_total: a check whose move the store refuses
+    counts one failure, and the next check makes the move."""
+    from danube.metadata.errors import MetadataUnavailable
+
+    store, view, rebalancer, clock = await cluster([4, 0], check_interval_seconds=0.01)
+    put = store.put
+    refused = []
+
+    async def refusing_put(key, value, *args, **kwargs):
+        if key.startswith(keys.CLUSTER_UNASSIGNED) and not refused:
+            refused.append(key)
+            raise MetadataUnavailable("etcd is away")
+        return await put(key, value, *args, **kwargs)
+
+    store.put = refusing_put
+    rebalancer.start()
+    try:
+        await view.until(lambda: rebalancer.moves_total >= 1 and bool(view.unassigned),
+                         timeout=30)
+    finally:
+        await rebalancer.stop()
+    assert refused and rebalancer.failures_total == 1 and rebalancer.moves_total >= 1
