@@ -54,6 +54,11 @@ ALLOWED["danube.failure_policy"] = {"danube.config_errors"}
 # The web console of `danube admin serve`: reaches the broker through the client only.
 ALLOWED["danube.console"] = {"danube.client", "danube.rpc", "danube.codec"}
 ALLOWED["danube.cli"] = ALLOWED["danube.cli"] | {"danube.console"}
+# Danube Connect: the connector runtime over the client; the shipped connectors over it.
+ALLOWED["danube.connect"] = {"danube.client", "danube.rpc", "danube.codec"}
+ALLOWED["danube.connectors"] = {"danube.connect", "danube.client", "danube.rpc",
+                                "danube.codec"}
+ALLOWED["danube.cli"] = ALLOWED["danube.cli"] | {"danube.connect"}
 
 
 def part(module):
