@@ -102,7 +102,8 @@ class Runtime:
                 return result
             except (client_errors.Unavailable, client_errors.DeadlineExceeded,
                     client_errors.ResourceExhausted, client_errors.InternalError,
-                    client_errors.Aborted, OSError) as exc:
+                    client_errors.Aborted, client_errors.NotFound, OSError) as exc:
+                # NotFound: a sink's topic that no producer has created yet; waited for.
                 attempt = await self.broker_failed(f"{what}: {exc}", attempt)
 
     async def external_retry(self, call, what):
