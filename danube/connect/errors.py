@@ -30,7 +30,13 @@ class Unavailable(ConnectorError):
 
 
 class RetryableError(ConnectorError):
-    """A failed request another try may fix; dead-lettered after retry.max_retries."""
+    """A failed request another try may fix; dead-lettered after retry.max_retries:
+    ``records`` (those that failed) if given, else the whole batch. The rest of the batch is
+    then handed to ``process_batch`` again."""
+
+    def __init__(self, message, records=None):
+        super().__init__(message)
+        self.records = records
 
 
 class InvalidRecord(ConnectorError):

@@ -19,6 +19,8 @@ class SourceRecord:
     attributes: dict = dataclasses.field(default_factory=dict)
     key: str | None = None
     token: Any = None
+    #: Set by the runtime when the broker refused the record and it was dead-lettered.
+    rejected: str | None = None
 
     def payload_bytes(self) -> bytes:
         p = self.payload

@@ -146,11 +146,15 @@ class SinkRuntime:
                 continue
             except RetryableError as exc:
                 if attempt >= rt.backoff.max_retries:
-                    for record in records:
+                    failed = exc.records or records
+                    for record in failed:
                         await self._dead_letter(record, f"failed after {attempt + 1} "
                                                         f"attempts: {exc}")
+                    gone = {id(r) for r in failed}
+                    records = [r for r in records if id(r) not in gone]
+                    attempt = 0
                     rt.health.set("external")
-                    return
+                    continue
                 attempt = await rt.external_failed(exc, attempt, forever=False)
                 continue
             except InvalidRecord as exc:

@@ -124,6 +124,11 @@ class SourceRuntime:
             except REFUSED:
                 pending = await self._send_one_by_one(topic, pending)
             except client_errors.DanubeError as exc:
+                # A restarted broker no longer knows the producer (NOT_FOUND), and a
+                # moved topic is elsewhere: the next try creates it again (same name).
+                stale = self.producers.pop(topic, None)
+                if stale is not None:
+                    await stale.close()
                 attempt = await rt.broker_failed(exc, attempt)
         rt.metrics.count(rt.metrics.processed, topic, len(records))
 
@@ -163,6 +168,7 @@ class SourceRuntime:
                 await producer.send(record.payload_bytes(), record.attributes or None,
                                     record.key)
             except REFUSED as exc:
+                record.rejected = str(exc)
                 await rt.dead_letters.send(record.payload_bytes(), record.attributes,
                                            record.key, str(exc), topic)
             except client_errors.DanubeError:
