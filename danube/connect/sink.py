@@ -118,8 +118,8 @@ class SinkRuntime:
             log.info("acknowledged %d records the sink had written before", len(skipped))
         if not records:
             return
-        for _consumer, record in records:
-            rt.metrics.count(rt.metrics.received, record.topic)
+        for topic, n in _per_topic(r for _c, r in records).items():
+            rt.metrics.count(rt.metrics.received, topic, n)
         rt.metrics.inflight.labels(rt.name).set(len(records))
         rt.metrics.batch_size.labels(rt.name).observe(len(records))
         sink_records = [r for _c, r in records]
@@ -168,12 +168,20 @@ class SinkRuntime:
             for item in rejected:
                 await self._dead_letter(item.record, item.reason)
                 bad.add(id(item.record))
-            for record in records:
-                if id(record) not in bad:
-                    rt.metrics.count(rt.metrics.processed, record.topic)
+            written = _per_topic(r for r in records if id(r) not in bad)
+            for topic, n in written.items():
+                rt.metrics.count(rt.metrics.processed, topic, n)
             return
 
     async def _dead_letter(self, record, reason):
         await self.rt.dead_letters.send(record.payload, record.attributes, record.key, reason,
                                         record.topic, offset=record.offset,
                                         partition=record.partition)
+
+
+def _per_topic(records):
+    """{topic: how many of ``records``}: counters move once per batch, not per record."""
+    out = {}
+    for record in records:
+        out[record.topic] = out.get(record.topic, 0) + 1
+    return out
