@@ -7,6 +7,7 @@ import sys
 from danube import __version__
 from danube.cli.admin import add_parser as _add_admin
 from danube.cli.cluster import add_parser as _add_cluster
+from danube.cli.connectors import add_parser as _add_connect
 from danube.cli.consume import add_parser as _add_consume
 from danube.cli.produce import add_parser as _add_produce
 from danube.cli.schema import add_parser as _add_schema
@@ -179,6 +180,7 @@ def build_parser():
     _add_schema(sub)
     _add_admin(sub)
     _add_cluster(sub)
+    _add_connect(sub)
     return parser
 
 

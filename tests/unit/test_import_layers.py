@@ -75,6 +75,11 @@ ALLOWED["danube.mcp_server"] = {"danube.client", "danube.rpc", "danube.codec", "
 ALLOWED["danube.cli"] = ALLOWED["danube.cli"] | {
     "danube.console", "danube.edge", "danube.devcluster", "danube.adminui", "danube.mcp_server",
     "danube.promql"}
+# Danube Connect: the connector runtime over the client; the shipped connectors over it.
+ALLOWED["danube.connect"] = {"danube.client", "danube.rpc", "danube.codec"}
+ALLOWED["danube.connectors"] = {"danube.connect", "danube.client", "danube.rpc",
+                                "danube.codec"}
+ALLOWED["danube.cli"] = ALLOWED["danube.cli"] | {"danube.connect"}
 
 
 def part(module):

@@ -1,0 +1,382 @@
+"""bench.connect: Danube Connect's connectors against the plain use of the same library, in
+one run (issue 39). Reported, not asserted.
+
+    python -m bench.connect [--quick] [--mqtt N] [--delta N] [--webhook N]
+
+1. MQTT source at QoS 1: N messages queued by Mosquitto for a persistent session, then
+   drained. Peer: a paho subscriber (mosquitto_sub-style, acks at receipt) on its own
+   session. Connector: `danube connect run` source-mqtt (acks after the broker's ack),
+   timed from its first published message to its N-th (its processed counter).
+   Target: connector >= 0.7x the direct subscriber.
+2. Delta Lake sink: N JSON records (id, name, amount) in a reliable topic, written in
+   batches of 1,000. Peer: the same records as Arrow batches of 1,000 appended with
+   `write_deltalake` directly (no parsing, no transaction). Connector: sink-deltalake with
+   field_mappings, timed from its first committed batch to its N-th row. Target >= 0.7x.
+3. Webhook source: N JSON POSTs over 32 keep-alive connections. Peer: the same HTTP
+   server (danube/connectors/_http1.py) with an empty handler. Connector: source-webhook,
+   each request answered after the broker's ack."""
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+import uuid
+
+from bench.e2e.runner import Broker
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Connector:
+    def __init__(self, workdir, text, env=None):
+        self.path = os.path.join(workdir, f"c-{uuid.uuid4().hex[:6]}.toml")
+        with open(self.path, "w") as fh:
+            fh.write(text)
+        self.log = open(self.path + ".log", "w+")
+        self.proc = subprocess.Popen([sys.executable, "-P", "-m", "danube", "connect", "run",
+                                      "--config", self.path], stdout=self.log,
+                                     stderr=subprocess.STDOUT, env=dict(os.environ, **(env or {})))
+        self.port = self._field("metrics_port")
+
+    def _field(self, name, timeout=60):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.log.seek(0)
+            for line in self.log:
+                try:
+                    doc = json.loads(line)
+                except ValueError:
+                    continue
+                if name in doc:
+                    return doc[name]
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        self.log.seek(0)
+        raise RuntimeError(f"connector: no {name}:\n{self.log.read()}")
+
+    def processed(self):
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5) as r:
+            total = 0.0
+            for line in r.read().decode().splitlines():
+                if line.startswith("danube_connector_messages_processed_total{"):
+                    total += float(line.rsplit(" ", 1)[1])
+            return total
+
+    def ready(self):
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health/ready",
+                                        timeout=5) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    def timed_until(self, n, timeout=600):
+        """Seconds from the first processed record to the n-th (sampled every 50 ms: each
+        sample costs the connector a /metrics rendering)."""
+        deadline = time.monotonic() + timeout
+        first = None
+        while time.monotonic() < deadline:
+            done = self.processed()
+            now = time.monotonic()
+            if done and first is None:
+                first = (now, done)
+            if done >= n:
+                # The first sample saw `first[1]` already done: count from the start of
+                # the rest.
+                return (now - first[0]) * n / max(1.0, n - first[1])
+            time.sleep(0.05)
+        raise RuntimeError(f"connector processed {self.processed()} of {n}")
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait(60)
+
+
+def core(broker, name, kind, batch):
+    return f'''connector = "{kind}"
+danube_service_url = "{broker.url}"
+connector_name = "{name}"
+[processing]
+batch_size = {batch}
+batch_timeout_ms = 50
+poll_interval_ms = 20
+metrics_port = 0
+metrics_host = "127.0.0.1"
+log_level = "info"
+'''
+
+
+# -- MQTT ---------------------------------------------------------------------------------
+
+def mosquitto(workdir):
+    port = free_port()
+    conf = os.path.join(workdir, "mosquitto.conf")
+    user = "user root\n" if os.geteuid() == 0 else ""
+    with open(conf, "w") as fh:
+        fh.write(f"listener {port} 127.0.0.1\nallow_anonymous true\n{user}persistence false\n"
+                 "max_queued_messages 0\nmax_inflight_messages 0\n")
+    proc = subprocess.Popen([shutil.which("mosquitto") or "/usr/sbin/mosquitto", "-c", conf],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for _ in range(200):
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.2).close()
+            return proc, port
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError("mosquitto did not start")
+
+
+def paho_client(port, client_id, clean):
+    import paho.mqtt.client as paho
+    from paho.mqtt.enums import CallbackAPIVersion
+    from paho.mqtt.packettypes import PacketTypes
+    from paho.mqtt.properties import Properties
+    c = paho.Client(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=paho.MQTTv5)
+    c.max_inflight_messages_set(65535)
+    props = Properties(PacketTypes.CONNECT)
+    props.SessionExpiryInterval = 0 if clean else 3600
+    props.ReceiveMaximum = 2000
+    return c, props
+
+
+def register_session(port, client_id, topic):
+    """Connect once to create the persistent session and its QoS 1 subscription."""
+    c, props = paho_client(port, client_id, clean=False)
+    c.connect("127.0.0.1", port, clean_start=False, properties=props)
+    c.loop_start()
+    c.subscribe(topic, qos=1)[1]
+    time.sleep(0.3)
+    c.disconnect()
+    c.loop_stop()
+
+
+def publish(port, topic, n, size=200):
+    c, props = paho_client(port, uuid.uuid4().hex, clean=True)
+    c.connect("127.0.0.1", port, properties=props)
+    c.loop_start()
+    payload = b"x" * size
+    infos = [c.publish(topic, payload, qos=1) for _ in range(n)]
+    for info in infos:
+        info.wait_for_publish(120)
+    c.disconnect()
+    c.loop_stop()
+
+
+def direct_drain(port, client_id, topic, n):
+    got = [0]
+    done = threading.Event()
+    stamps = {}
+
+    def on_message(_c, _u, _m):
+        got[0] += 1
+        if got[0] == 1:
+            stamps["first"] = time.monotonic()
+        if got[0] >= n:
+            stamps["last"] = time.monotonic()
+            done.set()
+    c, props = paho_client(port, client_id, clean=False)
+    c.on_message = on_message
+    c.connect("127.0.0.1", port, clean_start=False, properties=props)
+    c.loop_start()
+    done.wait(600)
+    c.disconnect()
+    c.loop_stop()
+    return (stamps["last"] - stamps["first"]) * n / max(1, n - 1)
+
+
+def bench_mqtt(broker, workdir, n):
+    proc, port = mosquitto(workdir)
+    try:
+        topic = "bench/dev1/data"
+        register_session(port, "direct-sub", topic)
+        publish(port, topic, n)
+        direct = direct_drain(port, "direct-sub", topic, n)
+        name = f"bench-mqtt-{uuid.uuid4().hex[:6]}"
+        text = core(broker, name, "source-mqtt", 1000) + f'''[mqtt]
+broker_host = "127.0.0.1"
+broker_port = {port}
+client_id = "{name}"
+clean_session = false
+include_metadata = false
+[[mqtt.routes]]
+from = "bench/+/data"
+to = "/default/{name}"
+qos = "AtLeastOnce"
+'''
+        conn = Connector(workdir, text)
+        while not conn.ready():
+            time.sleep(0.05)
+        conn.stop()             # the session and its subscription exist now
+        publish(port, topic, n)
+        conn = Connector(workdir, text)
+        connector = conn.timed_until(n)
+        conn.stop()
+    finally:
+        proc.terminate()
+        proc.wait()
+    return {"messages": n, "direct_msgs_per_s": round(n / direct),
+            "connector_msgs_per_s": round(n / connector), "ratio": round(direct / connector, 2)}
+
+
+# -- Delta Lake ---------------------------------------------------------------------------
+
+def delta_rows(n):
+    return [{"id": i, "name": f"name-{i}", "amount": i * 0.25} for i in range(n)]
+
+
+def bench_delta(broker, workdir, n):
+    import pyarrow as pa
+    from deltalake import write_deltalake
+    rows = delta_rows(n)
+    schema = pa.schema([pa.field("id", pa.int64(), False), pa.field("name", pa.string()),
+                        pa.field("amount", pa.float64())])
+    batches = [pa.Table.from_pylist(rows[i:i + 1000], schema=schema)
+               for i in range(0, n, 1000)]
+    from deltalake import DeltaTable
+    uri = os.path.join(workdir, "direct")
+    start = time.perf_counter()
+    write_deltalake(uri, batches[0], mode="append")
+    target = DeltaTable(uri)        # the library's fastest way: the table kept open
+    for table in batches[1:]:
+        write_deltalake(target, table, mode="append")
+    direct = time.perf_counter() - start
+
+    name = f"bench-delta-{uuid.uuid4().hex[:6]}"
+    topic = f"/default/{name}"
+
+    async def produce():
+        from danube.client import DanubeClient
+        async with DanubeClient(broker.url) as client:
+            p = await client.create_producer(topic, "bench", reliable=True)
+            return p
+    text = core(broker, name, "sink-deltalake", 1000) + f'''[deltalake]
+[[deltalake.routes]]
+from = "{topic}"
+subscription = "bench"
+to = "{os.path.join(workdir, 'connector')}"
+include_danube_metadata = false
+field_mappings = [
+  {{ json_path = "id", column = "id", data_type = "Int64", nullable = false }},
+  {{ json_path = "name", column = "name", data_type = "Utf8" }},
+  {{ json_path = "amount", column = "amount", data_type = "Float64" }},
+]
+'''
+
+    async def fill():
+        from danube.client import DanubeClient
+        async with DanubeClient(broker.url) as client:
+            p = await client.create_producer(topic, "bench", reliable=True)
+            conn = Connector(workdir, text)
+            while not conn.ready():
+                await asyncio.sleep(0.05)
+            conn.stop()          # the subscription exists: the records wait for it
+            payloads = [json.dumps(r, separators=(",", ":")).encode() for r in rows]
+            await p.send_many(payloads)
+    asyncio.run(fill())
+    conn = Connector(workdir, text)
+    connector = conn.timed_until(n)
+    conn.stop()
+    return {"rows": n, "direct_rows_per_s": round(n / direct),
+            "connector_rows_per_s": round(n / connector), "ratio": round(direct / connector, 2)}
+
+
+# -- webhook ------------------------------------------------------------------------------
+
+async def _load(port, n, conns=32, path="/hooks/bench"):
+    body = b'{"event":"bench","value":12345}'
+    request = (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+               f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+    left = [n]
+    statuses = {}
+
+    async def worker():
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        while left[0] > 0:
+            left[0] -= 1
+            writer.write(request)
+            head = await reader.readuntil(b"\r\n\r\n")
+            status = int(head.split(b" ", 2)[1])
+            statuses[status] = statuses.get(status, 0) + 1
+            length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+            await reader.readexactly(length)
+        writer.close()
+    start = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(conns)))
+    return time.perf_counter() - start, statuses
+
+
+def bench_webhook(broker, workdir, n):
+    from danube.connectors._http1 import HttpServer
+
+    async def empty():
+        async def handler(_request):
+            return 200, {}, b'{"status":"accepted"}'
+        server = await HttpServer(handler, "127.0.0.1", 0, max_body=1 << 20,
+                                  timeout=30).start()
+        elapsed, statuses = await _load(server.port, n)
+        await server.close()
+        return elapsed, statuses
+    direct, direct_statuses = asyncio.run(empty())
+    name = f"bench-wh-{uuid.uuid4().hex[:6]}"
+    text = core(broker, name, "source-webhook", 1000) + f'''[server]
+host = "127.0.0.1"
+port = 0
+[[routes]]
+from = "/hooks/bench"
+to = "/default/{name}"
+'''
+    conn = Connector(workdir, text)
+    port = conn._field("webhook_port")
+    while not conn.ready():
+        time.sleep(0.05)
+    connector, statuses = asyncio.run(_load(port, n))
+    conn.stop()
+    return {"requests": n, "empty_handler_req_per_s": round(n / direct),
+            "connector_req_per_s": round(n / connector), "ratio": round(direct / connector, 2),
+            "connector_statuses": statuses, "empty_statuses": direct_statuses}
+
+
+def main():
+    parser = argparse.ArgumentParser(prog="python -m bench.connect")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--mqtt", type=int, default=None)
+    parser.add_argument("--delta", type=int, default=None)
+    parser.add_argument("--webhook", type=int, default=None)
+    args = parser.parse_args()
+    n_mqtt = args.mqtt or (5000 if args.quick else 50000)
+    n_delta = args.delta or (10000 if args.quick else 100000)
+    n_hook = args.webhook or (2000 if args.quick else 20000)
+    workdir = tempfile.mkdtemp(prefix="bench-connect-")
+    broker = Broker(os.path.join(workdir, "data"), os.path.join(workdir, "broker.log"))
+    results = {}
+    try:
+        results["mqtt_qos1"] = bench_mqtt(broker, workdir, n_mqtt)
+        print(json.dumps({"mqtt_qos1": results["mqtt_qos1"]}), flush=True)
+        results["delta"] = bench_delta(broker, workdir, n_delta)
+        print(json.dumps({"delta": results["delta"]}), flush=True)
+        results["webhook"] = bench_webhook(broker, workdir, n_hook)
+        print(json.dumps({"webhook": results["webhook"]}), flush=True)
+    finally:
+        broker.proc.terminate()
+        broker.proc.wait(30)
+        shutil.rmtree(workdir, ignore_errors=True)
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,187 @@
+"""The sink runtime: read the connector's topics, hand batches (``processing.batch_size``
+records, or what came within ``processing.batch_timeout_ms``) to ``process_batch``, and
+acknowledge them only once it returned. Records at or below an exactly-once sink's
+committed offsets were written before a crash: they are acknowledged, not written again."""
+
+import asyncio
+import logging
+import time
+
+from danube.connect.connector import ConsumerConfig
+from danube.connect.errors import (ConfigError, InvalidRecord, RetryableError, Unavailable)
+from danube.connect.records import SinkRecord
+
+log = logging.getLogger("danube.connect.sink")
+
+# Batches read ahead of the one being written, per sink: the queue between the readers and
+# the writer is bounded by it.
+READ_AHEAD = 2
+
+
+class SinkRuntime:
+    def __init__(self, runtime, connector):
+        self.rt = runtime
+        self.connector = connector
+        self.consumers = []             # (ConsumerConfig, Consumer)
+        self.committed = {}
+        self._queue = asyncio.Queue(READ_AHEAD)
+        self._readers = []
+
+    async def start(self):
+        rt = self.rt
+        window = min(10000, max(1, rt.core.processing.batch_size * 2))
+        for cfg in self.connector.consumer_configs():
+            if not isinstance(cfg, ConsumerConfig):
+                raise ConfigError(f"consumer_configs returned {cfg!r}, not a ConsumerConfig")
+            name = cfg.consumer_name or rt.core.connector_name
+            consumer = await rt.broker_retry(
+                lambda c=cfg, n=name: rt.client.subscribe(
+                    c.topic, n, c.subscription, c.subscription_type,
+                    queue_size=window, max_unacked_messages=window, batch_acks=True),
+                f"subscription {cfg.subscription} on {cfg.topic}")
+            self.consumers.append((cfg, consumer))
+        self.committed = dict(await rt.external_retry(self.connector.committed_offsets,
+                                                      "committed offsets"))
+        if self.committed:
+            log.info("resuming after the sink's committed offsets",
+                     extra={"offsets": str(self.committed)})
+
+    async def run(self, stop):
+        rt = self.rt
+        self._readers = [asyncio.ensure_future(self._read(cfg, consumer))
+                         for cfg, consumer in self.consumers]
+        try:
+            while not stop.is_set():
+                batch = await self._next_batch(stop)
+                if batch:
+                    await self._deliver(batch)
+        finally:
+            for task in self._readers:
+                task.cancel()
+            await asyncio.gather(*self._readers, return_exceptions=True)
+            for _cfg, consumer in self.consumers:
+                try:
+                    await consumer.flush_acks()
+                except Exception as exc:        # noqa: BLE001 - redelivered, not lost
+                    log.warning("final acknowledgements failed (redelivered): %s", exc)
+
+    async def _read(self, cfg, consumer):
+        size = self.rt.core.processing.batch_size
+        while True:
+            msgs = await consumer.receive_many(size)
+            await self._queue.put((cfg, consumer, msgs))
+
+    async def _next_batch(self, stop):
+        """(cfg, consumer, msg) triples: at least batch_size, or what came within
+        batch_timeout_ms of the first; [] once ``stop`` is set and nothing is waiting."""
+        core = self.rt.core.processing
+        batch = []
+        deadline = None
+        while len(batch) < core.batch_size:
+            if deadline is None:
+                if stop.is_set():
+                    return batch
+                timeout = 0.05          # look at ``stop`` this often while idle
+            else:
+                timeout = deadline - time.monotonic()
+                if timeout <= 0:
+                    break
+            try:
+                cfg, consumer, msgs = await asyncio.wait_for(self._queue.get(), timeout)
+            except asyncio.TimeoutError:
+                self._check_readers()
+                continue
+            if deadline is None:
+                deadline = time.monotonic() + core.batch_timeout_ms / 1000.0
+            batch.extend((cfg, consumer, m) for m in msgs)
+        return batch
+
+    def _check_readers(self):
+        for task in self._readers:
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                raise task.exception()
+
+    async def _deliver(self, batch):
+        rt = self.rt
+        started = time.perf_counter()
+        records, skipped = [], []
+        for cfg, consumer, msg in batch:
+            mid = msg.msg_id
+            done = self.committed.get(mid.topic_name)
+            if done is not None and mid.topic_offset <= done:
+                skipped.append((consumer, msg))
+                continue
+            records.append((consumer, SinkRecord.from_message(cfg.topic, msg)))
+        for consumer, msg in skipped:
+            await consumer.ack(msg)
+        if skipped:
+            log.info("acknowledged %d records the sink had written before", len(skipped))
+        if not records:
+            return
+        for topic, n in _per_topic(r for _c, r in records).items():
+            rt.metrics.count(rt.metrics.received, topic, n)
+        rt.metrics.inflight.labels(rt.name).set(len(records))
+        rt.metrics.batch_size.labels(rt.name).observe(len(records))
+        sink_records = [r for _c, r in records]
+        await self._process(sink_records)
+        for consumer, record in records:
+            await consumer.ack(record.message)
+            done = self.committed.get(record.partition)
+            if done is None or record.offset > done:
+                self.committed[record.partition] = record.offset
+        newest = max(r.publish_time for r in sink_records)
+        rt.metrics.lag.labels(rt.name).set(max(0.0, time.time() - newest / 1000.0))
+        rt.metrics.inflight.labels(rt.name).set(0)
+        rt.metrics.batch_latency.labels(rt.name).observe(time.perf_counter() - started)
+
+    async def _process(self, records):
+        """process_batch with the runtime's retry rules (danube/connect/errors.py)."""
+        rt = self.rt
+        attempt = 0
+        while records:
+            try:
+                rejected = await self.connector.process_batch(records) or []
+            except Unavailable as exc:
+                attempt = await rt.external_failed(exc, attempt, forever=True)
+                continue
+            except RetryableError as exc:
+                if attempt >= rt.backoff.max_retries:
+                    failed = exc.records or records
+                    for record in failed:
+                        await self._dead_letter(record, f"failed after {attempt + 1} "
+                                                        f"attempts: {exc}")
+                    gone = {id(r) for r in failed}
+                    records = [r for r in records if id(r) not in gone]
+                    attempt = 0
+                    rt.health.set("external")
+                    continue
+                attempt = await rt.external_failed(exc, attempt, forever=False)
+                continue
+            except InvalidRecord as exc:
+                if exc.record is None or not any(r is exc.record for r in records):
+                    raise
+                await self._dead_letter(exc.record, exc.reason)
+                records = [r for r in records if r is not exc.record]
+                continue
+            rt.health.set("external")
+            bad = set()
+            for item in rejected:
+                await self._dead_letter(item.record, item.reason)
+                bad.add(id(item.record))
+            written = _per_topic(r for r in records if id(r) not in bad)
+            for topic, n in written.items():
+                rt.metrics.count(rt.metrics.processed, topic, n)
+            return
+
+    async def _dead_letter(self, record, reason):
+        await self.rt.dead_letters.send(record.payload, record.attributes, record.key, reason,
+                                        record.topic, offset=record.offset,
+                                        partition=record.partition)
+
+
+def _per_topic(records):
+    """{topic: how many of ``records``}: counters move once per batch, not per record."""
+    out = {}
+    for record in records:
+        out[record.topic] = out.get(record.topic, 0) + 1
+    return out

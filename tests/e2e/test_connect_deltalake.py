@@ -1,0 +1,255 @@
+"""Danube Connect's sink-deltalake against the real broker process, run as `danube connect
+run`: JSON records through field mappings into a local Delta table, bad records (invalid
+JSON, a wrong type, a missing field) to the dead-letter topic with the reason, columns from
+the registry subject, raw columns, three SIGKILLs in the middle of a stream with every row
+exactly once (count and checksum), and the same on S3 (SeaweedFS)."""
+
+import asyncio
+import json
+import uuid
+
+import pyarrow.compute as pc
+import pytest
+from deltalake import DeltaTable
+
+from broker_process import BrokerProcess
+from connector_process import ConnectorProcess
+from waiting import async_wait_for
+from danube.client import DanubeClient, register_schema
+
+MAPPINGS = '''field_mappings = [
+    { json_path = "id", column = "id", data_type = "Int64", nullable = false },
+    { json_path = "name", column = "name", data_type = "Utf8", nullable = true },
+    { json_path = "detail.amount", column = "amount", data_type = "Float64" },
+]'''
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory):
+    b = BrokerProcess(data_dir=tmp_path_factory.mktemp("connect-delta")).start()
+    yield b
+    b.stop()
+
+
+def write_config(path, broker, topic, table_uri, *, route_extra=MAPPINGS, delta_extra="",
+                 dlq=None, batch_size=200):
+    name = f"delta-{uuid.uuid4().hex[:8]}"
+    dlq_line = f'dead_letter_topic = "{dlq}"' if dlq else ""
+    path.write_text(f'''
+connector = "sink-deltalake"
+danube_service_url = "http://{broker.client_addr}"
+connector_name = "{name}"
+{dlq_line}
+
+[retry]
+max_retries = 2
+retry_backoff_ms = 100
+max_backoff_ms = 1000
+
+[processing]
+batch_size = {batch_size}
+batch_timeout_ms = 200
+metrics_port = 0
+metrics_host = "127.0.0.1"
+
+[deltalake]
+{delta_extra}
+
+[[deltalake.routes]]
+from = "{topic}"
+subscription = "delta-sink"
+to = "{table_uri}"
+{route_extra}
+''')
+    return path
+
+
+def row(i):
+    return json.dumps({"id": i, "name": f"n{i}", "detail": {"amount": i * 0.5}}).encode()
+
+
+def table_rows(uri, storage_options=None):
+    try:
+        return DeltaTable(uri, storage_options=storage_options).to_pyarrow_table()
+    except Exception:       # noqa: BLE001 - not created yet
+        return None
+
+
+def count(uri, storage_options=None):
+    t = table_rows(uri, storage_options)
+    return 0 if t is None else t.num_rows
+
+
+async def make_topic(client, topic):
+    """A reliable producer on ``topic`` (which creates it: a sink waits for its topic)."""
+    return await client.create_producer(topic, f"p-{uuid.uuid4().hex[:6]}", reliable=True)
+
+
+async def test_round_trip_with_dead_letters(tmp_path, broker):
+    topic = f"/default/delta_{uuid.uuid4().hex[:8]}"
+    dlq = f"/default/dlq_{uuid.uuid4().hex[:8]}"
+    uri = str(tmp_path / "table")
+    good = [row(i) for i in range(100)]
+    bad = [b"{not json", json.dumps({"id": "seven"}).encode(),
+           json.dumps({"name": "no id"}).encode()]
+    async with DanubeClient(f"http://{broker.client_addr}") as client:
+        # The dead-letter topic exists (and is read) before the first dead letter.
+        await client.create_producer(dlq, "dlq-maker", reliable=True)
+        dead = await client.subscribe(dlq, "d", "s", "exclusive")
+        producer = await make_topic(client, topic)
+        conn = ConnectorProcess(write_config(tmp_path / "c.toml", broker, topic, uri,
+                                             dlq=dlq))
+        await asyncio.to_thread(conn.start)
+        await producer.send_many(good[:50] + bad + good[50:])
+        await async_wait_for(lambda: count(uri) == 100, 60, "100 rows")
+        letters = [await dead.receive(timeout=30) for _ in range(3)]
+    t = table_rows(uri)
+    assert sorted(t.column("id").to_pylist()) == list(range(100))
+    assert t.column("amount").to_pylist()[:2] == [0.0, 0.5]
+    meta = json.loads(t.column("_danube_metadata")[0].as_py())
+    assert meta["topic"] == topic and meta["offset"] == 0
+    assert [m.payload for m in letters] == bad
+    reasons = [m.attributes["dlq.reason"] for m in letters]
+    assert reasons[0].startswith("invalid JSON")
+    assert reasons[1] == "field 'id' (column 'id', Int64): expected an integer, got str"
+    assert reasons[2].startswith("field 'id' (column 'id') is missing")
+    assert {m.attributes["dlq.source_topic"] for m in letters} == {topic}
+    assert [int(m.attributes["dlq.offset"]) for m in letters] == [50, 51, 52]
+    assert conn.metric("danube_connector_messages_dead_lettered_total") == 3
+    assert conn.metric("danube_connector_messages_processed_total") == 100
+    assert conn.stop() == 0
+
+
+def checksum(uri, storage_options=None):
+    t = table_rows(uri, storage_options)
+    ids = t.column("id")
+    return t.num_rows, len(pc.unique(ids)), pc.sum(ids).as_py()
+
+
+async def kill_and_restart(conn, at_least, uri, storage_options=None, timeout=120):
+    await async_wait_for(lambda: count(uri, storage_options) >= at_least, timeout,
+                         f"{at_least} rows before the kill")
+    conn.sigkill()
+    again = ConnectorProcess(conn.config_path, env=conn.env)
+    await asyncio.to_thread(again.start)
+    return again
+
+
+async def test_three_sigkills_exactly_once(tmp_path, broker):
+    """Each batch is one Delta commit carrying the partition's offset as an application
+    transaction: killed three times mid-stream, the table ends with every row once."""
+    topic = f"/default/delta_kill_{uuid.uuid4().hex[:8]}"
+    uri = str(tmp_path / "table")
+    total = 20000
+    async with DanubeClient(f"http://{broker.client_addr}") as client:
+        producer = await make_topic(client, topic)
+        conn = ConnectorProcess(write_config(tmp_path / "c.toml", broker, topic, uri,
+                                             batch_size=250))
+        await asyncio.to_thread(conn.start)
+        feeding = asyncio.ensure_future(producer.send_many([row(i) for i in range(total)]))
+        for at_least in (2000, 7000, 12000):
+            conn = await kill_and_restart(conn, at_least, uri)
+        await feeding
+        await async_wait_for(lambda: count(uri) >= total, 180, "every row")
+    assert checksum(uri) == (total, total, total * (total - 1) // 2)
+    assert conn.stop() == 0
+    assert checksum(uri) == (total, total, total * (total - 1) // 2)
+    skipped = [r for r in conn.records() if "written before" in r.get("msg", "")]
+    assert conn.metric("danube_connector_messages_processed_total") <= total
+
+
+async def test_columns_from_the_registry_subject(tmp_path, broker):
+    topic = f"/default/delta_schema_{uuid.uuid4().hex[:8]}"
+    subject = f"orders-{uuid.uuid4().hex[:6]}"
+    uri = str(tmp_path / "table")
+    schema = {"type": "object", "required": ["order_id", "price"], "properties": {
+        "order_id": {"type": "integer"}, "price": {"type": "number"},
+        "item": {"type": "string"}, "paid": {"type": "boolean"},
+        "tags": {"type": "array"}}}
+    async with DanubeClient(f"http://{broker.client_addr}") as client:
+        await register_schema(client, subject, "json_schema", json.dumps(schema).encode())
+        producer = await make_topic(client, topic)
+        conn = ConnectorProcess(write_config(
+            tmp_path / "c.toml", broker, topic, uri,
+            route_extra=f'expected_schema_subject = "{subject}"\n'
+                        'include_danube_metadata = false'))
+        await asyncio.to_thread(conn.start)
+        docs = [{"order_id": 1, "price": 9.5, "item": "pen", "paid": True, "tags": ["a"]},
+                {"order_id": 2, "price": 3}]
+        await producer.send_many([json.dumps(d).encode() for d in docs]
+                                 + [json.dumps({"order_id": 3}).encode()])
+        await async_wait_for(lambda: count(uri) == 2, 60, "two rows")
+        await async_wait_for(
+            lambda: conn.metric("danube_connector_messages_failed_total") == 1, 30,
+            "the record without a price counted as failed")
+    t = table_rows(uri)
+    assert t.schema.names == ["order_id", "price", "item", "paid", "tags"]
+    assert str(t.schema.field("order_id").type) == "int64"
+    assert not t.schema.field("price").nullable
+    assert t.to_pylist() == [
+        {"order_id": 1, "price": 9.5, "item": "pen", "paid": True, "tags": '["a"]'},
+        {"order_id": 2, "price": 3.0, "item": None, "paid": None, "tags": None}]
+    assert conn.stop() == 0
+
+
+async def test_raw_columns(tmp_path, broker):
+    topic = f"/default/delta_raw_{uuid.uuid4().hex[:8]}"
+    uri = str(tmp_path / "table")
+    async with DanubeClient(f"http://{broker.client_addr}") as client:
+        producer = await make_topic(client, topic)
+        conn = ConnectorProcess(write_config(tmp_path / "c.toml", broker, topic, uri,
+                                             route_extra=""))
+        await asyncio.to_thread(conn.start)
+        await producer.send(b"\x00\xffbinary", {"k": "v"}, key="key1")
+        await async_wait_for(lambda: count(uri) == 1, 60, "one row")
+    [r] = table_rows(uri).to_pylist()
+    assert r["payload"] == b"\x00\xffbinary" and r["key"] == "key1"
+    assert json.loads(r["attributes"]) == {"k": "v"}
+    assert conn.stop() == 0
+
+
+@pytest.fixture
+def own_seaweedfs(tmp_path_factory):
+    """A SeaweedFS of this test's own: it is stopped for 30 s in the middle."""
+    from objstore_servers import SeaweedFS, ServerNotInstalled
+    try:
+        server = SeaweedFS(tmp_path_factory.mktemp("seaweed-delta"))
+    except ServerNotInstalled as exc:
+        pytest.fail(str(exc), pytrace=False)
+    server.start()
+    yield server
+    server.close()
+
+
+async def test_s3_exactly_once_across_a_kill_and_a_30s_outage(tmp_path, broker,
+                                                              own_seaweedfs):
+    s3 = own_seaweedfs
+    topic = f"/default/delta_s3_{uuid.uuid4().hex[:8]}"
+    uri = f"s3://{s3.bucket}/tables/{uuid.uuid4().hex[:8]}"
+    options = {"AWS_ENDPOINT_URL": s3.endpoint, "AWS_REGION": s3.region,
+               "AWS_ACCESS_KEY_ID": s3.access_key, "AWS_SECRET_ACCESS_KEY": s3.secret_key,
+               "AWS_ALLOW_HTTP": "true", "AWS_S3_ALLOW_UNSAFE_RENAME": "true"}
+    env = {"AWS_ACCESS_KEY_ID": s3.access_key, "AWS_SECRET_ACCESS_KEY": s3.secret_key}
+    total = 6000
+    async with DanubeClient(f"http://{broker.client_addr}") as client:
+        producer = await make_topic(client, topic)
+        path = write_config(tmp_path / "c.toml", broker, topic, uri, batch_size=250,
+                            delta_extra=f'storage_backend = "s3"\ns3_region = "{s3.region}"\n'
+                                        f's3_endpoint = "{s3.endpoint}"\ns3_allow_http = true')
+        conn = ConnectorProcess(path, env=env)
+        await asyncio.to_thread(conn.start)
+        await producer.send_many([row(i) for i in range(total // 2)])
+        conn = await kill_and_restart(conn, 1000, uri, options)
+        await async_wait_for(lambda: count(uri, options) >= total // 2, 120, "half the rows")
+        await asyncio.to_thread(s3.stop)
+        await producer.send_many([row(i) for i in range(total // 2, total)])
+        await async_wait_for(lambda: not conn.ready(), 60, "not ready while S3 is down")
+        await async_wait_for(
+            lambda: conn.metric("danube_connector_messages_retried_total",
+                                target="external") >= 3, 60, "retries counted")
+        await asyncio.sleep(30)
+        await asyncio.to_thread(s3.start)
+        await async_wait_for(lambda: count(uri, options) >= total, 180, "every row")
+        await async_wait_for(conn.ready, 60, "ready again")
+    assert checksum(uri, options) == (total, total, total * (total - 1) // 2)
+    assert conn.stop() == 0

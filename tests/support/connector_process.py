@@ -1,0 +1,117 @@
+"""`danube connect run --config FILE` as a real child process: its JSON log lines, its
+metrics and health endpoint (port read from the log), SIGTERM and SIGKILL."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import urllib.error
+import urllib.request
+
+from waiting import wait_for
+
+LISTENING = re.compile(r"listening on http://[\d.]+:(\d+)")
+
+
+class ConnectorProcess:
+    def __init__(self, config_path, env=None):
+        self.config_path = config_path
+        self.env = env or {}
+        self.proc = None
+        self.lines = []
+        self.port = None
+
+    def start(self, ready=True, timeout=60):
+        env = dict(os.environ, **self.env)
+        # -P: the source tree's danube/ (no compiled modules) must not shadow the install.
+        self.proc = subprocess.Popen(
+            [sys.executable, "-P", "-m", "danube", "connect", "run", "--config",
+             str(self.config_path)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True, env=env)
+        threading.Thread(target=self._pump, daemon=True).start()
+        try:
+            wait_for(lambda: self.port or self._died(), timeout, what="the connector's port")
+            if ready:
+                wait_for(lambda: self.ready() or self._died(), timeout,
+                         what="connector ready")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; health {self.get('/health/ready')}; log:\n"
+                                 f"{self.log()}") from None
+        return self
+
+    def _died(self):
+        if self.proc.poll() is not None:
+            raise AssertionError(f"connector exited {self.proc.returncode}:\n{self.log()}")
+        return False
+
+    def _pump(self):
+        for line in self.proc.stdout:
+            self.lines.append(line)
+            m = LISTENING.search(line)
+            if m and self.port is None:
+                self.port = int(m.group(1))
+
+    def log(self):
+        return "".join(self.lines)
+
+    def records(self):
+        """The JSON log lines, parsed."""
+        out = []
+        for line in list(self.lines):
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                pass
+        return out
+
+    def get(self, path):
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=5) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+        except OSError:
+            return None, ""
+
+    def ready(self):
+        return self.get("/health/ready")[0] == 200
+
+    def metric(self, name, **labels):
+        """The sum of ``name``'s samples whose labels include ``labels``."""
+        status, text = self.get("/metrics")
+        total = 0.0
+        for line in text.splitlines():
+            if not line.startswith(name):
+                continue
+            m = re.match(r"([a-zA-Z_:]+)(\{[^}]*\})? ([0-9.e+-]+)$", line)
+            if not m or m.group(1) != name:
+                continue
+            have = dict(re.findall(r'(\w+)="([^"]*)"', m.group(2) or ""))
+            if all(have.get(k) == v for k, v in labels.items()):
+                total += float(m.group(3))
+        return total
+
+    def sigkill(self):
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(30)
+
+    def stop(self, timeout=60):
+        """SIGTERM; the exit code."""
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else None
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise
+
+    def run_to_exit(self, timeout=60):
+        env = dict(os.environ, **self.env)
+        return subprocess.run([sys.executable, "-P", "-m", "danube", "connect", "run",
+                               "--config", str(self.config_path)], capture_output=True,
+                              text=True, env=env, timeout=timeout)
