@@ -122,6 +122,13 @@ class ServerConnectionTarget:
         for _ in range(n):
             self.loop.run_until_complete(asyncio.sleep(0))
 
+    def _from_loop(self, callback, *args):
+        """Call ``callback`` as the loop calls a protocol's methods: from a callback of the
+        running loop, outside any task (a unary handler may run right there, in
+        data_received). Whatever it raises reaches the loop's exception handler: a finding."""
+        self.loop.call_soon(callback, *args)
+        self._turns(1)
+
     def __call__(self, data: bytes):
         if not data:
             return
@@ -143,7 +150,7 @@ class ServerConnectionTarget:
         # an execution short.
         piece = max(data[0] * 97 + 1, len(body) // MAX_PIECES + 1)
         try:
-            conn.connection_made(transport)
+            self._from_loop(conn.connection_made, transport)
             for i in range(0, len(body), piece):
                 for _ in range(50):
                     if not transport.paused:
@@ -152,12 +159,12 @@ class ServerConnectionTarget:
                 if transport.closing:
                     break
                 if not transport.paused:
-                    conn.data_received(body[i:i + piece])
+                    self._from_loop(conn.data_received, body[i:i + piece])
                 self._turns(TURNS)
                 self._check_bounded(conn, piece)
             if not transport.closing:
                 transport.closing = True
-                conn.connection_lost(None)
+                self._from_loop(conn.connection_lost, None)
             self._settle(conn, server)
         finally:
             if server.idle_streams is not None:
