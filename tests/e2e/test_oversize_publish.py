@@ -281,9 +281,10 @@ def refused_sends(broker):
     """SendMessage calls the broker answered INVALID_ARGUMENT, from its exporter."""
     body = urllib.request.urlopen(f"http://127.0.0.1:{broker.prom_port}/metrics",
                                   timeout=30).read().decode()
+    # Upstream's labels: service "producer", method "send_message" (and our status code).
     for line in body.splitlines():
-        if line.startswith("danube_broker_rpc_total{") and f'method="{SEND}"' in line \
-                and 'code="INVALID_ARGUMENT"' in line:
+        if line.startswith("danube_broker_rpc_total{") and 'service="producer"' in line \
+                and 'method="send_message"' in line and 'code="INVALID_ARGUMENT"' in line:
             return float(line.split()[-1])
     return 0.0
 
