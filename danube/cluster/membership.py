@@ -30,6 +30,10 @@ log = logging.getLogger("danube.cluster")
 #: Fence once this share of the TTL has passed since the last successful refresh was sent;
 #: the rest of the TTL is the margin for stopping before the lease can run out.
 FENCE_FRACTION = 0.75
+#: A registration renewed within this share of the TTL after the last renewal before a
+#: fence was sent never lapsed (its lease cannot run out before the full TTL; the rest is
+#: the margin for clock drift between hosts), so no leader moved this broker's topics.
+UNLAPSED_FRACTION = 0.9
 WATCHDOG_TICK = 0.05
 
 
@@ -50,6 +54,10 @@ class Membership:
         self._last_ok_sent: float | None = None
         self._tasks: list[asyncio.Task] = []
         self._fencing: asyncio.Task | None = None
+        self._ok_before_fence: float | None = None
+        #: After a fence: whether the registration may have lapsed (its lease run out, or
+        #: the key deleted), in which case the leader may be moving this broker's topics.
+        self.lapsed = False
 
     @property
     def registered(self) -> bool:
@@ -73,6 +81,9 @@ class Membership:
     async def _register(self) -> None:
         sent = time.monotonic()
         await self.store.put(self.key, self.record, ttl=self.ttl)
+        if self.fenced and (self._ok_before_fence is None or time.monotonic() >=
+                            self._ok_before_fence + self.ttl * UNLAPSED_FRACTION):
+            self.lapsed = True
         self._last_ok_sent = sent
 
     async def _refresh_forever(self) -> None:
@@ -95,6 +106,7 @@ class Membership:
                 self.fenced = False
                 log.warning("broker %s registered again after being fenced", self.broker_id)
                 await self.on_restored()
+                self.lapsed = False
 
     async def _watchdog(self) -> None:
         limit = self.ttl * FENCE_FRACTION
@@ -108,6 +120,8 @@ class Membership:
     def registration_deleted(self) -> None:
         """The view saw our registration go: whatever the cause, the leader will move our
         topics, so stop serving them now."""
+        if not self.leaving:
+            self.lapsed = True
         if not self.fenced and not self.leaving:
             asyncio.get_running_loop().create_task(
                 self.fence("this broker's registration was deleted (lease expired)"))
@@ -117,6 +131,7 @@ class Membership:
             return
         self.fenced = True
         self.fences += 1
+        self._ok_before_fence = self._last_ok_sent
         self._last_ok_sent = None
         log.error("broker %s fenced: %s; it stops serving its topics", self.broker_id, reason)
         # A task of its own, which the renewal loop waits for before registering again

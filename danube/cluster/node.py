@@ -291,6 +291,22 @@ class ClusterNode:
         if self.core.tiered is not None:
             await self.core.tiered.delete_topic(name)
 
+    async def _answer_moves(self) -> None:
+        """Set ``ready`` on the move markers naming this broker whose topic it no longer
+        serves: a release while fenced leaves them unanswered, and the leader waits for
+        them as long as this broker is registered."""
+        for topic, marker in list(self.view.unassigned.items()):
+            if isinstance(marker, dict) and marker.get("ready") is False and \
+                    str(marker.get("from_broker")) == self.broker_id and \
+                    topic not in self.core.topics and \
+                    self.view.owners.get(topic) != self.broker_id:
+                try:
+                    await self.core.upload_released(topic, RELEASE_UPLOAD_TIMEOUT)
+                except (WALError, OSError, MetadataError) as exc:
+                    log.warning("could not upload the rest of %s before letting it go: %s",
+                                topic, exc)
+                await self.store.put(keys.cluster_unassigned(topic), {**marker, "ready": True})
+
     # -- leadership and fencing -------------------------------------------------------------
 
     async def _elected(self) -> None:
@@ -312,10 +328,21 @@ class ClusterNode:
                              return_exceptions=True)
 
     async def _restored(self) -> None:
-        """Registered again after a fence: hand back whatever is still assigned here (the
-        leader may be moving it already), then take topics like a new broker."""
+        """Registered again after a fence. If the registration never lapsed, no leader moved
+        anything: serve again what is still assigned here, from this broker's own WAL, which
+        holds every message it acknowledged (handing it back would have the next owner
+        continue from the durable tier, behind them). Otherwise hand back whatever is still
+        assigned here (the leader may be moving it already), then take topics like a new
+        broker. Either way, a move that asked this broker to let a topic go while it was
+        fenced is answered: the topic is let go (``ready``)."""
+        await self._answer_moves()
         mine = self.view.topics_of(self.broker_id)
-        if mine:
+        if mine and not self.membership.lapsed:
+            log.warning("broker %s: the registration never lapsed; serving its %d topics "
+                        "again", self.broker_id, len(mine))
+            for topic in mine:
+                self._serve_soon(topic)
+        elif mine:
             marker = {"reason": "failover", "from_broker": self.broker_id}
             await self.store.put_many({keys.cluster_unassigned(t): marker for t in mine})
             for topic in mine:

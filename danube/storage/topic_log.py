@@ -36,6 +36,9 @@ UPLOADED = "uploaded"
 #: How long closing a topic waits for its write buffer to confirm what it holds.
 BUFFER_CLOSE_TIMEOUT = 5.0
 
+#: upload_all's backoff between attempts (first, max), seconds.
+UPLOAD_RETRY = (0.1, 2.0)
+
 
 class TopicLog:
     """Open one with ``await TopicLog.open(...)``. ``wal`` is the local WAL; ``tier`` the
@@ -306,6 +309,37 @@ class TopicLog:
                                         keep_from_offset=keep_from_offset, force=force)
 
     # -- closing -------------------------------------------------------------------------
+
+    async def upload_all(self, timeout: float) -> bool:
+        """A graceful move: seal the active segment and upload every offset appended so far
+        to the durable tier, where the next owner continues from (its own WAL does not have
+        them). A failed upload is tried again, with backoff, until ``timeout``: handing the
+        topic over with acknowledged messages missing from the tier would let the next owner
+        give their offsets to new messages. True once the tier holds everything (always,
+        without a tier); the caller must have stopped appends first."""
+        tier = self.tier
+        if tier is None:
+            return True
+        deadline = time.monotonic() + timeout
+        delay = UPLOAD_RETRY[0]
+        while True:
+            try:
+                async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                    await tier.export()
+            except (TimeoutError, asyncio.TimeoutError):
+                pass
+            except Exception as exc:  # noqa: BLE001 - tried again until the deadline
+                log.warning("%s: uploading its last segments failed (%s); retrying", self.name,
+                            exc)
+            if tier.uploaded_end >= self.wal.last_offset:
+                return True
+            if self.wal.closed or tier.closed or time.monotonic() + delay > deadline:
+                log.error("%s: offsets %d..%d are not in the durable tier after %.0fs; the "
+                          "next owner continues without them", self.name,
+                          tier.uploaded_end + 1, self.wal.last_offset, timeout)
+                return False
+            await asyncio.sleep(delay)
+            delay = min(UPLOAD_RETRY[1], delay * 2)
 
     def stop_uploads(self) -> None:
         """The topic is leaving this broker: no upload of it starts from now on (the log

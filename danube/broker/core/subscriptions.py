@@ -29,6 +29,23 @@ IDLE_SUBSCRIPTION_GRACE = 60.0
 REAP_INTERVAL = 30.0
 
 
+def _acked_within(ranges, last):
+    """The persisted out-of-order acks that name offsets of this log (up to ``last``).
+    Offsets past the log's end were acknowledged on a log that held more than this one
+    resumed from (a broker's own WAL lost with it): the same offsets now go to new messages,
+    which must not be skipped as acknowledged. A damaged entry is dropped (it only costs
+    redeliveries)."""
+    kept = []
+    for entry in ranges:
+        try:
+            first, end = int(entry[0]), int(entry[1])
+        except (TypeError, IndexError, ValueError):
+            continue
+        if first <= last:
+            kept.append([first, min(end, last)])
+    return kept
+
+
 class Subscriptions:
     async def _restore_subscriptions(self, topic):
         """A reliable subscription outlives its consumers and broker restarts: it resumes
@@ -58,8 +75,13 @@ class Subscriptions:
                             "were lost with a WAL; delivering from %d", topic.name, sub_name,
                             cursor, last, last + 1, cursor, last + 1)
                 cursor, acked = last, ()
+                # Stored at once: left at the old value, the next owner would find the log
+                # grown past it by then and skip every message published in between.
+                await self.store.put(keys.subscription_cursor(topic.name, sub_name), cursor)
+                await self.store.put(keys.subscription_acked(topic.name, sub_name), [])
+            acked = _acked_within(acked if isinstance(acked, list) else (), last)
             self._attach_subscription(topic, Subscription(topic, sub_name, sub_type), cursor,
-                                      policy, window, acked if isinstance(acked, list) else ())
+                                      policy, window, acked)
 
     # -- subscriptions and consumers -----------------------------------------------------
 

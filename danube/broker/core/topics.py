@@ -77,13 +77,30 @@ class Topics:
         if topic is None:
             return
         topic.closed = True
-        if upload_timeout and self.tiered is not None and topic.log is not None:
-            await self.tiered.flush(upload_timeout)
+        if upload_timeout and topic.log is not None:
+            # This topic's segments only: each release waiting for every topic's uploads
+            # made a drain's releases queue behind one another.
+            await topic.log.upload_all(upload_timeout)
         if self.topics.get(name) is topic:
             del self.topics[name]
         self._remember_unloaded(topic)
         topic.close_reason = reason
         await self._unload(topic, reason, dispatcher_timeout=FENCED_CLOSE if fenced else None)
+
+    async def upload_released(self, name, upload_timeout):
+        """Cluster mode: a reliable topic this broker let go without uploading its last
+        segments (it was fenced) but that no other broker has taken yet: open its log here
+        once more, upload what the durable tier lacks, and close it, so that the next owner
+        continues from every message this broker acknowledged."""
+        if self.tiered is None or name in self.topics or \
+                await self.store.get(keys.topic_delivery(name)) != "Reliable":
+            return
+        topic = Topic(self, name, RELIABLE)
+        await self._open_log(topic)
+        try:
+            await topic.log.upload_all(upload_timeout)
+        finally:
+            await topic.log.close()
 
     async def _topic_exists(self, name):
         """Served here, or (in a cluster) recorded in metadata wherever it is served."""
