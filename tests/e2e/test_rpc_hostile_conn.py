@@ -141,8 +141,9 @@ def sync(sock, fs, opaque=b"syncsync", timeout=10.0):
                                       and "ACK" in f.flags for f in frames), timeout)
 
 
-def read_until_close(sock, fs=None, timeout=5.0):
-    """(frames, eof) read until the broker closes the connection or `timeout`."""
+def read_until_close(sock, fs=None, timeout=30.0):
+    """(frames, eof) read until the broker closes the connection or `timeout`: generous, since
+    a close ends the read at once and a loaded machine may take seconds to get there."""
     if fs is None:
         return read_frames(sock, timeout)
     fs.wait(lambda frames: False, timeout)
@@ -157,7 +158,7 @@ def assert_goaway_close(frames, eof, code):
     return ga[-1]
 
 
-def expect_goaway_close(sock, code, fs=None, timeout=5.0):
+def expect_goaway_close(sock, code, fs=None, timeout=30.0):
     return assert_goaway_close(*read_until_close(sock, fs, timeout), code)
 
 
