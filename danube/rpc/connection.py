@@ -59,6 +59,10 @@ BACKLOG_PAUSE = 256
 MAX_CONTINUATIONS = 32
 
 
+# How long a connection closed for an error keeps dropping the peer's input before it is
+# aborted (the peer has the GOAWAY and the FIN by then).
+LINGER_SECONDS = 2.0
+
 class H2Connection(asyncio.Protocol):
     """One HTTP/2 connection. Subclasses create streams (`new_stream_from_headers`) and react to
     GOAWAY; everything else about the connection is handled here."""
@@ -95,6 +99,9 @@ class H2Connection(asyncio.Protocol):
         self.recv_window = DEFAULT_WINDOW
         self.write_paused = False
         self.closed = False
+        # After a connection error: GOAWAY sent, writing shut down, the peer's input dropped
+        # until it closes (see _linger_close).
+        self._lingering = False
         self.goaway_sent = False
         self.goaway_received = None       # last_stream_id from the peer's GOAWAY
         self.last_peer_stream = 0
@@ -136,6 +143,8 @@ class H2Connection(asyncio.Protocol):
         self.flush()
 
     def data_received(self, data):
+        if self._lingering:
+            return
         self._receiving(self._take_input, data)
 
     def _take_input(self, data):
@@ -294,6 +303,10 @@ class H2Connection(asyncio.Protocol):
         out = self._out
         if not out or self.transport is None:
             return
+        if self._lingering:             # writing is shut down: nothing more can go out
+            self._out = []
+            self._out_bytes = 0
+            return
         self._out = []
         self._out_bytes = 0
         pieces, self._out_pieces = self._out_pieces, False
@@ -315,8 +328,7 @@ class H2Connection(asyncio.Protocol):
         self.write(goaway_frame(self.last_peer_stream, code, message.encode()[:256]))
         self.flush()
         self.closed = True
-        if self.transport is not None:
-            self.transport.close()
+        self._linger_close()
 
     def abuse(self, code, reason):
         """A connection error for abuse (a flood, a limit exceeded): logged at warning once
@@ -339,8 +351,22 @@ class H2Connection(asyncio.Protocol):
         if self.write_paused:
             transport.abort()
             return
-        transport.close()
-        self.loop.call_later(5.0, self._abort_if_open)
+        self._linger_close()
+
+    def _linger_close(self):
+        """Close once the GOAWAY can reach the peer. A socket closed while the peer's input
+        is still unread answers with a reset, which drops what is still queued to send (the
+        GOAWAY, so the peer never learns why). So: shut down writing (FIN after the GOAWAY),
+        drop the peer's input until it closes, and abort after LINGER_SECONDS at most."""
+        transport = self.transport
+        if transport is None:
+            return
+        if transport.is_closing() or not transport.can_write_eof():     # TLS: plain close
+            transport.close()
+        else:
+            self._lingering = True
+            transport.write_eof()
+        self.loop.call_later(LINGER_SECONDS, self._abort_if_open)
 
     def _abort_if_open(self):
         if self.transport is not None and not self.lost:

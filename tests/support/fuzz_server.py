@@ -58,6 +58,9 @@ class FakeTransport(asyncio.Transport):
     def set_write_buffer_limits(self, high=None, low=None):
         pass
 
+    def can_write_eof(self):
+        return False        # a connection error then closes at once, as over TLS
+
     def get_write_buffer_size(self):
         return 0
 
