@@ -84,8 +84,12 @@ def test_uploaded_segments_are_listed_as_upstream(api, broker, channel, durable_
 
     assert listing() == []                     # nothing uploaded yet
     publish(pb, pb_grpc, channel, topic, 20, 1)
-    first = wait_for(lambda: listing(), timeout=60, what="the first segment's upload")
+    # Publishing may cross an upload interval on a slow machine: the 20 can be in two segments.
+    first = wait_for(lambda: [s for s in listing() if s.end_offset == 19] and listing(),
+                     timeout=60, what="the first 20 messages' upload")
     assert first[0].start_offset == 0 and first[-1].end_offset == 19
+    for before, after in zip(first, first[1:]):
+        assert after.start_offset == before.end_offset + 1
     publish(pb, pb_grpc, channel, topic, 10, 2)
     every = wait_for(lambda: [s for s in listing() if s.end_offset == 29] and listing(),
                      timeout=60, what="the second segment's upload")
