@@ -78,26 +78,40 @@ class Membership:
             except MetadataError as exc:
                 log.warning("could not deregister (the lease will expire): %s", exc)
 
-    async def _register(self) -> None:
+    async def _register(self) -> float:
+        """Write the registration; returns when the write that succeeded was sent."""
         sent = time.monotonic()
         await self.store.put(self.key, self.record, ttl=self.ttl)
         if self.fenced and (self._ok_before_fence is None or time.monotonic() >=
                             self._ok_before_fence + self.ttl * UNLAPSED_FRACTION):
             self.lapsed = True
         self._last_ok_sent = sent
+        return sent
 
     async def _refresh_forever(self) -> None:
         interval = self.ttl / 3
+        limit = self.ttl * FENCE_FRACTION
+        pause = interval
         while True:
-            await asyncio.sleep(interval)
+            await asyncio.sleep(pause)
+            pause = interval
             fencing = self._fencing
             if fencing is not None:
                 await asyncio.shield(fencing)
             try:
-                await self._register()
+                sent = await self._register()
             except MetadataError as exc:
                 log.warning("broker %s could not renew its registration: %s", self.broker_id,
                             exc)
+                continue
+            # The lease counts from when the write was sent: the next one is due an interval
+            # after that, at once if the answer came late (a stall, a loaded etcd).
+            pause = max(0.0, interval - (time.monotonic() - sent))
+            if self.fenced and time.monotonic() - sent > limit:
+                # Sent before the stall that fenced us and answered after it: its lease runs
+                # out early, so it cannot end the fence.
+                log.warning("broker %s: a registration sent %.1fs ago was answered only now; "
+                            "registering again", self.broker_id, time.monotonic() - sent)
                 continue
             if self.fenced:
                 fencing = self._fencing
