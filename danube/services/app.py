@@ -161,9 +161,12 @@ class Broker:
             self.cluster = self.core.cluster = ClusterNode(self.core, self.store, cfg,
                                                            control_store=control)
             await self.cluster.start()
-            cluster_admin.register(self.admin_server, self.cluster)
+            cluster_admin.register(self.admin_server, cluster_admin.EtcdStatus(
+                control, MetadataUnavailable))
         else:
             await self.core.register()
+            cluster_admin.register(self.admin_server,
+                                   cluster_admin.EmbeddedStatus(self.store, self.core.broker_id))
         log.info("broker ready: mode=%s broker_url=%s connect_url=%s data_dir=%s", cfg.mode,
                  cfg.advertised_broker_url, cfg.advertised_connect_url, cfg.data_dir)
 
