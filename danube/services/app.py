@@ -121,6 +121,10 @@ class Broker:
         edge.register(self.client_server, self.core)
         storage_service.register(self.client_server, self.core)
         admin.register(self.admin_server, self.core, self.rbac)
+        # Before the guard below, which covers only the methods registered so far.
+        cluster_admin.register(self.admin_server, cluster_admin.EtcdStatus(
+            self.store, MetadataUnavailable) if cfg.etcd_endpoints else
+            cluster_admin.EmbeddedStatus(self.store, self.core.broker_id))
         # Both ports, as upstream (reference a.0): clients on 6650, danube-admin on 50051.
         schema.register(self.client_server, self.core)
         schema.register(self.admin_server, self.core)
@@ -161,7 +165,6 @@ class Broker:
             self.cluster = self.core.cluster = ClusterNode(self.core, self.store, cfg,
                                                            control_store=control)
             await self.cluster.start()
-            cluster_admin.register(self.admin_server, self.cluster)
         else:
             await self.core.register()
         log.info("broker ready: mode=%s broker_url=%s connect_url=%s data_dir=%s", cfg.mode,
