@@ -334,6 +334,9 @@ class Server:
     def __init__(self, config: TransportConfig | None = None, *, compression=None, loop=None):
         self.config = config or TransportConfig()
         self.methods = {}
+        # Applied to every method registered from then on (set by whoever guards the server:
+        # a method added after the guard is guarded too).
+        self.method_wrapper = None
         self.connections = set()
         self.loop = loop
         self.default_compression = compression
@@ -355,7 +358,10 @@ class Server:
 
     def add_method(self, path, kind: Kind, handler, deserialize=None, serialize=None):
         key = path.encode() if isinstance(path, str) else path
-        self.methods[key] = RpcMethod(key, kind, handler, deserialize, serialize)
+        method = RpcMethod(key, kind, handler, deserialize, serialize)
+        if self.method_wrapper is not None:
+            method.handler = self.method_wrapper(method)
+        self.methods[key] = method
 
     def limit_requests(self, path, max_size, refuse):
         """Give the method at `path` (registered already) a request-size limit of its own:

@@ -121,7 +121,6 @@ class Broker:
         edge.register(self.client_server, self.core)
         storage_service.register(self.client_server, self.core)
         admin.register(self.admin_server, self.core, self.rbac)
-        # Before the guard below, which covers only the methods registered so far.
         cluster_admin.register(self.admin_server, cluster_admin.EtcdStatus(
             self.store, MetadataUnavailable) if cfg.etcd_endpoints else
             cluster_admin.EmbeddedStatus(self.store, self.core.broker_id))
