@@ -15,36 +15,10 @@ import uuid
 import pytest
 
 from admin_serve import AdminServe
-from broker_process import BrokerProcess
-from prometheus_process import PrometheusProcess
+from prometheus_broker import broker, broker_id, prometheus  # noqa: F401 - fixtures
 from waiting import async_wait_for
-from danube.client.admin import AdminClient
 from danube.proto import DanubeAdmin_pb2 as adm
 from danube.proto import SchemaRegistry_pb2 as sr
-
-
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory):
-    b = BrokerProcess("--prom-exporter", "127.0.0.1:0",
-                      data_dir=tmp_path_factory.mktemp("ui-api")).start()
-    yield b
-    b.stop()
-
-
-@pytest.fixture(scope="module")
-def broker_id(broker):
-    async def ask():
-        async with AdminClient(f"http://{broker.admin_addr}") as a:
-            return (await a.call("BrokerAdmin", "ListBrokers")).brokers[0].broker_id
-    return asyncio.run(ask())
-
-
-@pytest.fixture(scope="module")
-def prometheus(broker, broker_id, tmp_path_factory):
-    p = PrometheusProcess(tmp_path_factory.mktemp("prom"),
-                          {f"127.0.0.1:{broker.prom_port}": broker_id}).start()
-    yield p
-    p.stop()
 
 
 @pytest.fixture(scope="module")
