@@ -139,18 +139,22 @@ class PostgresSink(SinkConnector):
             await self._create(route)
             oid = await self._table_oid(route)
         cur = await conn.execute(
-            "SELECT attname, attnotnull, attgenerated <> '' FROM pg_attribute WHERE "
-            "attrelid = %s AND attnum > 0 AND NOT attisdropped ORDER BY attnum", (oid,))
+            "SELECT attname, attgenerated <> '', atthasdef OR attidentity <> '' FROM "
+            "pg_attribute WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped ORDER BY "
+            "attnum", (oid,))
         table_cols = {r[0]: r for r in await cur.fetchall()}
+        route.key = list(route.cfg.key_columns) or await self._primary_key(oid)
         if route.cfg.columns and not route.cfg.create_table:
             wanted = [c["name"] for c in route.cfg.columns]
         else:
-            wanted = [c for c, r in table_cols.items() if not r[2]]
+            # By default a column with a default (now(), a sequence) keeps it: it is written
+            # only when ``columns`` names it.
+            wanted = [c for c, (_, generated, has_default) in table_cols.items()
+                      if not generated and (not has_default or c in route.key)]
         missing = [c for c in wanted if c not in table_cols]
         if missing:
             raise ConfigError(f"{route.where('columns')}: {name} has no column {missing[0]!r}")
         route.columns = wanted
-        route.key = list(route.cfg.key_columns) or await self._primary_key(oid)
         if not route.key:
             raise ConfigError(f"{route.where('key_columns')}: {name} has no primary key; "
                               f"name the columns of a unique index")
