@@ -18,6 +18,8 @@ PostgreSQL is unreachable the batch is retried without end (not ready meanwhile)
 import json
 import logging
 
+import orjson
+
 from danube.connect import (ConfigError, ConsumerConfig, Field, InvalidRecord,
                             RetryableError, SinkConnector, Table, Tables, Unavailable)
 from danube.connect.settings import topic_name
@@ -69,6 +71,7 @@ class Route:
         self.schema, self.table = _pg.qualified(cfg.to)
         self.columns = []           # written, in order
         self.key = []
+        self.key_index = []         # the key's positions in ``columns``
         self.stage = f"danube_stage_{index}"
 
     def where(self, key):
@@ -155,6 +158,7 @@ class PostgresSink(SinkConnector):
         if missing:
             raise ConfigError(f"{route.where('columns')}: {name} has no column {missing[0]!r}")
         route.columns = wanted
+        route.key_index = [wanted.index(k) for k in route.key if k in wanted]
         if not route.key:
             raise ConfigError(f"{route.where('key_columns')}: {name} has no primary key; "
                               f"name the columns of a unique index")
@@ -220,8 +224,12 @@ class PostgresSink(SinkConnector):
                 continue
             # The last record of a key in the batch wins (one row per key per statement).
             keyed = by_route.setdefault(route.topic, {})
-            key = tuple(json.dumps(row[k], sort_keys=True) for k in route.key)
-            keyed.pop(key, None)
+            key = tuple(row) if op == "delete" else tuple(row[i] for i in route.key_index)
+            try:
+                keyed.pop(key, None)
+            except TypeError:               # an object or array as a key value
+                key = tuple(orjson.dumps(v, option=orjson.OPT_SORT_KEYS) for v in key)
+                keyed.pop(key, None)
             keyed[key] = (op, row, record)
         if not by_route:
             return rejected
@@ -241,9 +249,12 @@ class PostgresSink(SinkConnector):
 
     def _row(self, route, record):
         try:
-            doc = record.json()
-        except ValueError as exc:
-            raise InvalidRecord(f"invalid JSON: {exc}", record) from None
+            doc = orjson.loads(record.payload)
+        except orjson.JSONDecodeError:
+            try:                            # what orjson refuses that JSON allows (huge ints)
+                doc = json.loads(record.payload)
+            except ValueError as exc:
+                raise InvalidRecord(f"invalid JSON: {exc}", record) from None
         if not isinstance(doc, dict):
             raise InvalidRecord(f"expected a JSON object, not {type(doc).__name__}",
                                 record)
@@ -260,12 +271,18 @@ class PostgresSink(SinkConnector):
             if not isinstance(doc, dict):
                 part = "key" if op == "delete" else "after"
                 raise InvalidRecord(f"a change event without its row ({part})", record)
-        missing = [k for k in route.key if doc.get(k) is None]
-        if missing:
-            raise InvalidRecord(f"key column {missing[0]!r} missing or null", record)
+        get = doc.get
         if op == "delete":
-            return op, {k: doc[k] for k in route.key}
-        return op, {c: _pg_value(doc.get(c)) for c in route.columns}
+            values = [get(k) for k in route.key]
+        else:
+            values = [get(c) for c in route.columns]
+            for i, v in enumerate(values):
+                if type(v) is dict or type(v) is list:
+                    values[i] = _json_text(v)
+        for k in route.key:
+            if get(k) is None:
+                raise InvalidRecord(f"key column {k!r} missing or null", record)
+        return op, values
 
     async def _write(self, by_route):
         conn = self.conn
@@ -275,8 +292,7 @@ class PostgresSink(SinkConnector):
             deletes = [row for op, row, _ in keyed.values() if op == "delete"]
             if deletes:
                 async with conn.cursor() as cur:
-                    await cur.executemany(self._delete_sql(route),
-                                          [[r[k] for k in route.key] for r in deletes])
+                    await cur.executemany(self._delete_sql(route), deletes)
             if upserts:
                 cols = route.columns
                 async with conn.cursor() as cur:
@@ -284,7 +300,7 @@ class PostgresSink(SinkConnector):
                             sql.Identifier(route.stage),
                             sql.SQL(", ").join(map(sql.Identifier, cols)))) as copy:
                         for row in upserts:
-                            await copy.write_row([row[c] for c in cols])
+                            await copy.write_row(row)
                     await cur.execute(self._upsert_sql(route, from_stage=True))
         await conn.commit()
         return []
@@ -302,12 +318,10 @@ class PostgresSink(SinkConnector):
                         try:
                             async with conn.transaction():     # a savepoint per row
                                 if op == "delete":
-                                    await conn.execute(self._delete_sql(route),
-                                                       [row[k] for k in route.key])
+                                    await conn.execute(self._delete_sql(route), row)
                                 else:
                                     await conn.execute(
-                                        self._upsert_sql(route, from_stage=False),
-                                        [row[c] for c in route.columns])
+                                        self._upsert_sql(route, from_stage=False), row)
                         except (psycopg.DataError, psycopg.IntegrityError) as exc:
                             rejected.append(InvalidRecord(
                                 f"PostgreSQL refused the row for {route.schema}."
@@ -364,9 +378,10 @@ class PostgresSink(SinkConnector):
             "not connected to PostgreSQL"
 
 
-def _pg_value(value):
-    """A JSON value as COPY and a parameter take it: objects and arrays as JSON text (for
-    json/jsonb columns), the rest as is."""
-    if isinstance(value, (dict, list)):
+def _json_text(value):
+    """An object or array as COPY and a parameter take it: JSON text (for json/jsonb
+    columns; a text column gets the text)."""
+    try:
+        return orjson.dumps(value).decode()
+    except TypeError:                       # an integer beyond 64 bits
         return json.dumps(value, separators=(",", ":"))
-    return value

@@ -42,7 +42,7 @@ def sql(pg, *statements):
             c.execute(s)
 
 
-def write_config(path, broker, pg, routes, *, name=None, extra=""):
+def write_config(path, broker, pg, routes, *, name=None, extra="", batch_size=200):
     name = name or f"cdc-{uuid.uuid4().hex[:8]}"
     slot = name.replace("-", "_")
     path.write_text(f'''
@@ -56,7 +56,7 @@ retry_backoff_ms = 100
 max_backoff_ms = 1000
 
 [processing]
-batch_size = 200
+batch_size = {batch_size}
 poll_interval_ms = 20
 metrics_port = 0
 metrics_host = "127.0.0.1"
@@ -160,6 +160,29 @@ async def test_round_trip_and_a_clean_restart(tmp_path, broker, pg):
         await got.stop()
     assert [e["key"] for e in got.events()[6:]] == [{"id": 10}]
     assert conn.metric("danube_connector_messages_processed_total", topic=topic) == 1
+    assert conn.stop() == 0
+
+
+async def test_a_large_transaction_comes_in_bounded_batches(tmp_path, broker, pg):
+    """The slot is read through a server-side cursor: a transaction of 1,500 rows reaches
+    the broker in batches of at most processing.batch_size, in order."""
+    table = f"big_{uuid.uuid4().hex[:6]}"
+    topic = f"/default/{table}"
+    sql(pg, f"CREATE TABLE {table} (id int PRIMARY KEY, pad text)")
+    conn = ConnectorProcess(write_config(tmp_path / "cdc.toml", broker, pg, [(table, topic)],
+                                         batch_size=100))
+    await asyncio.to_thread(conn.start)
+    async with DanubeClient(f"http://{broker.client_addr}") as client:
+        got = await Collector(client, topic).start()
+        sql(pg, f"INSERT INTO {table} SELECT g, repeat('x', 100) FROM generate_series(1, "
+                f"1500) g")
+        await async_wait_for(lambda: len(got.messages) >= 1500, 60, "1,500 events")
+        await got.stop()
+    assert [e["key"]["id"] for e in got.events()] == list(range(1, 1501))
+    assert len({e["xid"] for e in got.events()}) == 1
+    batches = conn.metric("danube_connector_batch_size_count")
+    assert batches >= 15
+    assert conn.metric("danube_connector_batch_size_bucket", le="100.0") == batches
     assert conn.stop() == 0
 
 
