@@ -53,6 +53,9 @@ POSTGRES = {
     "routes": Tables(ROUTE, min_items=1),
 }
 
+# An idle slot (no published change) is moved on at most this often.
+IDLE_ADVANCE_S = 1.0
+
 PEEK = ("SELECT lsn::text, data FROM pg_logical_slot_peek_binary_changes(%s, NULL, %s, "
         "'proto_version', '1', 'publication_names', %s)")
 
@@ -81,6 +84,9 @@ class PostgresCdcSource(SourceConnector):
         self._confirmed = 0             # the slot's confirmed position, as we know it
         self._keys = {}                 # (schema, table) -> key columns
         self._attempt = 0
+        self._floor = "0/0"
+        self._peeked = 0
+        self._idle_at = 0.0
 
     def producer_configs(self):
         return [ProducerConfig(r.to, r.partitions, r.reliable_dispatch)
@@ -232,16 +238,35 @@ class PostgresCdcSource(SourceConnector):
             await self._advance()
             self._decoder = pgoutput.Decoder()      # a new decoding session: Relations again
             self._txn = None
+            # Where the WAL ended before this read: a read that finds nothing has seen every
+            # transaction committed before it.
+            self._floor = (await (await self._read.execute(
+                "SELECT pg_current_wal_flush_lsn()::text")).fetchone())[0]
+            self._peeked = 0
             self._cursor = self._read.cursor(name="danube_cdc_peek")
             await self._cursor.execute(PEEK, (self.pg.slot_name, self.pg.max_changes_per_read,
                                               self.pg.publication_name))
         rows = await self._cursor.fetchmany(max_records)
+        self._peeked += len(rows)
         exhausted = len(rows) < max_records
         if exhausted:
             await self._cursor.close()
             self._cursor = None
             await self._read.commit()
+            if not self._peeked:
+                await self._idle_advance()
         return self._decode(rows), bool(rows)
+
+    async def _idle_advance(self):
+        """Nothing published came: move the slot to where the WAL ended before the read, at
+        most once a second, so the writes of tables no route takes are not kept on the
+        server's disk (nor decoded again on every read)."""
+        now = asyncio.get_running_loop().time()
+        if now - self._idle_at < IDLE_ADVANCE_S or self._done:
+            return
+        self._idle_at = now
+        self._advance_to = max(self._advance_to, pgoutput.parse_lsn(self._floor))
+        await self._advance()
 
     def _decode(self, rows):
         records = []

@@ -106,6 +106,11 @@ def confirmed(pg, slot):
                          "slot_name = %s", (slot,)).fetchone()[0]
 
 
+def query_one(pg, statement):
+    with psycopg.connect(pg.url, autocommit=True) as c:
+        return c.execute(statement).fetchone()[0]
+
+
 def lsn(text):
     high, _, low = text.partition("/")
     return (int(high, 16) << 32) | int(low, 16)
@@ -156,7 +161,11 @@ async def test_round_trip_and_a_clean_restart(tmp_path, broker, pg):
         conn = ConnectorProcess(path)
         await asyncio.to_thread(conn.start)
         await async_wait_for(lambda: len(got.messages) >= 7, 60, "the change made meanwhile")
-        await asyncio.sleep(0)
+        # Writes no route takes: the idle slot is moved past them (no WAL kept for them).
+        sql(pg, f"INSERT INTO other_{table} SELECT g FROM generate_series(2, 500) g")
+        after = lsn(query_one(pg, "SELECT pg_current_wal_flush_lsn()::text"))
+        await async_wait_for(lambda: lsn(confirmed(pg, slot)) >= after, 30,
+                             "the idle slot moved past unpublished writes")
         await got.stop()
     assert [e["key"] for e in got.events()[6:]] == [{"id": 10}]
     assert conn.metric("danube_connector_messages_processed_total", topic=topic) == 1
