@@ -22,6 +22,8 @@ import collections
 import json
 import logging
 
+import orjson
+
 from danube.connect import (ConfigError, FatalError, Field, ProducerConfig, SourceConnector,
                             SourceRecord, Table, Tables, Unavailable)
 from danube.connect.settings import topic_name
@@ -314,8 +316,11 @@ class PostgresCdcSource(SourceConnector):
         if unchanged:
             event["unchanged_toast"] = unchanged
         self._seq += 1
-        return SourceRecord(route.to, json.dumps(event, separators=(",", ":")).encode(),
-                            key=_key_text(key), token=self._seq)
+        try:
+            payload = orjson.dumps(event)
+        except TypeError:                   # a json/jsonb integer beyond 64 bits
+            payload = json.dumps(event, separators=(",", ":")).encode()
+        return SourceRecord(route.to, payload, key=_key_text(key), token=self._seq)
 
     # -- acknowledging --------------------------------------------------------------------
 
@@ -364,6 +369,11 @@ class PostgresCdcSource(SourceConnector):
         self._attempt += 1
 
     async def _drop(self):
+        # Positions not yet applied to the slot are forgotten: after a crash PostgreSQL may
+        # have lost a transaction that was never flushed (asynchronous commit) and reuse its
+        # LSNs, so only what the slot gives again is trusted (it is published again).
+        self._done.clear()
+        self._advance_to = 0
         self._cursor = None
         read, write = self._read, self._write
         self._read = self._write = None

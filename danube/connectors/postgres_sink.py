@@ -265,6 +265,9 @@ class PostgresSink(SinkConnector):
                 doc = doc.get("after")
             elif kind == "delete":
                 op, doc = "delete", doc.get("key") or doc.get("before")
+            elif kind == "truncate":
+                raise InvalidRecord("a truncate is not applied (the table keeps its rows)",
+                                    record)
             else:
                 raise InvalidRecord(f"not a change event: op {kind!r} (insert, update or "
                                     f"delete expected)", record)
