@@ -78,6 +78,14 @@ def is_outage(exc):
     return isinstance(exc, psycopg.OperationalError) and exc.sqlstate is None
 
 
+def is_transient(exc):
+    """True for errors of a busy server that the same statement may pass later: a
+    serialization failure or deadlock (class 40), a lock not available, a statement
+    cancelled by its timeout."""
+    return isinstance(exc, (pg_errors.TransactionRollback, pg_errors.LockNotAvailable,
+                            pg_errors.QueryCanceled))
+
+
 async def connect(settings, autocommit=True):
     """A connection, or Unavailable when PostgreSQL cannot be reached (refused, timed out,
     starting up); ConfigError when it answers no (authentication, no such database)."""

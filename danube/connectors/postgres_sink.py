@@ -13,15 +13,17 @@ least once, no duplicates by key.
 Bad records go to the dead-letter topic with the reason: not JSON, not an object, a key
 column missing, or a row PostgreSQL refuses (a value of the wrong type, a NOT NULL or CHECK
 violation: the batch is then written row by row, each in a savepoint, to find them). While
-PostgreSQL is unreachable the batch is retried without end (not ready meanwhile)."""
+PostgreSQL is unreachable or busy (a deadlock, a lock timeout) the batch is retried without
+end (not ready meanwhile); an error no retry can fix (the table dropped, a privilege revoked)
+stops the connector with the batch unacknowledged."""
 
 import json
 import logging
 
 import orjson
 
-from danube.connect import (ConfigError, ConsumerConfig, Field, InvalidRecord,
-                            RetryableError, SinkConnector, Table, Tables, Unavailable)
+from danube.connect import (ConfigError, ConsumerConfig, FatalError, Field, InvalidRecord,
+                            SinkConnector, Table, Tables, Unavailable)
 from danube.connect.settings import topic_name
 from danube.connectors import _pg
 from danube.connectors._pg import psycopg, sql
@@ -238,14 +240,23 @@ class PostgresSink(SinkConnector):
             rejected += await self._write(by_route)
         except psycopg.Error as exc:
             await self._rollback()
-            if _pg.is_outage(exc):
-                await self._drop()
-                raise Unavailable(f"PostgreSQL: {_pg.describe(exc)}") from None
             if isinstance(exc, (psycopg.DataError, psycopg.IntegrityError)):
                 rejected += await self._write_one_by_one(by_route)
             else:
-                raise RetryableError(f"PostgreSQL: {_pg.describe(exc)}") from None
+                await self._failed(exc)
         return rejected
+
+    async def _failed(self, exc):
+        """A batch PostgreSQL did not take for no fault of a record: down or busy (a
+        deadlock, a lock or statement timeout) is retried without end; anything else (a
+        table dropped, a privilege revoked) stops the connector with nothing acknowledged,
+        rather than dead-lettering every record until someone fixes it."""
+        if _pg.is_outage(exc):
+            await self._drop()
+            raise Unavailable(f"PostgreSQL: {_pg.describe(exc)}") from None
+        if _pg.is_transient(exc):
+            raise Unavailable(f"PostgreSQL busy: {_pg.describe(exc)}") from None
+        raise FatalError(f"writing to PostgreSQL: {_pg.describe(exc)}") from None
 
     def _row(self, route, record):
         try:
@@ -331,10 +342,7 @@ class PostgresSink(SinkConnector):
                                 f"{route.table}: {_pg.describe(exc)}", record))
         except psycopg.Error as exc:
             await self._rollback()
-            if _pg.is_outage(exc):
-                await self._drop()
-                raise Unavailable(f"PostgreSQL: {_pg.describe(exc)}") from None
-            raise RetryableError(f"PostgreSQL: {_pg.describe(exc)}") from None
+            await self._failed(exc)
         return rejected
 
     @staticmethod

@@ -190,6 +190,35 @@ async def test_postgres_down_30s(tmp_path, broker):
         pg.close()
 
 
+async def test_a_dropped_table_stops_the_connector_with_nothing_acknowledged(tmp_path,
+                                                                             broker, pg):
+    """An error no retry fixes (the table dropped) stops the connector (exit 1) instead of
+    dead-lettering every record: once the table is back, a restart writes them."""
+    table = new_table(pg)
+    topic = f"/default/{table}"
+    async with DanubeClient(f"http://{broker.client_addr}") as client:
+        producer = await make_topic(client, topic)
+        conn = ConnectorProcess(write_config(tmp_path / "c.toml", broker, pg, topic, table,
+                                             dlq=f"/default/dlq_{table}"))
+        await asyncio.to_thread(conn.start)
+        await producer.send_many([row(i) for i in range(10)])
+        await async_wait_for(lambda: count(pg, table) == 10, 60, "the first 10")
+        sql(pg, f"DROP TABLE {table}")
+        await producer.send_many([row(i) for i in range(10, 20)])
+        await async_wait_for(lambda: conn.proc.poll() is not None, 60, "the connector to stop")
+        assert conn.proc.returncode == 1
+        assert "does not exist" in conn.log()
+        sql(pg, f"CREATE TABLE {table} (id bigint PRIMARY KEY, name text NOT NULL, qty int, "
+                f"meta jsonb, created timestamptz DEFAULT now())")
+        conn = ConnectorProcess(conn.config_path)
+        await asyncio.to_thread(conn.start)
+        await async_wait_for(lambda: count(pg, table) == 10, 60, "the 10 sent meanwhile")
+    assert [r[0] for r in query(pg, f"SELECT id FROM {table} ORDER BY id")] == \
+        list(range(10, 20))
+    assert conn.metric("danube_connector_messages_dead_lettered_total") == 0
+    assert conn.stop() == 0
+
+
 async def test_created_table_mirrors_a_cdc_stream(tmp_path, broker, pg):
     """source-postgres-cdc -> topic -> sink-postgres (format "cdc") into a table it
     creates: inserts, updates and deletes arrive as in the source table."""
