@@ -7,8 +7,8 @@ publication of the routed tables (both created when missing). psycopg 3 has no c
 the streaming replication protocol, so the slot is read through PostgreSQL's logical
 decoding SQL functions: ``pg_logical_slot_peek_binary_changes`` (which reads without
 consuming, whole committed transactions in commit order, from the slot's confirmed
-position) through a server-side cursor (the client holds one batch at a time, whatever the
-size of a transaction), and ``pg_replication_slot_advance`` once the broker acknowledged
+position) through a server-side cursor WITH HOLD (the client holds one batch at a time,
+whatever the size of a transaction, and no transaction stays open between batches), and ``pg_replication_slot_advance`` once the broker acknowledged
 every change of a transaction. A crash of the connector, of the broker or of PostgreSQL
 (whose slot position is saved at checkpoints) makes the slot give those changes again: at
 least once, in commit order, never a change skipped.
@@ -74,7 +74,7 @@ class PostgresCdcSource(SourceConnector):
             if name in self.routes:
                 raise ConfigError(f"postgres.routes[{i}].table: {route.table} is routed twice")
             self.routes[name] = route
-        self._read = None               # the connection that reads the slot (a transaction)
+        self._read = None               # the connection that reads the slot
         self._write = None              # autocommit: advances the slot
         self._cursor = None
         self._decoder = pgoutput.Decoder()
@@ -97,8 +97,8 @@ class PostgresCdcSource(SourceConnector):
     # -- start ----------------------------------------------------------------------------
 
     async def initialize(self):
-        await self._connect()
         try:
+            await self._connect()
             await self._prepare()
         except psycopg.Error as exc:
             if _pg.is_outage(exc):
@@ -108,7 +108,7 @@ class PostgresCdcSource(SourceConnector):
 
     async def _connect(self):
         if self._read is None:
-            self._read = await _pg.connect(self.pg, autocommit=False)
+            self._read = await _pg.connect(self.pg, autocommit=True)
         if self._write is None:
             self._write = await _pg.connect(self.pg, autocommit=True)
         row = await (await self._write.execute(
@@ -245,7 +245,9 @@ class PostgresCdcSource(SourceConnector):
             self._floor = (await (await self._read.execute(
                 "SELECT pg_current_wal_flush_lsn()::text")).fetchone())[0]
             self._peeked = 0
-            self._cursor = self._read.cursor(name="danube_cdc_peek")
+            # WITH HOLD: the result outlives its transaction, so no transaction stays
+            # open (holding back vacuum) while the broker takes its time.
+            self._cursor = self._read.cursor(name="danube_cdc_peek", withhold=True)
             await self._cursor.execute(PEEK, (self.pg.slot_name, self.pg.max_changes_per_read,
                                               self.pg.publication_name))
         rows = await self._cursor.fetchmany(max_records)
@@ -254,7 +256,6 @@ class PostgresCdcSource(SourceConnector):
         if exhausted:
             await self._cursor.close()
             self._cursor = None
-            await self._read.commit()
             if not self._peeked:
                 await self._idle_advance()
         return self._decode(rows), bool(rows)

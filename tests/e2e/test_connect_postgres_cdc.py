@@ -106,6 +106,11 @@ def confirmed(pg, slot):
                          "slot_name = %s", (slot,)).fetchone()[0]
 
 
+def query_all(pg, statement):
+    with psycopg.connect(pg.url, autocommit=True) as c:
+        return c.execute(statement).fetchall()
+
+
 def query_one(pg, statement):
     with psycopg.connect(pg.url, autocommit=True) as c:
         return c.execute(statement).fetchone()[0]
@@ -185,8 +190,18 @@ async def test_a_large_transaction_comes_in_bounded_batches(tmp_path, broker, pg
         got = await Collector(client, topic).start()
         sql(pg, f"INSERT INTO {table} SELECT g, repeat('x', 100) FROM generate_series(1, "
                 f"1500) g")
-        await async_wait_for(lambda: len(got.messages) >= 1500, 60, "1,500 events")
+        # The cursor is held between batches without a transaction (none holds back
+        # vacuum while the broker takes the batch).
+        states = set()
+
+        def sample():
+            states.update(r[0] for r in query_all(
+                pg, "SELECT state FROM pg_stat_activity WHERE application_name = "
+                    "'danube-connect'"))
+            return len(got.messages) >= 1500
+        await async_wait_for(sample, 60, "1,500 events")
         await got.stop()
+    assert "idle" in states and "idle in transaction" not in states, states
     assert [e["key"]["id"] for e in got.events()] == list(range(1, 1501))
     assert len({e["xid"] for e in got.events()}) == 1
     batches = conn.metric("danube_connector_batch_size_count")
