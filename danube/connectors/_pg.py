@@ -2,8 +2,6 @@
 psycopg 3 (asyncio), which errors mean "PostgreSQL is down" (retried without end by the
 runtime) and which mean "this cannot work", and table names."""
 
-import logging
-
 from danube.connect import ConfigError, Field, Unavailable
 
 try:
@@ -13,8 +11,6 @@ try:
 except ImportError as exc:      # pragma: no cover - reported by the registry with the extra
     raise ImportError(f"the PostgreSQL connectors need psycopg 3: {exc}",
                       name="psycopg") from None
-
-log = logging.getLogger("danube.connectors.postgres")
 
 
 def _conninfo(value):
