@@ -220,19 +220,21 @@ class PostgresSink(SinkConnector):
         for record in records:
             route = self.routes[record.topic]
             try:
-                op, row = self._row(route, record)
+                ops = self._row(route, record)
             except InvalidRecord as exc:
                 rejected.append(exc)
                 continue
             # The last record of a key in the batch wins (one row per key per statement).
             keyed = by_route.setdefault(route.topic, {})
-            key = tuple(row) if op == "delete" else tuple(row[i] for i in route.key_index)
-            try:
-                keyed.pop(key, None)
-            except TypeError:               # an object or array as a key value
-                key = tuple(orjson.dumps(v, option=orjson.OPT_SORT_KEYS) for v in key)
-                keyed.pop(key, None)
-            keyed[key] = (op, row, record)
+            for op, row in ops:
+                key = tuple(row) if op == "delete" else \
+                    tuple(row[i] for i in route.key_index)
+                try:
+                    keyed.pop(key, None)
+                except TypeError:               # an object or array as a key value
+                    key = tuple(orjson.dumps(v, option=orjson.OPT_SORT_KEYS) for v in key)
+                    keyed.pop(key, None)
+                keyed[key] = (op, row, record)
         if not by_route:
             return rejected
         await self._ready()
@@ -269,9 +271,11 @@ class PostgresSink(SinkConnector):
         if not isinstance(doc, dict):
             raise InvalidRecord(f"expected a JSON object, not {type(doc).__name__}",
                                 record)
-        op = "upsert"
+        op, moved = "upsert", []
         if route.cfg.format == "cdc":
             kind = doc.get("op")
+            if kind == "update":
+                moved = _moved_key(route.key, doc.get("before"), doc.get("after"))
             if kind in ("insert", "update"):
                 doc = doc.get("after")
             elif kind == "delete":
@@ -296,7 +300,7 @@ class PostgresSink(SinkConnector):
         for k in route.key:
             if get(k) is None:
                 raise InvalidRecord(f"key column {k!r} missing or null", record)
-        return op, values
+        return moved + [(op, values)]
 
     async def _write(self, by_route):
         conn = self.conn
@@ -387,6 +391,17 @@ class PostgresSink(SinkConnector):
     async def health_check(self):
         return None if self.conn is not None and not self.conn.closed else \
             "not connected to PostgreSQL"
+
+
+def _moved_key(key, before, after):
+    """An update that changed the key: the old key's row is deleted (before the new one is
+    upserted); [] otherwise."""
+    if not isinstance(before, dict) or not isinstance(after, dict):
+        return []
+    old = [before.get(k) for k in key]
+    if None in old or old == [after.get(k) for k in key]:
+        return []
+    return [("delete", old)]
 
 
 def _json_text(value):

@@ -255,11 +255,12 @@ to = "{topic}"
         await asyncio.to_thread(cdc.start)
         sql(pg, f"INSERT INTO {source} SELECT g, 'n' || g, '[1]' FROM generate_series(1, 50) g",
             f"UPDATE {source} SET name = 'changed' WHERE id <= 10",
-            f"DELETE FROM {source} WHERE id > 40")
+            f"DELETE FROM {source} WHERE id > 40",
+            f"UPDATE {source} SET id = 100 WHERE id = 20")      # the key moves
         want = query(pg, f"SELECT id, name, tags FROM {source} ORDER BY id")
         await async_wait_for(lambda: query(pg, f"SELECT id, name, tags FROM {mirror} "
                                                f"ORDER BY id") == want, 60, "the mirror")
-    assert len(want) == 40 and want[0] == (1, "changed", [1])
+    assert len(want) == 40 and want[0] == (1, "changed", [1]) and want[-1][0] == 100
     assert cdc.stop() == 0
     assert sink.stop() == 0
 
