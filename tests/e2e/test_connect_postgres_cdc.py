@@ -19,7 +19,7 @@ from broker_process import BrokerProcess
 from connector_process import ConnectorProcess
 from postgres_process import Postgres
 from waiting import async_wait_for
-from danube.client import DanubeClient
+from danube.client import DanubeClient, fnv1a64
 
 
 @pytest.fixture(scope="module")
@@ -207,6 +207,32 @@ async def test_a_large_transaction_comes_in_bounded_batches(tmp_path, broker, pg
     batches = conn.metric("danube_connector_batch_size_count")
     assert batches >= 15
     assert conn.metric("danube_connector_batch_size_bucket", le="100.0") == batches
+    assert conn.stop() == 0
+
+
+async def test_a_partitioned_route_keys_each_row_to_its_partition(tmp_path, broker, pg):
+    table = f"parts_{uuid.uuid4().hex[:6]}"
+    topic = f"/default/{table}"
+    sql(pg, f"CREATE TABLE {table} (id int PRIMARY KEY, v int)")
+    path = write_config(tmp_path / "cdc.toml", broker, pg, [(table, topic)])
+    path.write_text(path.read_text() + "partitions = 3\n")
+    async with DanubeClient(f"http://{broker.client_addr}") as client:
+        await client.create_producer(topic, "mk", partitions=3, reliable=True)
+        consumer = await client.subscribe(topic, "c", "s", "shared")
+        conn = ConnectorProcess(path)
+        await asyncio.to_thread(conn.start)
+        sql(pg, f"INSERT INTO {table} SELECT g, 0 FROM generate_series(1, 30) g",
+            f"UPDATE {table} SET v = 1", f"UPDATE {table} SET v = 2")
+        got = [await consumer.receive(timeout=60) for _ in range(90)]
+        await consumer.close()
+    per_key = {}
+    for m in got:
+        event = json.loads(m.payload)
+        assert m.routing_key == str(event["key"]["id"])
+        assert m.msg_id.topic_name == f"{topic}-part-{fnv1a64(m.routing_key) % 3}"
+        per_key.setdefault(m.routing_key, []).append(event["after"]["v"])
+    assert len({m.msg_id.topic_name for m in got}) == 3
+    assert all(v == [0, 1, 2] for v in per_key.values()) and len(per_key) == 30
     assert conn.stop() == 0
 
 
