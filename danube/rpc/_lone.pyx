@@ -69,6 +69,17 @@ cdef inline uint32_t _u24(const uint8_t *p) noexcept nogil:
     return (<uint32_t>p[0] << 16) | (<uint32_t>p[1] << 8) | p[2]
 
 
+cdef class _Route:
+    """What the path needs of one cached request head, read once: the head's attributes
+    and its method's, and the key of its OK count."""
+    cdef object path, method, handler, deserialize, serialize, count_key, timeout
+    cdef bint usable
+
+
+cdef enum:
+    _MAX_ROUTES = 1024      # heads are the decoder's cached ones (512 at most at a time)
+
+
 cdef class LoneCalls:
     """A ServerConnection's lone-call path. `data_received(data)` is the connection's input
     callback: a read this path can take whole is answered here, any other goes to the
@@ -76,6 +87,7 @@ cdef class LoneCalls:
 
     cdef object conn, server, loop, reader, methods, streams, head_cache, rpc_counts
     cdef object stream_cls, unary_kind, resumed, general, headers, trailers
+    cdef dict routes
     cdef Py_ssize_t max_streams, half_window, max_message
     cdef public unsigned long long taken       # calls answered or started on this path
 
@@ -99,6 +111,30 @@ cdef class LoneCalls:
         # A request this large makes the general path credit the stream window at once.
         self.half_window = config.stream_window // 2
         self.max_message = config.max_message_size
+        self.routes = {}
+
+    cdef _Route _route(self, head):
+        """The head's route, made on its first call (the head objects are the decoder's
+        cached ones, so the same object comes back for the same block)."""
+        cdef _Route route = self.routes.get(head)
+        if route is not None and self.methods.get(route.path) is route.method:
+            return route
+        route = _Route()
+        route.usable = False
+        route.path = head.path
+        route.method = method = self.methods.get(head.path)
+        if (head.http_error is None and head.error is None and method is not None
+                and method.kind is self.unary_kind):
+            route.usable = True
+            route.handler = method.handler
+            route.deserialize = method.deserialize
+            route.serialize = method.serialize
+            route.count_key = (method.name, 0)
+            route.timeout = head.timeout
+        if len(self.routes) >= _MAX_ROUTES:
+            self.routes.clear()
+        self.routes[head] = route
+        return route
 
     def data_received(self, bytes data):
         if not self._take(data):
@@ -178,34 +214,34 @@ cdef class LoneCalls:
             # Streams waiting for the connection window would be pumped: the general path's.
             if conn.blocked or conn.send_window + conn_before + conn_after > _MAX_WINDOW:
                 return False
-        if stream_inc and conn.peer_initial_window + stream_inc > _MAX_WINDOW:
+        cdef long long stream_window = conn.peer_initial_window + stream_inc
+        if stream_window > _MAX_WINDOW:
             return False
         recv_unacked = conn.recv_unacked
         if dlen > conn.recv_window - recv_unacked:
             return False
         head = self.head_cache.get(PyBytes_FromStringAndSize(<const char *>p + 9, hlen))
-        if head is None or head.http_error is not None or head.error is not None:
+        if head is None:
             return False
-        method = self.methods.get(head.path)
-        if method is None or method.kind is not self.unary_kind:
+        cdef _Route route = self._route(head)
+        if not route.usable:
             return False
-        limit = method.max_request
+        limit = route.method.max_request     # read each time: Server.limit_requests sets it
         if mlen > (self.max_message if limit is None else <Py_ssize_t>limit):
             return False
-        received_at = _monotonic()
-        timeout = head.timeout
-        if timeout is not None and <double>timeout <= _monotonic() - received_at:
-            return False                # expired on arrival: the general path's answer
+        timeout = route.timeout
+        if timeout is not None:
+            received_at = _monotonic()
+            if <double>timeout <= _monotonic() - received_at:
+                return False            # expired on arrival: the general path's answer
         # Taken: from here on this is the call's handling, as the general path does it.
-        conn.received_at = received_at
         conn.last_peer_stream = sid
         conn.recv_unacked = recv_unacked + dlen
         self.taken += 1
         conn._in_receive = True
         suspended = False
         try:
-            stream = self.stream_cls(sid, conn, head, method, True)
-            stream.recv_unacked = dlen
+            stream = self.stream_cls(sid, conn, head, route.method, True)
             if stream_inc:
                 stream._send_window += stream_inc
             if conn_before:
@@ -213,8 +249,9 @@ cdef class LoneCalls:
             if timeout is not None:
                 stream.deadline = self.loop.time() + timeout
             self.streams[sid] = stream
-            suspended = self._run(stream, method,
-                                  PyBytes_FromStringAndSize(<const char *>p + dpos + 14, mlen))
+            suspended = self._run(stream, route,
+                                  PyBytes_FromStringAndSize(<const char *>p + dpos + 14, mlen),
+                                  sid, stream_window)
             if conn_after:
                 conn.send_window += conn_after
             if conn.recv_unacked >= conn.recv_window // 4:
@@ -233,7 +270,8 @@ cdef class LoneCalls:
             stream.arm_deadline()
         return True
 
-    cdef bint _run(self, stream, method, bytes message) except -1:
+    cdef bint _run(self, stream, _Route route, bytes message, uint32_t sid,
+                   long long stream_window) except -1:
         """Run the handler where its request completed (ServerStream._run_unary, inlined):
         True when it suspended and carries on in a task."""
         cdef PyObject *result = NULL
@@ -241,7 +279,7 @@ cdef class LoneCalls:
         server = self.server
         server.active_calls += 1
         try:
-            deserialize = method.deserialize
+            deserialize = route.deserialize
             if deserialize is None:
                 request = message
             else:
@@ -252,7 +290,7 @@ cdef class LoneCalls:
                 except Exception as exc:  # noqa: BLE001 - any parser error is the client's
                     raise RpcError(StatusCode.INTERNAL,
                                    f"failed to parse request message: {exc}")
-            coro = method.handler(request, stream)
+            coro = route.handler(request, stream)
             if type(coro) is not _Coroutine and not hasattr(coro, "send"):   # any awaitable
                 stream.task = self.loop.create_task(stream._finish_unary(coro))
                 return True
@@ -263,37 +301,40 @@ cdef class LoneCalls:
                 stream.task = self.loop.create_task(
                     stream._finish_unary(self.resumed(coro, value)))
                 return True
-            if not self._answer(stream, method, value):
+            if not self._answer(stream, route, value, sid, stream_window):
                 stream._send_unary(value)
         except BaseException as exc:  # noqa: BLE001 - _failed re-raises what is not a call's
             stream._failed(exc)
         server.active_calls -= 1
-        if stream._timer is not None:
-            stream._cancel_timer()
+        # No deadline timer to cancel: it is armed only for a call that suspended.
         if server.active_calls == 0 and server.idle_waiter is not None:
             server.idle_waiter.set()
         return False
 
-    cdef bint _answer(self, stream, method, response) except -1:
+    cdef bint _answer(self, stream, _Route route, response, uint32_t sid,
+                      long long stream_window) except -1:
         """The plain OK answer (ServerStream._send_unary's first branch) in one buffer; False
         when the call needs the general answer (metadata, compression, a status set by the
         handler, a window too small, a response over the size limit...)."""
         conn = self.conn
-        if (stream.finished or stream.headers_sent or stream._initial is not None
-                or stream._trailing is not None or stream._resp_encoding is not None
-                or stream._code is not None or stream.pending is not None):
+        # Initial metadata and queued DATA imply headers_sent; _details goes out only with
+        # a _code (as in _send_unary).
+        if (stream.finished or stream.headers_sent or stream._trailing is not None
+                or stream._resp_encoding is not None or stream._code is not None):
             return False
-        serialize = method.serialize
+        serialize = route.serialize
         data = response if serialize is None else serialize(response)
         if type(data) is not bytes:
             return False
         cdef Py_ssize_t mn = PyBytes_GET_SIZE(data)
         cdef Py_ssize_t wn = mn + 5
-        if (mn > self.max_message or wn > stream._send_window or wn > conn.send_window
-                or stream._window_base != conn.peer_initial_window):
+        # The stream's window is what its creation and this read's WINDOW_UPDATEs made it
+        # (only input changes it, and the handler ran inside this input).
+        cdef long long conn_window = conn.send_window
+        if mn > self.max_message or wn > stream_window or wn > conn_window:
             return False
         cdef bytes headers = self.headers, trailers = self.trailers
-        out = _unary_response(stream.sid, <const uint8_t *>PyBytes_AS_STRING(headers),
+        out = _unary_response(sid, <const uint8_t *>PyBytes_AS_STRING(headers),
                               PyBytes_GET_SIZE(headers),
                               <const uint8_t *>PyBytes_AS_STRING(data), mn,
                               <const uint8_t *>PyBytes_AS_STRING(trailers),
@@ -302,16 +343,18 @@ cdef class LoneCalls:
             conn.write(out)
         elif not conn.transport.is_closing():
             conn.transport.write(out)
-        self.rpc_counts[method.name, 0] += 1
-        stream._send_window -= wn
-        conn.send_window -= wn
+        counts = self.rpc_counts
+        key = route.count_key
+        counts[key] = counts.get(key, 0) + 1
+        stream._send_window = stream_window - wn
+        conn.send_window = conn_window - wn
         stream.headers_sent = True
         # _closed_by_us and stream_done, for a stream whose request has ended, that never
         # waited for a window or request bytes and has no timer yet.
         stream.finished = True
         stream.closed_local = True
         streams = self.streams
-        streams.pop(stream.sid, None)
+        streams.pop(sid, None)
         if not streams:
             conn._active_at = self.loop.time()
             if conn.goaway_last is not None:

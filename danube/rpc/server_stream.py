@@ -79,7 +79,7 @@ class ServerStream(StreamBase):
                  "_inbox_bytes", "_metadata", "_idle_tick", "_idle_bucket")
 
     def __init__(self, sid, conn, head, method, whole=False):
-        super().__init__(sid, conn)
+        StreamBase.__init__(self, sid, conn)    # not super(): one call per call counts here
         self.head = head
         self.method = method
         if whole:
@@ -104,7 +104,9 @@ class ServerStream(StreamBase):
         self._initial = None
         self._code = None
         self._details = None
-        self._resp_encoding = conn.server.response_encoding(head)
+        server = conn.server
+        self._resp_encoding = (None if server.default_compression is None
+                               else server.response_encoding(head))
         self._metadata = None
         self._idle_tick = 0
         self._idle_bucket = None      # the IdleStreams bucket holding us while we wait
