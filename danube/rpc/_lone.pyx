@@ -88,7 +88,8 @@ cdef class LoneCalls:
     cdef object conn, server, loop, reader, methods, streams, head_cache, rpc_counts
     cdef object stream_cls, unary_kind, resumed, general, headers, trailers
     cdef dict routes
-    cdef Py_ssize_t max_streams, half_window, max_message
+    cdef Py_ssize_t max_streams, half_window, max_message, recv_window
+    cdef object transport
     cdef public unsigned long long taken       # calls answered or started on this path
 
     def __init__(self, conn, stream_cls, unary_kind, resumed, headers, trailers):
@@ -111,6 +112,9 @@ cdef class LoneCalls:
         # A request this large makes the general path credit the stream window at once.
         self.half_window = config.stream_window // 2
         self.max_message = config.max_message_size
+        # The connection's receive window as connection_made sets it (it never changes).
+        self.recv_window = max(config.connection_window, 65535)
+        self.transport = None
         self.routes = {}
 
     cdef _Route _route(self, head):
@@ -218,7 +222,7 @@ cdef class LoneCalls:
         if stream_window > _MAX_WINDOW:
             return False
         recv_unacked = conn.recv_unacked
-        if dlen > conn.recv_window - recv_unacked:
+        if dlen > self.recv_window - recv_unacked:
             return False
         head = self.head_cache.get(PyBytes_FromStringAndSize(<const char *>p + 9, hlen))
         if head is None:
@@ -238,7 +242,8 @@ cdef class LoneCalls:
         conn.last_peer_stream = sid
         conn.recv_unacked = recv_unacked + dlen
         self.taken += 1
-        conn._in_receive = True
+        # Not marked _in_receive: what the handler writes through conn.write is flushed
+        # below (or by the flush it schedules, finding nothing left).
         suspended = False
         try:
             stream = self.stream_cls(sid, conn, head, route.method, True)
@@ -254,7 +259,7 @@ cdef class LoneCalls:
                                   sid, stream_window)
             if conn_after:
                 conn.send_window += conn_after
-            if conn.recv_unacked >= conn.recv_window // 4:
+            if conn.recv_unacked >= self.recv_window // 4:
                 conn.write(window_update_frame(0, conn.recv_unacked))
                 conn.recv_unacked = 0
         except H2ConnectionError as exc:
@@ -262,8 +267,6 @@ cdef class LoneCalls:
         except Exception:  # noqa: BLE001 - as the general path: one connection, not the server
             log.exception("internal error handling input from %s", conn.peername)
             conn.protocol_error(http2.E_INTERNAL_ERROR, "internal error")
-        finally:
-            conn._in_receive = False
         if conn._out:
             conn.flush()
         if suspended and timeout is not None:
@@ -341,8 +344,12 @@ cdef class LoneCalls:
                               PyBytes_GET_SIZE(trailers), conn.peer_max_frame, False)
         if conn._out or conn.closed:
             conn.write(out)
-        elif not conn.transport.is_closing():
-            conn.transport.write(out)
+        else:
+            transport = self.transport
+            if transport is None:
+                transport = self.transport = conn.transport
+            if not transport.is_closing():
+                transport.write(out)
         counts = self.rpc_counts
         key = route.count_key
         counts[key] = counts.get(key, 0) + 1
