@@ -17,6 +17,10 @@ unary calls are answered in the loop turn that read them, with no task. Until it
 `await` that suspends, such a handler has no current task: `asyncio.current_task()` is None
 there and `asyncio.timeout()` refuses to start, so a handler that needs either awaits
 something first (or uses `asyncio.wait_for`). No handler of the broker does.
+
+A read that holds exactly one unary call (HEADERS, DATA, WINDOW_UPDATEs) with a header block
+this connection has decoded before is handled whole in C by `_lone.pyx` (LoneCalls), the
+connection's `data_received`; what it does not take goes unchanged to `take_input`.
 """
 
 import asyncio

@@ -216,3 +216,107 @@ async def test_a_deadline_still_ends_a_suspended_call():
             assert _taken(server) >= 2
     finally:
         await _stop(server)
+
+
+# -- raw HTTP/2: what the path refuses reaches the general path's checks ---------------------
+
+from danube.codec import http2  # noqa: E402
+from danube.codec.http2 import FrameReader  # noqa: E402
+from danube.rpc.config import TransportConfig  # noqa: E402
+from danube.rpc.headers import encode_headers  # noqa: E402
+
+_BLOCK = encode_headers([(b":method", b"POST"), (b":scheme", b"http"), (b":path", b"/t.T/Echo"),
+                         (b":authority", b"x"), (b"content-type", b"application/grpc"),
+                         (b"te", b"trailers")])
+_HANG_BLOCK = _BLOCK.replace(b"/t.T/Echo", b"/t.T/Hang")
+
+
+def _call(sid, body=b"hi", block=_BLOCK):
+    message = b"\0" + len(body).to_bytes(4, "big") + body
+    return (http2.frame(http2.HEADERS, http2.FLAG_END_HEADERS, sid, block)
+            + http2.frame(http2.DATA, http2.FLAG_END_STREAM, sid, message))
+
+
+async def _raw(config=None):
+    server = Server(config or TransportConfig())
+
+    async def echo(request, context):
+        return request
+
+    async def hang(request, context):
+        await asyncio.get_running_loop().create_future()
+
+    server.add_method("/t.T/Echo", Kind.UNARY_UNARY, echo)
+    server.add_method("/t.T/Hang", Kind.UNARY_UNARY, hang)
+    port = await server.start()
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(http2.CLIENT_PREFACE + http2.settings_frame([]))
+    return server, reader, writer
+
+
+async def _frames_until(reader, done, timeout=30):
+    """Frames read until done(frames) holds (or the connection ends)."""
+    frames, parser = [], FrameReader(1 << 24)
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while not done(frames):
+        data = await asyncio.wait_for(reader.read(65536), max(0.1, end - loop.time()))
+        if not data:
+            break
+        frames.extend(parser.feed(data))
+    return frames
+
+
+def _ended(sid):
+    return lambda fs: any(f[0] == http2.HEADERS and f[2] == sid and f[1] & 1 for f in fs)
+
+
+async def test_a_reused_stream_id_is_still_a_connection_error():
+    server, reader, writer = await _raw()
+    try:
+        writer.write(_call(1))          # the general path: its head is cached from now on
+        await _frames_until(reader, _ended(1))
+        writer.write(_call(3))
+        await _frames_until(reader, _ended(3))
+        assert _taken(server) == 1
+        writer.write(_call(3))          # again: refused by the lone path, an error on the other
+        frames = await _frames_until(reader, lambda fs: any(f[0] == http2.GOAWAY for f in fs))
+        goaway = [f for f in frames if f[0] == http2.GOAWAY]
+        assert goaway and int.from_bytes(goaway[0][3][4:8], "big") == http2.E_PROTOCOL_ERROR
+        assert _taken(server) == 1
+    finally:
+        writer.close()
+        await server.stop(0.5)
+
+
+async def test_the_concurrent_stream_limit_still_refuses():
+    server, reader, writer = await _raw(TransportConfig(max_concurrent_streams=1))
+    try:
+        writer.write(_call(1, block=_HANG_BLOCK))    # held open by its handler
+        writer.write(_call(3))
+        frames = await _frames_until(
+            reader, lambda fs: any(f[0] == http2.RST_STREAM and f[2] == 3 for f in fs))
+        reset = [f for f in frames if f[0] == http2.RST_STREAM and f[2] == 3]
+        assert int.from_bytes(reset[0][3], "big") == http2.E_REFUSED_STREAM
+        assert _taken(server) == 0
+    finally:
+        writer.close()
+        await server.stop(0.5)
+
+
+async def test_a_call_past_the_method_limit_or_windows_goes_the_general_way():
+    server, reader, writer = await _raw(TransportConfig(max_message_size=1000))
+    try:
+        writer.write(_call(1))
+        await _frames_until(reader, _ended(1))
+        writer.write(_call(3, b"x" * 2000))         # over max_message_size
+        frames = await _frames_until(reader, _ended(3))
+        trailers = [f for f in frames if f[0] == http2.HEADERS and f[2] == 3]
+        assert trailers and _taken(server) == 0
+        writer.write(_call(5, b"ok"))
+        frames = await _frames_until(reader, _ended(5))
+        assert any(f[0] == http2.DATA and f[2] == 5 and f[3].endswith(b"ok") for f in frames)
+        assert _taken(server) == 1
+    finally:
+        writer.close()
+        await server.stop(0.5)
