@@ -1,18 +1,21 @@
 # cython: language_level=3
 # The server's path for a unary call that arrives alone: one socket read holding exactly the
-# call's HEADERS and its DATA (what grpcio, grpc-go and the official Danube clients send for
-# an Ack or a SendMessage, one call in flight per connection). Such a read is handled here in
-# one C function, from the bytes to the handler to the one buffer of the response, instead of
-# the ~40 Python calls of the general path (FrameReader, _handle_frames, _on_headers_frame,
-# new_stream_from_headers, ServerStream.start/on_data/_end_of_requests/_run_unary/
-# _send_unary, stream_done, flush). bench.rpc_capacity's lone section measures it.
+# call's HEADERS and its DATA, and the WINDOW_UPDATEs grpc-core sends with them (what grpcio
+# and the official Danube clients send for an Ack or a SendMessage, one call in flight per
+# connection). Such a read is handled here in one C function, from the bytes to the handler
+# to the one buffer of the response, instead of the ~40 Python calls of the general path
+# (FrameReader, _handle_frames, _on_headers_frame, new_stream_from_headers,
+# ServerStream.start/on_data/_end_of_requests/_run_unary/_send_unary, stream_done, flush).
+# bench.rpc_capacity's lone section measures it.
 #
 # The rule that keeps it safe: this path only takes input whose every effect it reproduces
 # exactly, and hands anything else, untouched, to the general path, which then does all the
 # checking as before. It gives up (returns False, nothing changed) unless the connection is in
 # its plain state (no partial frame buffered, no header block open, no backlog, no GOAWAY, not
 # closing), the read is precisely HEADERS (END_HEADERS, no padding or priority) + DATA
-# (END_STREAM, no padding) of one new client stream within the concurrent-stream limit, the
+# (END_STREAM, no padding) of one new client stream within the concurrent-stream limit, with
+# only WINDOW_UPDATEs (non-zero, no overflow, none while another stream waits for the
+# connection window) of the connection or of that stream besides them, the
 # header block was decoded before on this connection and is cached (so the HPACK state cannot
 # change), the method is a registered unary-unary one, the request is one whole uncompressed
 # message within the method's size limit and the windows, and the deadline has not passed on
@@ -22,8 +25,8 @@
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE, PyBytes_FromStringAndSize
 from libc.stdint cimport uint8_t, uint32_t
 
-from danube.codec.http2 cimport (FT_DATA, FT_HEADERS, FT_WINDOW_UPDATE, FL_END_STREAM, FL_END_HEADERS,
-                                 FL_PADDED, FL_PRIORITY, _u32, FrameReader)
+from danube.codec.http2 cimport (FT_DATA, FT_HEADERS, FT_WINDOW_UPDATE, FL_END_STREAM,
+                                 FL_END_HEADERS, _u32, FrameReader)
 from danube.codec.grpcframe cimport _unary_response
 
 import logging

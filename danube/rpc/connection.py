@@ -63,6 +63,7 @@ MAX_CONTINUATIONS = 32
 # aborted (the peer has the GOAWAY and the FIN by then).
 LINGER_SECONDS = 2.0
 
+
 class H2Connection(asyncio.Protocol):
     """One HTTP/2 connection. Subclasses create streams (`new_stream_from_headers`) and react to
     GOAWAY; everything else about the connection is handled here."""

@@ -11,8 +11,12 @@ import asyncio
 import grpc
 import pytest
 
+from danube.codec import http2
+from danube.codec.http2 import FrameReader
 from danube.rpc import RpcError, StatusCode
 from danube.rpc import server as server_mod
+from danube.rpc.config import TransportConfig
+from danube.rpc.headers import encode_headers
 from danube.rpc.server import Kind, Server
 
 
@@ -220,14 +224,9 @@ async def test_a_deadline_still_ends_a_suspended_call():
 
 # -- raw HTTP/2: what the path refuses reaches the general path's checks ---------------------
 
-from danube.codec import http2  # noqa: E402
-from danube.codec.http2 import FrameReader  # noqa: E402
-from danube.rpc.config import TransportConfig  # noqa: E402
-from danube.rpc.headers import encode_headers  # noqa: E402
-
-_BLOCK = encode_headers([(b":method", b"POST"), (b":scheme", b"http"), (b":path", b"/t.T/Echo"),
-                         (b":authority", b"x"), (b"content-type", b"application/grpc"),
-                         (b"te", b"trailers")])
+_BLOCK = encode_headers([(b":method", b"POST"), (b":scheme", b"http"),
+                         (b":path", b"/t.T/Echo"), (b":authority", b"x"),
+                         (b"content-type", b"application/grpc"), (b"te", b"trailers")])
 _HANG_BLOCK = _BLOCK.replace(b"/t.T/Echo", b"/t.T/Hang")
 
 
