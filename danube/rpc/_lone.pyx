@@ -81,6 +81,7 @@ cdef class _Route:
 
 cdef enum:
     _MAX_ROUTES = 1024      # heads are the decoder's cached ones (512 at most at a time)
+MAX_ROUTES = _MAX_ROUTES
 
 
 cdef class LoneCalls:
@@ -146,6 +147,11 @@ cdef class LoneCalls:
     def data_received(self, bytes data):
         if not self._take(data):
             self.general(data)
+
+    @property
+    def routes_held(self):
+        """Routes kept (bounded by _MAX_ROUTES)."""
+        return len(self.routes)
 
     def forget(self):
         """Drop the references back to the connection (it is gone)."""

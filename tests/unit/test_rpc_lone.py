@@ -319,3 +319,33 @@ async def test_a_call_past_the_method_limit_or_windows_goes_the_general_way():
     finally:
         writer.close()
         await server.stop(0.5)
+
+
+async def test_the_routes_kept_per_connection_are_bounded():
+    from danube.rpc._lone import MAX_ROUTES
+    server, reader, writer = await _raw()
+    try:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 30
+        while not server.connections:
+            assert loop.time() < deadline
+            await asyncio.sleep(0.01)
+        conn = next(iter(server.connections))
+        held = []
+        sid = 1
+        for i in range(MAX_ROUTES + 100):
+            block = encode_headers([(b":method", b"POST"), (b":scheme", b"http"),
+                                    (b":path", b"/t.T/Echo"), (b":authority", b"x"),
+                                    (b"content-type", b"application/grpc"),
+                                    (b"x-n", b"%d" % i)])
+            for _ in range(2):      # the second call of each block is the lone path's
+                writer.write(_call(sid, block=block))
+                await _frames_until(reader, _ended(sid))
+                sid += 2
+            held.append(conn._lone.routes_held)
+        assert max(held) <= MAX_ROUTES
+        assert held[-1] < MAX_ROUTES + 100        # cleared once past the bound
+        assert _taken(server) >= MAX_ROUTES
+    finally:
+        writer.close()
+        await server.stop(0.5)
