@@ -59,6 +59,7 @@ EXTENSION_MODULES = [
     "danube.schema._avrocheck",
     "danube.client._delivery",
     "danube.storage._tailcache",
+    "danube.rpc._lone",
 ]
 extensions = [
     Extension(name, [name.replace(".", "/") + ".pyx"], include_dirs=["danube/codec"],
