@@ -84,14 +84,20 @@ def standalone(tmp_path_factory):
                            capture_output=True, text=True)
     assert check.returncode == 0, f"danube_spark is not installed for {sys.executable} " \
                                   f"(bin/test installs the wheel): {check.stderr}"
-    cluster = SparkStandalone(tmp_path_factory.mktemp("spark-standalone"), workers=2).start()
+    # Its JVMs start while the Danube cluster does (the spark fixture waits for both).
+    cluster = SparkStandalone(tmp_path_factory.mktemp("spark-standalone"),
+                              workers=2).start_in_background()
     yield cluster
-    cluster.stop()
+    try:
+        cluster.wait_started()
+    finally:
+        cluster.stop()
 
 
 @pytest.fixture(scope="module")
-def spark(standalone):
+def spark(standalone, danube_cluster):
     from danube_spark import DanubeDataSource
+    standalone.wait_started()
     session = cluster_session(standalone, "danube-spark-cluster-tests",
                               # A task rerun after its executor died: not 4 tries of the
                               # same lost executor, but soon on the other one.

@@ -16,7 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
-import time
+import threading
 import urllib.request
 from pathlib import Path
 
@@ -180,6 +180,25 @@ class SparkStandalone:
         except BaseException:
             self.stop()
             raise
+        return self
+
+    def start_in_background(self) -> SparkStandalone:
+        """start() on a thread, so that a caller starts other servers meanwhile;
+        ``wait_started()`` joins it (and raises what it raised)."""
+        def run():
+            try:
+                self.start()
+            except BaseException as exc:  # noqa: BLE001 - raised again by wait_started
+                self._failure = exc
+        self._failure = None
+        self._starter = threading.Thread(target=run, daemon=True)
+        self._starter.start()
+        return self
+
+    def wait_started(self) -> SparkStandalone:
+        self._starter.join()
+        if self._failure is not None:
+            raise self._failure
         return self
 
     def wait_workers(self, n: int):
