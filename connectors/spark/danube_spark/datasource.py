@@ -76,7 +76,20 @@ class DanubeBatchReader(DataSourceReader):
 
 
 def topic_offsets(owners, topic):
-    """[PartitionRange] of every partition of ``topic``, each asked of its owner."""
+    """[PartitionRange] of every partition of ``topic``, each asked of its owner. One call
+    when the broker asked serves them all (a standalone broker, or a cluster's broker that
+    owns every partition); otherwise (UNAVAILABLE: some partition lives elsewhere) the
+    partitions are listed and each owner asked."""
+    if owners.one_call_offsets:
+        try:
+            return owners.seed().offsets(topic)
+        except DanubeSparkError as exc:
+            if exc.code not in ("UNAVAILABLE", "DEADLINE_EXCEEDED", "NOT_FOUND"):
+                raise
+            # Not all here, that broker is down, or a partition has no owner right now (a
+            # failover): each partition's owner from now on. A topic that does not exist
+            # is reported by the listing below.
+            owners.one_call_offsets = False
     out = []
     for name in owners.partitions(topic):
         out.extend(owners.call(name, lambda broker, n=name: broker.offsets(n), "the offsets"))

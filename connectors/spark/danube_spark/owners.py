@@ -39,10 +39,14 @@ class Owners:
         self._channels = {}     # (url, broker_url for an ingress) -> Broker
         self._owners = {}       # partition name -> Broker
         self.lookups = 0
+        # Whether a topic's offsets may be asked of the first broker in one call (it serves
+        # every partition); cleared for good once it did not.
+        self.one_call_offsets = True
 
     def __getstate__(self):
         return {"seeds": self.seeds, "timeout": self.timeout, "wait": self.wait,
-                "_channels": {}, "_owners": {}, "lookups": 0}
+                "_channels": {}, "_owners": {}, "lookups": 0,
+                "one_call_offsets": self.one_call_offsets}
 
     def close(self):
         for broker in self._channels.values():
@@ -74,6 +78,10 @@ class Owners:
             if known is broker:
                 del self._owners[name]
         broker.close()
+
+    def seed(self):
+        """The first broker of service_url."""
+        return self._broker(self.seeds[0])
 
     def on_seed(self, fn):
         """fn(broker) on the first broker of service_url that answers (calls any broker may
@@ -107,7 +115,15 @@ class Owners:
         if broker is not None:
             return broker
         self.lookups += 1
-        asked, (kind, connect_url, broker_url, proxy) = self.on_seed(lambda b: b.lookup(name))
+        try:
+            asked, (kind, connect_url, broker_url, proxy) = self.on_seed(
+                lambda b: b.lookup(name))
+        except DanubeSparkError as exc:
+            if exc.code != "UNIMPLEMENTED":
+                raise
+            # A server without danube.Discovery (one that serves only the history calls)
+            # is a single broker: it serves everything itself.
+            asked, kind = self.seed(), "Connect"
         if kind == "Connect":
             broker = asked
         elif kind == "Redirect":
