@@ -193,16 +193,17 @@ def assert_exactly_once(sink, expected):
 
 
 def rpc_counts(broker, method="read_range"):
-    """(ok, error) ReadRange calls a broker has finished (danube_broker_rpc)."""
+    """{status code name: count} of the ReadRange calls a broker has finished
+    (danube_broker_rpc_total, "OK" for the ones that succeeded)."""
     with urllib.request.urlopen(f"http://127.0.0.1:{broker.prom_port}/metrics", timeout=10) as r:
         text = r.read().decode()
-    counts = {"ok": 0.0, "error": 0.0}
+    counts = {}
     pattern = re.compile(r'^danube_broker_rpc_total\{([^}]*)\} ([0-9.e+]+)$', re.M)
     for labels, value in pattern.findall(text):
         if f'method="{method}"' in labels:
-            result = re.search(r'result="(\w+)"', labels).group(1)
-            counts[result] = counts.get(result, 0) + float(value)
-    return counts["ok"], counts["error"]
+            code = re.search(r'code="(\w+)"', labels).group(1)
+            counts[code] = counts.get(code, 0) + float(value)
+    return counts
 
 
 def owners_of(cluster, topic):
@@ -217,8 +218,26 @@ def stream(spark, cluster, topic, sink, checkpoint, trigger, transform=None):
           .select("topic", "offset", "value"))
     if transform is not None:
         df = transform(df)
-    return (df.writeStream.format("parquet").option("path", sink)
-            .option("checkpointLocation", checkpoint).trigger(**trigger).start())
+    for attempt in range(4):
+        query = (df.writeStream.format("parquet").option("path", sink)
+                 .option("checkpointLocation", checkpoint).trigger(**trigger).start())
+        # Spark gives the Python process of a streaming source 10 s (not configurable) to
+        # connect back; a loaded machine has taken longer, and the query then ends while
+        # INITIALIZING, before it planned anything. Started again from the same checkpoint.
+        if not wait_for(lambda: _initialized(query), timeout=STREAM_TIMEOUT, interval=0.2,
+                        what="the streaming query initializing") == "failed to connect back":
+            return query
+    return query
+
+
+def _initialized(query):
+    if query.isActive:
+        return query.status["message"] != "Initializing sources" or query.lastProgress
+    error = query.exception()
+    if error is not None and "Python worker failed to connect back" in str(error) and \
+            "Current State: INITIALIZING" in str(error):
+        return "failed to connect back"
+    return True       # ended (availableNow done, or failed: the test sees the exception)
 
 
 # ------------------------------------------------------------------------- end to end
@@ -240,12 +259,14 @@ def test_batch_read_of_six_partitions_each_from_its_owner(spark, danube_cluster)
     assert sorted(bytes(r.value) for r in rows) == sorted(payloads)
     assert len({(r.topic, r.offset) for r in rows}) == len(payloads)
     for broker in danube_cluster.live:
-        ok, errors = rpc_counts(broker)
+        now, then = rpc_counts(broker), before[broker.client_port]
+        delta = {code: n - then.get(code, 0) for code, n in now.items()}
         owned = sum(1 for b in owners.values() if b.client_port == broker.client_port)
-        # Each broker served one ReadRange per partition it owns, and was never asked
-        # for a partition it does not (which would answer an error).
-        assert ok - before[broker.client_port][0] == owned
-        assert errors - before[broker.client_port][1] == 0
+        # Each broker served the ReadRange of every partition it owns (more than once only
+        # if Spark ran a task again), and was never asked for one it does not own: that
+        # answers UNAVAILABLE "served by broker N" (NOT_FOUND while nobody owns it).
+        assert delta.get("OK", 0) >= owned
+        assert delta.get("UNAVAILABLE", 0) == 0 and delta.get("NOT_FOUND", 0) == 0, delta
 
 
 def test_write_back_to_a_partitioned_topic(spark, danube_cluster):

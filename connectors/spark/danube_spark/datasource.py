@@ -80,6 +80,7 @@ def topic_offsets(owners, topic):
     when the broker asked serves them all (a standalone broker, or a cluster's broker that
     owns every partition); otherwise (UNAVAILABLE: some partition lives elsewhere) the
     partitions are listed and each owner asked."""
+    first = None
     if owners.one_call_offsets:
         try:
             return owners.seed().offsets(topic)
@@ -90,8 +91,15 @@ def topic_offsets(owners, topic):
             # failover): each partition's owner from now on. A topic that does not exist
             # is reported by the listing below.
             owners.one_call_offsets = False
+            first = exc
+    try:
+        names = owners.partitions(topic)
+    except DanubeSparkError as exc:
+        if exc.code == "UNIMPLEMENTED" and first is not None:
+            raise first from None       # no danube.Discovery: the broker's own answer
+        raise
     out = []
-    for name in owners.partitions(topic):
+    for name in names:
         out.extend(owners.call(name, lambda broker, n=name: broker.offsets(n), "the offsets"))
     return out
 
