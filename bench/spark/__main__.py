@@ -168,7 +168,8 @@ def standalone_read(broker, scratch):
     t0 = time.perf_counter()
     cluster = SparkStandalone(os.path.join(scratch, "standalone"), workers=2).start()
     try:
-        spark = cluster_session(cluster, "bench.spark-standalone")
+        # Executors with the JVM's full JIT, as local[2]'s driver JVM has.
+        spark = cluster_session(cluster, "bench.spark-standalone", quick_start=False)
         spark.sparkContext.setLogLevel("ERROR")
         spark.dataSource.register(DanubeDataSource)
         wait_executors(spark, 2)

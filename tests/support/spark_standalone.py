@@ -219,9 +219,12 @@ class SparkStandalone:
         self.master.stop()
 
 
-def cluster_session(standalone: SparkStandalone, app: str, **conf):
+def cluster_session(standalone: SparkStandalone, app: str, *, quick_start: bool = True,
+                    **conf):
     """A SparkSession on the standalone cluster: one 1-core, 512 MiB executor per worker,
-    the Python workers run with the cluster's interpreter; ``conf`` adds settings."""
+    the Python workers run with the cluster's interpreter; ``conf`` adds settings.
+    ``quick_start``: executors with the C1 compiler alone (JVM_OPTS), which start sooner but
+    run long jobs slower: tests want it, a benchmark does not."""
     from pyspark.sql import SparkSession
 
     os.environ["PYSPARK_PYTHON"] = standalone.python
@@ -242,8 +245,9 @@ def cluster_session(standalone: SparkStandalone, app: str, **conf):
                # driver, are slow when the machine is loaded.
                .config("spark.python.authenticate.socketTimeout", "120s")
                .config("spark.network.timeout", "300s")
-               .config("spark.executor.heartbeatInterval", "20s")
-               .config("spark.executor.extraJavaOptions", JVM_OPTS))
+               .config("spark.executor.heartbeatInterval", "20s"))
+    if quick_start:
+        builder = builder.config("spark.executor.extraJavaOptions", JVM_OPTS)
     for key, value in conf.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
