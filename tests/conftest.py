@@ -98,6 +98,7 @@ HEAVY_FIRST = (
     "tests/e2e/test_spark_oldest.py",       # ~7 min: the connector's tests on PySpark 4.0.0
     "tests/e2e/test_packaging.py",          # ~7 min: PyInstaller build, attack suites
     "tests/e2e/test_spark_connector.py",    # ~6 min
+    "tests/e2e/test_spark_cluster.py",      # Spark standalone + 3 brokers: JVMs start slowly
     "tests/e2e/test_tiered_e2e.py",
     "tests/e2e/test_soak.py",
     "tests/e2e/test_cluster_object_store.py",

@@ -17,8 +17,15 @@ SparkSession (local[2]) and one run.
    sink, while a producer publishes at R msgs/s (default 10,000); latency = the time a row
    reaches the sink minus its publish time (same clock).
 
+4. Standalone cluster (issue 40; skipped with --no-standalone): a Spark standalone master and
+   two workers (each its own JVM, tests/support/spark_standalone.py), one 1-core executor per
+   worker; the same topic read by the connector into `noop`, best of three, against the
+   local[2] figure of step 2 (the same data, the same 2 cores). The broker's CPU per row is
+   reported for both.
+
 Reported, not asserted: targets are a topic read >= 0.5x the Parquet read and >= the JSON read,
-and a p50 publish-to-sink latency under 1 s."""
+>= 0.9x the Python source ceiling, a p50 publish-to-sink latency under 1 s, and the standalone
+cluster's read within 0.8x of local[2]'s."""
 
 import argparse
 import asyncio
@@ -30,8 +37,12 @@ import tempfile
 import threading
 import time
 
+from pathlib import Path
+
 from bench._proc import proc_cpu
 from bench.e2e.runner import Broker
+
+SUPPORT = Path(__file__).resolve().parents[2] / "tests" / "support"
 
 TOPIC = "/default/spark_bench"
 STREAM_TOPIC = "/default/spark_stream"
@@ -146,6 +157,44 @@ def arrow_ceiling_source():
     return ArrowCeiling
 
 
+def standalone_read(broker, scratch):
+    """The connector's noop read of TOPIC on a Spark standalone cluster of two workers, best
+    of ROUNDS after a warm-up, with the broker's CPU over the timed reads."""
+    sys.path.insert(0, str(SUPPORT))
+    from spark_standalone import SparkStandalone, cluster_session, wait_executors
+    from danube_spark import DanubeDataSource
+
+    print("[standalone] starting a master and 2 workers ...", flush=True)
+    t0 = time.perf_counter()
+    cluster = SparkStandalone(os.path.join(scratch, "standalone"), workers=2).start()
+    try:
+        # Executors with the JVM's full JIT, as local[2]'s driver JVM has.
+        spark = cluster_session(cluster, "bench.spark-standalone", quick_start=False)
+        spark.sparkContext.setLogLevel("ERROR")
+        spark.dataSource.register(DanubeDataSource)
+        wait_executors(spark, 2)
+        start_s = time.perf_counter() - t0
+
+        def df():
+            return (spark.read.format("danube").option("service_url", broker.url)
+                    .option("topic", TOPIC).load())
+        rows = df().count()
+        df().write.format("noop").mode("overwrite").save()
+        times, cpu = [], 0.0
+        for r in range(ROUNDS):
+            print(f"[standalone] round {r + 1} of {ROUNDS} ...", flush=True)
+            cpu0 = proc_cpu(broker.pid)
+            t1 = time.perf_counter()
+            df().write.format("noop").mode("overwrite").save()
+            times.append(time.perf_counter() - t1)
+            cpu += proc_cpu(broker.pid) - cpu0
+        spark.stop()
+    finally:
+        cluster.stop()
+    return {"rows": rows, "noop_s": min(times), "parquet_s": float("nan"), "broker_cpu_s": cpu,
+            "reads": ROUNDS, "start_s": start_s}
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m bench.spark", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -153,6 +202,8 @@ def main(argv=None):
     ap.add_argument("--messages", type=int, default=None)
     ap.add_argument("--rate", type=int, default=10_000, help="streaming publish rate, msgs/s")
     ap.add_argument("--stream-seconds", type=float, default=None)
+    ap.add_argument("--no-standalone", action="store_true",
+                    help="skip the read on a Spark standalone cluster")
     args = ap.parse_args(argv)
     count = args.messages or (200_000 if args.quick else 1_000_000)
     stream_s = args.stream_seconds or (10.0 if args.quick else 30.0)
@@ -246,6 +297,8 @@ def main(argv=None):
         time.sleep(2)
         query.stop()
         spark.stop()
+        if not args.no_standalone:
+            results["standalone"] = standalone_read(broker, scratch)
     finally:
         broker.stop()
         shutil.rmtree(scratch, ignore_errors=True)
@@ -255,7 +308,7 @@ def main(argv=None):
           f"{'rows/s':>11}  broker us/msg")
     for label, r in results.items():
         us = (f"{r['broker_cpu_s'] * 1e6 / (r['rows'] * r['reads']):.2f}"
-              if label.startswith("danube") else "-")
+              if label.startswith("danube") or label == "standalone" else "-")
         print(f"{label:<26} {r['rows']:>10,} {r['noop_s']:>8.2f} "
               f"{r['rows'] / r['noop_s']:>11,.0f} {r['parquet_s']:>10.2f} "
               f"{r['rows'] / r['parquet_s']:>11,.0f}  {us}")
@@ -274,6 +327,17 @@ def main(argv=None):
     c = results["Python source ceiling"]
     print(f"  (the ceiling of a Python data source is {p['noop_s'] / c['noop_s']:.2f}x the "
           f"Parquet read; the topic read is {c['noop_s'] / d['noop_s']:.2f}x the ceiling)")
+    ratio_c = c["noop_s"] / d["noop_s"]
+    print(f"  [{'met' if ratio_c >= 0.9 else 'NOT met'}] topic read >= 0.9x the Python source "
+          f"ceiling ({ratio_c:.2f}x)")
+    st = results.get("standalone")
+    if st is not None:
+        ratio_s = d["noop_s"] / st["noop_s"]
+        print(f"  [{'met' if ratio_s >= 0.8 else 'NOT met'}] standalone cluster (2 workers, 1-core "
+              f"executors) read >= 0.8x local[2] ({ratio_s:.2f}x: {st['noop_s']:.2f} s vs "
+              f"{d['noop_s']:.2f} s, {st['rows'] / st['noop_s']:,.0f} rows/s; broker "
+              f"{st['broker_cpu_s'] * 1e6 / (st['rows'] * st['reads']):.2f} us/row; cluster "
+              f"start {st['start_s']:.0f} s, not in the figure)")
     if latencies:
         lat = sorted(latencies)
         p50 = statistics.median(lat)

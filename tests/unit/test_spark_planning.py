@@ -7,7 +7,7 @@ pytest.importorskip("danube_spark", reason="bin/test builds and installs connect
 
 from danube_spark.errors import DataLoss, OptionError  # noqa: E402
 from danube_spark.options import (EARLIEST, LATEST, ReadOptions, WriteOptions,  # noqa: E402
-                                  parse_offsets, target)
+                                  parse_offsets, service_urls, target)
 from danube_spark.planning import PartitionRange, Split, ranges, splits  # noqa: E402
 
 T = "/default/t"
@@ -42,6 +42,23 @@ def test_service_url_forms():
     assert target("localhost:6650") == ("localhost:6650", False)
     with pytest.raises(OptionError, match="service_url 'http://nohost'"):
         target("http://nohost")
+
+
+def test_service_url_names_one_or_several_brokers():
+    assert service_urls("http://a:1") == ["http://a:1"]
+    assert service_urls(" http://a:1, http://b:2 ,") == ["http://a:1", "http://b:2"]
+    with pytest.raises(OptionError, match="service_url 'b'"):
+        service_urls("http://a:1,b")
+    with pytest.raises(OptionError, match="option service_url is empty"):
+        ReadOptions.parse({"service_url": " , ", "topic": T})
+
+
+def test_owner_wait_in_milliseconds():
+    assert ReadOptions.parse({"service_url": "http://a:1", "topic": T}).owner_wait == 90.0
+    opts = WriteOptions.parse({"service_url": "http://a:1,http://b:2", "ownerWaitMs": "2500"})
+    assert opts.owner_wait == 2.5
+    with pytest.raises(OptionError, match="option ownerWaitMs must be a positive number"):
+        ReadOptions.parse({"service_url": "http://a:1", "topic": T, "ownerWaitMs": "-1"})
 
 
 def test_read_options_required_and_case_insensitive():

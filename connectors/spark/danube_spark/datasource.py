@@ -1,19 +1,21 @@
 """The `danube` data source for PySpark's Python Data Source API (pyspark.sql.datasource,
 PySpark >= 4.0): batch read of a reliable topic's offsets, batch write with reliable
-producers. Planning (offsets, splits) runs on the driver; each task opens its own channel to
-the broker."""
+producers. Planning (offsets, splits) runs on the driver; each task looks up the broker
+that owns its partition and opens its own channel to it (danube_spark.owners)."""
 
 from dataclasses import dataclass
 
 from pyspark.sql.datasource import (DataSource, DataSourceReader, DataSourceStreamWriter,
                                     DataSourceWriter, InputPartition, WriterCommitMessage)
 
-from danube_spark.errors import OptionError
+from danube_spark.errors import DanubeSparkError, OptionError
 from danube_spark.columns import record_batches
 from danube_spark.options import ReadOptions, WriteOptions
 from danube_spark.planning import Split, ranges, splits
-from danube_spark.rpc import Broker
-from danube_spark.schema import SCHEMA, Projection
+from danube_spark.owners import Owners
+from danube_spark.schema import ARROW_SCHEMA, SCHEMA, Projection
+
+OFFSET = ARROW_SCHEMA.get_field_index("offset")
 
 
 class DanubeDataSource(DataSource):
@@ -61,8 +63,8 @@ class DanubeBatchReader(DataSourceReader):
 
     def partitions(self):
         opts = self.opts
-        with Broker(opts.service_url, opts.timeout) as broker:
-            offsets = broker.offsets(opts.topic)
+        with Owners(opts.service_url, opts.timeout, opts.owner_wait) as owners:
+            offsets = topic_offsets(owners, opts.topic)
         planned = splits(ranges(offsets, opts.starting, opts.ending, opts.fail_on_data_loss,
                                 opts.topic), opts.max_offsets_per_split)
         if not planned:
@@ -73,16 +75,56 @@ class DanubeBatchReader(DataSourceReader):
         return read_split(self.opts, self.projection, partition.split)
 
 
+def topic_offsets(owners, topic):
+    """[PartitionRange] of every partition of ``topic``, each asked of its owner. One call
+    when the broker asked serves them all (a standalone broker, or a cluster's broker that
+    owns every partition); otherwise (UNAVAILABLE: some partition lives elsewhere) the
+    partitions are listed and each owner asked."""
+    first = None
+    if owners.one_call_offsets:
+        try:
+            return owners.seed().offsets(topic)
+        except DanubeSparkError as exc:
+            if exc.code not in ("UNAVAILABLE", "DEADLINE_EXCEEDED", "NOT_FOUND"):
+                raise
+            # Not all here, that broker is down, or a partition has no owner right now (a
+            # failover): each partition's owner from now on. A topic that does not exist
+            # is reported by the listing below.
+            owners.one_call_offsets = False
+            first = exc
+    try:
+        names = owners.partitions(topic)
+    except DanubeSparkError as exc:
+        if exc.code == "UNIMPLEMENTED" and first is not None:
+            raise first from None       # no danube.Discovery: the broker's own answer
+        raise
+    out = []
+    for name in names:
+        out.extend(owners.call(name, lambda broker, n=name: broker.offsets(n), "the offsets"))
+    return out
+
+
 def read_split(opts, projection, split):
-    """The rows of one split as Arrow record batches, streamed from the broker over a
-    channel of the task's own."""
+    """The rows of one split as Arrow record batches, streamed from the partition's owner
+    over a channel of the task's own. If the owner fails or the partition moves midway, the
+    rest of the range is read from the new owner: Spark gets every offset once."""
     if split.start >= split.end:
         return
-    with Broker(opts.service_url, opts.timeout) as broker:
-        batches = broker.read_columns(split.topic, split.start, split.end, opts.batch_messages)
-        for batch in record_batches(batches, split.topic, split.partition, split.start,
-                                    split.end, opts.fail_on_data_loss):
-            yield projection(batch)
+    at = split.start
+    with Owners(opts.service_url, opts.timeout, opts.owner_wait) as owners:
+        retry = owners.retry(split.topic, f"reading offsets [{at}, {split.end})")
+        while at < split.end:
+            try:
+                broker = owners.owner(split.topic)
+                batches = broker.read_columns(split.topic, at, split.end, opts.batch_messages)
+                for batch in record_batches(batches, split.topic, split.partition, at,
+                                            split.end, opts.fail_on_data_loss):
+                    at = batch.column(OFFSET).to_numpy()[-1].item() + 1
+                    retry.progressed()
+                    yield projection(batch)
+                return
+            except DanubeSparkError as exc:
+                retry.failed(exc)
 
 
 def check_write_schema(schema, opts):

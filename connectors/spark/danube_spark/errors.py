@@ -4,7 +4,11 @@ import grpc
 
 
 class DanubeSparkError(Exception):
-    """Any error of the connector; Spark shows its message in the failed query's error."""
+    """Any error of the connector; Spark shows its message in the failed query's error.
+    ``code``: the gRPC status's name when a broker call failed (the owner routing retries
+    by it), else None."""
+
+    code = None
 
 
 class OptionError(DanubeSparkError, ValueError):
@@ -33,6 +37,13 @@ class PublishFailed(DanubeSparkError):
 
 def from_rpc(exc, what, topic, service_url):
     """A DanubeSparkError for a failed gRPC call, saying which topic and broker it was."""
+    err = _from_rpc(exc, what, topic, service_url)
+    code = exc.code() if hasattr(exc, "code") else None
+    err.code = code.name if code is not None else None
+    return err
+
+
+def _from_rpc(exc, what, topic, service_url):
     code = exc.code() if hasattr(exc, "code") else None
     details = exc.details() if hasattr(exc, "details") else str(exc)
     if code == grpc.StatusCode.NOT_FOUND:

@@ -33,6 +33,17 @@ def target(service_url):
     return url, secure
 
 
+def service_urls(service_url):
+    """The brokers a comma-separated service_url names (each checked by target()): the
+    connector asks them in turn, so a cluster's broker that is down is passed over."""
+    urls = [u.strip() for u in str(service_url).split(",") if u.strip()]
+    if not urls:
+        raise OptionError("option service_url is empty")
+    for url in urls:
+        target(url)
+    return urls
+
+
 def parse_offsets(option, text, default):
     """startingOffsets / endingOffsets: "earliest", "latest", or JSON
     {"/ns/t-part-0": 42, ...} (-2 earliest, -1 latest, as Kafka's source). Returns either
@@ -86,6 +97,25 @@ def _bool(opts, name, default):
     raise OptionError(f"option {name} must be true or false, not {raw!r}")
 
 
+def _millis(opts, name, default):
+    raw = opts.get(name.lower())
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except (TypeError, ValueError):
+        value = 0
+    if value < 1:
+        raise OptionError(f"option {name} must be a positive number of milliseconds, not "
+                          f"{raw!r}")
+    return value / 1000.0
+
+
+# How long a task goes on looking for the owner of its partition after a call to it failed
+# (the owner killed: its lease must run out and the leader place the partition again).
+DEFAULT_OWNER_WAIT_MS = 90_000
+
+
 def _timeout(opts):
     raw = opts.get("timeoutms")
     if raw is None:
@@ -122,13 +152,15 @@ class ReadOptions:
     timeout: float
     starting_given: bool = False
     max_offsets_per_trigger: int | None = None
+    owner_wait: float = DEFAULT_OWNER_WAIT_MS / 1000.0
 
     @classmethod
     def parse(cls, options):
         opts = lower_keys(options)
         service_url = required(opts, "service_url")
-        target(service_url)
+        service_urls(service_url)
         return cls(
+            owner_wait=_millis(opts, "ownerWaitMs", DEFAULT_OWNER_WAIT_MS / 1000.0),
             starting_given=opts.get("startingoffsets") is not None,
             max_offsets_per_trigger=_positive_int(opts, "maxOffsetsPerTrigger", None),
             service_url=service_url,
@@ -150,14 +182,16 @@ class WriteOptions:
     batch_messages: int
     batch_bytes: int
     timeout: float
+    owner_wait: float = DEFAULT_OWNER_WAIT_MS / 1000.0
 
     @classmethod
     def parse(cls, options):
         opts = lower_keys(options)
         service_url = required(opts, "service_url")
-        target(service_url)
+        service_urls(service_url)
         topic = opts.get("topic")
         return cls(
+            owner_wait=_millis(opts, "ownerWaitMs", DEFAULT_OWNER_WAIT_MS / 1000.0),
             service_url=service_url,
             topic=str(topic).strip() if topic is not None and str(topic).strip() else None,
             batch_messages=_positive_int(opts, "batchMessages", 1000),

@@ -25,9 +25,12 @@ def open_channel(service_url):
 class Broker:
     """One channel to the broker at service_url; close() when done (one per Spark task)."""
 
-    def __init__(self, service_url, timeout=30.0):
+    def __init__(self, service_url, timeout=30.0, broker_url=None):
+        """``broker_url``: in a cluster behind an ingress (a lookup answered ``proxy``), the
+        broker the calls are for; the ingress routes by the header naming it."""
         self.service_url = service_url
         self.timeout = timeout
+        self.metadata = (("x-danube-broker-url", broker_url),) if broker_url else None
         self.channel = open_channel(service_url)
         ch = self.channel
         self._get_offsets = ch.unary_unary(
@@ -52,6 +55,10 @@ class Broker:
             "/danube.Discovery/TopicPartitions",
             request_serializer=api.TopicLookupRequest.SerializeToString,
             response_deserializer=api.TopicPartitionsResponse.FromString)
+        self._topic_lookup = ch.unary_unary(
+            "/danube.Discovery/TopicLookup",
+            request_serializer=api.TopicLookupRequest.SerializeToString,
+            response_deserializer=api.TopicLookupResponse.FromString)
 
     def close(self):
         self.channel.close()
@@ -65,7 +72,8 @@ class Broker:
     def offsets(self, topic):
         """[PartitionRange] of a reliable topic (every partition of a partitioned one)."""
         try:
-            response = self._get_offsets(ext.OffsetsRequest(topic=topic), timeout=self.timeout)
+            response = self._get_offsets(ext.OffsetsRequest(topic=topic), timeout=self.timeout,
+                                         metadata=self.metadata)
         except grpc.RpcError as exc:
             raise from_rpc(exc, "the offsets", topic, self.service_url) from None
         return [PartitionRange(p.topic, p.partition, p.earliest, p.latest)
@@ -76,7 +84,7 @@ class Broker:
         request = ext.ReadRangeRequest(topic=topic, start_offset=start, end_offset=end,
                                        max_messages=max_messages, columnar=True)
         try:
-            for data in self._read_range(request, timeout=None):
+            for data in self._read_range(request, timeout=None, metadata=self.metadata):
                 yield read_range_batch(data)
         except grpc.RpcError as exc:
             raise from_rpc(exc, f"reading offsets [{start}, {end})", topic,
@@ -91,12 +99,24 @@ class Broker:
             raise from_rpc(exc, "the partitions", topic, self.service_url) from None
         return list(response.partitions)
 
+    def lookup(self, topic):
+        """(response type name, connect_url, broker_url, proxy) of danube.Discovery's
+        TopicLookup: which broker of the cluster serves ``topic``."""
+        try:
+            r = self._topic_lookup(api.TopicLookupRequest(request_id=1, topic=topic),
+                                   timeout=self.timeout)
+        except grpc.RpcError as exc:
+            raise from_rpc(exc, "the owner", topic, self.service_url) from None
+        kind = api.TopicLookupResponse.LookupType.Name(r.response_type)
+        return kind, r.connect_url, r.broker_url, r.proxy
+
     def create_reliable_producer(self, topic, name):
         request = api.ProducerRequest(request_id=0, producer_name=name, topic_name=topic,
                                       producer_access_mode=api.Shared,
                                       dispatch_strategy=api.Reliable)
         try:
-            return self._create_producer(request, timeout=self.timeout).producer_id
+            return self._create_producer(request, timeout=self.timeout,
+                                         metadata=self.metadata).producer_id
         except grpc.RpcError as exc:
             raise from_rpc(exc, "creating a reliable producer", topic,
                            self.service_url) from None
@@ -105,4 +125,5 @@ class Broker:
         """Publish one batch; returns how many the broker accepted (all, or an error)."""
         batch = ext.MessageBatch(request_id=request_id, producer_id=producer_id,
                                  messages=messages, offsets_as_range=True)
-        return self._send_messages(batch, timeout=self.timeout).accepted
+        return self._send_messages(batch, timeout=self.timeout,
+                                   metadata=self.metadata).accepted

@@ -6,11 +6,11 @@ keeps no cursor for the reader (commit has nothing to tell it)."""
 import pyspark
 from pyspark.sql.datasource import DataSourceStreamReader
 
-from danube_spark.datasource import DanubePartition, read_split
+from danube_spark.datasource import DanubePartition, read_split, topic_offsets
 from danube_spark.errors import DataLoss, OptionError
 from danube_spark.options import EARLIEST, LATEST
 from danube_spark.planning import Split, cap_offsets
-from danube_spark.rpc import Broker
+from danube_spark.owners import Owners
 
 try:
     from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadMaxRows,
@@ -39,10 +39,21 @@ class DanubeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.projection = projection
         self._target = None        # Trigger.AvailableNow's end, fixed at the query's start
         self._last_end = None      # for PySpark < 4.2, whose latestOffset() gets no start
+        self._owners = None        # the driver's channels to the partitions' owners
+
+    def __getstate__(self):
+        # The reader is shipped to the executors for read(); channels stay on the driver.
+        state = dict(self.__dict__)
+        state["_owners"] = None
+        return state
 
     def _offsets(self):
-        with Broker(self.opts.service_url, self.opts.timeout) as broker:
-            return broker.offsets(self.opts.topic)
+        # One Owners for the query's life: each micro-batch asks every partition's owner
+        # for its offsets over channels already open.
+        if self._owners is None:
+            self._owners = Owners(self.opts.service_url, self.opts.timeout,
+                                  self.opts.owner_wait)
+        return topic_offsets(self._owners, self.opts.topic)
 
     def initialOffset(self):
         # A new query starts at startingOffsets; its default is "latest" when streaming.
@@ -112,6 +123,11 @@ class DanubeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def commit(self, end):
         pass
+
+    def stop(self):
+        if self._owners is not None:
+            self._owners.close()
+            self._owners = None
 
 
 def _partition_number(name):
