@@ -375,21 +375,36 @@ def test_stream_stopped_and_restarted_while_publishing_is_exactly_once(spark, br
                   .option("checkpointLocation", str(checkpoint)))
         return (writer.trigger(**trigger) if trigger else writer).start()
 
+    def failed_to_connect_back(query, attempt):
+        # Spark's fixed 10 s for a Python worker to connect back, missed on a loaded
+        # machine: the user's remedy, a restart from the checkpoint, is what this tests.
+        return attempt < 2 and not query.isActive and CONNECT_BACK in str(query.exception())
+
     for _ in range(2):
-        query = start()
-        deadline = time.monotonic() + 60
-        # Stopped once it has committed a micro-batch with rows and another is likely running.
-        while time.monotonic() < deadline and not any(
-                p["numInputRows"] > 0 for p in query.recentProgress):
-            time.sleep(0.1)
+        for attempt in range(3):
+            query = start()
+            deadline = time.monotonic() + 60
+            # Stopped once it has committed a micro-batch with rows and another is likely
+            # running.
+            while time.monotonic() < deadline and query.isActive and not any(
+                    p["numInputRows"] > 0 for p in query.recentProgress):
+                time.sleep(0.1)
+            if not failed_to_connect_back(query, attempt):
+                break
         time.sleep(0.7)
         query.stop()
         assert query.exception() is None
     publisher.halt.set()
     publisher.join(30)
     assert publisher.error is None, publisher.error
-    query = start(availableNow=True)
-    query.awaitTermination(180)
+    for attempt in range(3):
+        query = start(availableNow=True)
+        try:
+            query.awaitTermination(180)
+        except Exception:  # noqa: BLE001 - the query's own exception is checked below
+            pass
+        if not failed_to_connect_back(query, attempt):
+            break
     assert query.exception() is None
     rows = spark.read.parquet(str(sink)).collect()
     values = [r.value for r in rows]
