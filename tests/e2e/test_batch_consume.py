@@ -5,12 +5,12 @@ mid-drain keeps every acknowledgement flush_acks() returned for (the cursor and 
 above it) and redelivers only the rest; against a broker without the extension the client
 falls back to ReceiveMessages and Ack."""
 
-import asyncio
 import signal
 
 import pytest
 
 from broker_process import BrokerProcess
+from drain_helpers import nothing_more, publish
 from danube.client import DanubeClient
 from danube.client import connection
 
@@ -22,25 +22,12 @@ def broker(tmp_path_factory):
     b.stop()
 
 
-async def publish(producer, n):
-    for first in range(0, n, 1000):
-        await producer.send_many([b"m%d" % i for i in range(first, min(n, first + 1000))])
-
-
 async def receive_offsets(consumer, want, timeout=10):
     """Messages until ``want`` arrived (a list of them, in arrival order)."""
     got = []
     while len(got) < want:
         got += await consumer.receive_many(want - len(got), timeout=timeout)
     return got
-
-
-async def nothing_more(consumer, wait=0.7):
-    try:
-        extra = await consumer.receive_many(100, timeout=wait)
-    except (asyncio.TimeoutError, TimeoutError):
-        return []
-    return [m.msg_id.topic_offset for m in extra]
 
 
 async def test_batched_drain_with_gaps_and_out_of_order_acks_is_exact(broker):

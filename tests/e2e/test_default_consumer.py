@@ -15,6 +15,7 @@ import sys
 import pytest
 
 from broker_process import BrokerProcess
+from drain_helpers import nothing_more, publish
 from danube.client import DanubeClient
 from danube.client.consumer import DEFAULT_WINDOW
 from danube.services import app as broker_app
@@ -27,11 +28,6 @@ def broker(tmp_path_factory):
     b = BrokerProcess(data_dir=tmp_path_factory.mktemp("d")).start()
     yield b
     b.stop()
-
-
-async def publish(producer, n):
-    for first in range(0, n, 1000):
-        await producer.send_many([b"m%d" % i for i in range(first, min(n, first + 1000))])
 
 
 async def create_subscription(client, topic, sub):
@@ -49,14 +45,6 @@ async def offsets_until(consumer, want, timeout=20):
         got += [m.msg_id.topic_offset
                 for m in await consumer.receive_many(want - len(got), timeout=timeout)]
     return got
-
-
-async def nothing_more(consumer, wait=0.7):
-    try:
-        extra = await consumer.receive_many(100, timeout=wait)
-    except (asyncio.TimeoutError, TimeoutError):
-        return []
-    return [m.msg_id.topic_offset for m in extra]
 
 
 async def test_no_options_is_the_batched_path_and_drains_exactly(broker):
