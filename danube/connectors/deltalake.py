@@ -14,7 +14,7 @@ import logging
 
 from danube.connect import (ConfigError, ConsumerConfig, FatalError, Field, RetryableError,
                             SinkConnector, Table, Tables, Unavailable)
-from danube.connect.schemas import columns_of, latest_schema
+from danube.connect.schemas import columns_of, is_avro, latest_schema, schema_document
 from danube.connect.settings import topic_name
 from danube.connectors.columns import DATA_TYPES, Columns
 
@@ -111,7 +111,7 @@ class DeltaLakeSink(SinkConnector):
     async def initialize(self):
         client = self.context.runtime.client
         for route in self.delta.routes:
-            mappings = None
+            mappings = avro = None
             if route.field_mappings:
                 mappings = [(m["json_path"], m["column"], m["data_type"],
                              m.get("nullable", True)) for m in route.field_mappings]
@@ -120,10 +120,12 @@ class DeltaLakeSink(SinkConnector):
                     client, route.expected_schema_subject)
                 mappings = [(c, c, t, n) for c, t, n in
                             columns_of(route.expected_schema_subject, kind, definition)]
+                if is_avro(kind):
+                    avro = schema_document(route.expected_schema_subject, definition)
                 log.info("columns from schema %s version %d", route.expected_schema_subject,
                          version)
             self.columns[getattr(route, "from")] = Columns(mappings,
-                                                           route.include_danube_metadata)
+                                                           route.include_danube_metadata, avro)
 
     def _open(self, route):
         try:
