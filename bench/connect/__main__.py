@@ -4,6 +4,8 @@ one run (issue 39). Reported, not asserted.
     python -m bench.connect [--quick] [--mqtt N] [--delta N] [--iceberg N] [--webhook N]
                             [--only mqtt,delta,iceberg,webhook]
 
+BENCH_CONNECT_PROFILE=DIR records each connector run with py-spy (collapsed stacks in DIR).
+
 1. MQTT source at QoS 1: N messages queued by Mosquitto for a persistent session, then
    drained. Peer: a paho subscriber (mosquitto_sub-style, acks at receipt) on its own
    session. Connector: `danube connect run` source-mqtt (acks after the broker's ack),
@@ -47,14 +49,25 @@ def free_port():
 
 
 class Connector:
-    def __init__(self, workdir, text, env=None):
+    def __init__(self, workdir, text, env=None, profile=False):
         self.path = os.path.join(workdir, f"c-{uuid.uuid4().hex[:6]}.toml")
         with open(self.path, "w") as fh:
             fh.write(text)
         self.log = open(self.path + ".log", "w+")
-        self.proc = subprocess.Popen([sys.executable, "-P", "-m", "danube", "connect", "run",
-                                      "--config", self.path], stdout=self.log,
-                                     stderr=subprocess.STDOUT, env=dict(os.environ, **(env or {})))
+        command = [sys.executable, "-P", "-m", "danube", "connect", "run", "--config",
+                   self.path]
+        self.proc = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT,
+                                     env=dict(os.environ, **(env or {})))
+        self.profiler = None
+        folder = os.environ.get("BENCH_CONNECT_PROFILE")
+        if folder and profile:
+            # py-spy's collapsed stacks of the timed run; it ends when the connector does.
+            self.profiler = subprocess.Popen(
+                [os.path.join(os.path.dirname(sys.executable), "py-spy"), "record",
+                 "--format", "raw", "--rate", "200", "--nonblocking", "--pid",
+                 str(self.proc.pid), "-o",
+                 os.path.join(folder, os.path.basename(self.path) + ".txt")],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.port = self._field("metrics_port")
 
     def _field(self, name, timeout=60):
@@ -110,6 +123,8 @@ class Connector:
     def stop(self):
         self.proc.terminate()
         self.proc.wait(60)
+        if self.profiler is not None:
+            self.profiler.wait(60)
 
 
 def core(broker, name, kind, batch):
@@ -228,7 +243,7 @@ qos = "AtLeastOnce"
             time.sleep(0.05)
         conn.stop()             # the session and its subscription exist now
         publish(port, topic, n)
-        conn = Connector(workdir, text)
+        conn = Connector(workdir, text, profile=True)
         connector = conn.timed_until(n)
         conn.stop()
     finally:
@@ -293,7 +308,7 @@ field_mappings = [
             payloads = [json.dumps(r, separators=(",", ":")).encode() for r in rows]
             await p.send_many(payloads)
     asyncio.run(fill())
-    conn = Connector(workdir, text)
+    conn = Connector(workdir, text, profile=True)
     connector = conn.timed_until(n)
     conn.stop()
     return {"rows": n, "direct_rows_per_s": round(n / direct),
@@ -351,7 +366,7 @@ field_mappings = [
             payloads = [json.dumps(r, separators=(",", ":")).encode() for r in rows]
             await p.send_many(payloads)
     asyncio.run(fill())
-    conn = Connector(workdir, text)
+    conn = Connector(workdir, text, profile=True)
     connector = conn.timed_until(n)
     conn.stop()
     return {"rows": n, "direct_rows_per_s": round(n / direct),

@@ -146,18 +146,26 @@ class DeltaLakeSink(SinkConnector):
                     out[partition] = version
         return out
 
-    async def process_batch(self, records):
-        rejected = []
+    def prepare(self, records):
+        """Per topic: (route, Arrow table of the good records, [InvalidRecord], {partition:
+        last offset}). Parsing only: the runtime runs it for the next batch while this one
+        is written."""
         by_topic = {}
         for record in records:
             by_topic.setdefault(record.topic, []).append(record)
+        out = []
         for topic, group in by_topic.items():
-            route = self.by_topic[topic]
             table, bad = self.columns[topic].split(group)
-            rejected.extend(bad)
             last = {}
             for record in group:
                 last[record.partition] = record.offset
+            out.append((self.by_topic[topic], table, bad, last))
+        return out
+
+    async def process_batch(self, records, prepared=None):
+        rejected = []
+        for route, table, bad, last in prepared or self.prepare(records):
+            rejected.extend(bad)
             txns = [Transaction(self.app_id(route, p), v) for p, v in last.items()]
             await self._call(self._write, route, table, txns)
         return rejected

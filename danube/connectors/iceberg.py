@@ -359,23 +359,45 @@ class IcebergSink(SinkConnector):
             out.update(route.offsets)
         return out
 
-    async def process_batch(self, records):
-        rejected = []
+    def prepare(self, records):
+        """Per topic: (route, Arrow batch of the good records, [InvalidRecord], {partition:
+        last offset}, the Columns it was parsed with). Parsing only: the runtime runs it for
+        the next batch while this one is written."""
         by_topic = {}
         for record in records:
             by_topic.setdefault(record.topic, []).append(record)
+        out = []
         for topic, group in by_topic.items():
             route = self.routes[topic]
             if route.schema_version is not None and any(
                     (r.schema_version or 0) > route.schema_version for r in group):
-                await self._columns(route)
-                await self._call(self._load, route)
-            table, bad = route.columns.split(group)
+                out.append((route, None, [], {}, None))     # parsed after the evolution
+                continue
+            out.append(self._split(route, group))
+        return out
+
+    @staticmethod
+    def _split(route, group):
+        table, bad = route.columns.split(group)
+        last = {}
+        for record in group:
+            last[record.partition] = record.offset
+        batch = table.cast(route.schema) if table.schema != route.schema else table
+        return route, batch, bad, last, route.columns
+
+    async def process_batch(self, records, prepared=None):
+        rejected = []
+        for route, batch, bad, last, columns in prepared or self.prepare(records):
+            if columns is not route.columns or batch is None:
+                # A newer schema version came: read the subject again, evolve the table,
+                # and parse this topic's records with the new columns.
+                group = [r for r in records if r.topic == route.topic]
+                if route.schema_version is not None and any(
+                        (r.schema_version or 0) > route.schema_version for r in group):
+                    await self._columns(route)
+                    await self._call(self._load, route)
+                route, batch, bad, last, _ = self._split(route, group)
             rejected.extend(bad)
-            last = {}
-            for record in group:
-                last[record.partition] = record.offset
-            batch = table.cast(route.schema) if table.schema != route.schema else table
             await self._call(self._append, route, batch, last)
         return rejected
 
