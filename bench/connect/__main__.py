@@ -13,7 +13,8 @@ BENCH_CONNECT_PROFILE=DIR records each connector run with py-spy (collapsed stac
    Target: connector >= 0.7x the direct subscriber.
 2. Delta Lake sink: N JSON records (id, name, amount) in a reliable topic, written in
    batches of 1,000. Peer: the same records as Arrow batches of 1,000 appended with
-   `write_deltalake` directly (no parsing, no transaction). Connector: sink-deltalake with
+   `write_deltalake` directly (no parsing, no transaction), run before and after the
+   connector (the mean of both). Connector: sink-deltalake with
    field_mappings, timed from its first committed batch to its N-th row. Target >= 0.7x.
 3. Iceberg sink: the same N records. Peer: the same Arrow batches of 1,000 appended with
    pyiceberg's `Table.append` directly to a table of its own in the same SQLite catalog
@@ -268,13 +269,15 @@ def bench_delta(broker, workdir, n):
     batches = [pa.Table.from_pylist(rows[i:i + 1000], schema=schema)
                for i in range(0, n, 1000)]
     from deltalake import DeltaTable
-    uri = os.path.join(workdir, "direct")
-    start = time.perf_counter()
-    write_deltalake(uri, batches[0], mode="append")
-    target = DeltaTable(uri)        # the library's fastest way: the table kept open
-    for table in batches[1:]:
-        write_deltalake(target, table, mode="append")
-    direct = time.perf_counter() - start
+
+    def direct_run(uri):
+        start = time.perf_counter()
+        write_deltalake(uri, batches[0], mode="append")
+        target = DeltaTable(uri)        # the library's fastest way: the table kept open
+        for table in batches[1:]:
+            write_deltalake(target, table, mode="append")
+        return time.perf_counter() - start
+    before = direct_run(os.path.join(workdir, "direct"))
 
     name = f"bench-delta-{uuid.uuid4().hex[:6]}"
     topic = f"/default/{name}"
@@ -311,6 +314,8 @@ field_mappings = [
     conn = Connector(workdir, text, profile=True)
     connector = conn.timed_until(n)
     conn.stop()
+    # The peer again after the connector: the mean of both runs evens out load that moved.
+    direct = (before + direct_run(os.path.join(workdir, "direct-after"))) / 2
     return {"rows": n, "direct_rows_per_s": round(n / direct),
             "connector_rows_per_s": round(n / connector), "ratio": round(direct / connector, 2)}
 
@@ -330,14 +335,17 @@ def bench_iceberg(broker, workdir, n):
     os.makedirs(warehouse, exist_ok=True)
     catalog = SqlCatalog("danube_catalog", uri=uri, warehouse=f"file://{warehouse}")
     catalog.create_namespace("direct")
-    start = time.perf_counter()
     # The connector's table properties (upstream danube-iceberg's), so both write alike.
     from danube.connectors.iceberg import TABLE_PROPERTIES
-    table = catalog.create_table(("direct", "rows"), schema=schema,
-                                 properties=TABLE_PROPERTIES)
-    for batch in batches:
-        table.append(batch)
-    direct = time.perf_counter() - start
+
+    def direct_run(name):
+        start = time.perf_counter()
+        table = catalog.create_table(("direct", name), schema=schema,
+                                     properties=TABLE_PROPERTIES)
+        for batch in batches:
+            table.append(batch)
+        return time.perf_counter() - start
+    before = direct_run("before")
 
     name = f"bench-ice-{uuid.uuid4().hex[:6]}"
     topic = f"/default/{name}"
@@ -369,6 +377,7 @@ field_mappings = [
     conn = Connector(workdir, text, profile=True)
     connector = conn.timed_until(n)
     conn.stop()
+    direct = (before + direct_run("after")) / 2     # as the Delta case
     return {"rows": n, "direct_rows_per_s": round(n / direct),
             "connector_rows_per_s": round(n / connector), "ratio": round(direct / connector, 2)}
 
