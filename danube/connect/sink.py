@@ -59,9 +59,22 @@ class SinkRuntime:
         preparing = asyncio.ensure_future(self._prepare_batches(stop, ready))
         try:
             while True:
-                item = await ready.get()
-                if item is None:
-                    break
+                if ready.empty():
+                    # Wait for the next batch, or for the first stage to end (stopped
+                    # while idle, or a reader's error: raised below).
+                    getter = asyncio.ensure_future(ready.get())
+                    try:
+                        await asyncio.wait((getter, preparing),
+                                           return_when=asyncio.FIRST_COMPLETED)
+                    finally:
+                        got = getter.done()
+                        if not got:
+                            getter.cancel()
+                    if not got:
+                        break
+                    item = getter.result()
+                else:
+                    item = ready.get_nowait()
                 await self._deliver(*item)
                 if stop.is_set():
                     break
@@ -80,20 +93,15 @@ class SinkRuntime:
             raise preparing.exception()
 
     async def _prepare_batches(self, stop, ready):
-        """Stage one: batches as ``_deliver``'s arguments into ``ready``; None once ``stop``
-        is set and nothing is waiting. An error (a reader that failed) ends the run."""
-        try:
-            while True:
-                batch = await self._next_batch(stop)
-                if not batch:
-                    if stop.is_set():
-                        break
-                    continue
-                await ready.put(self._prepare(batch))
-        finally:
-            # Wakes the writer however this ends (its error is read from this task).
-            if ready.empty():
-                ready.put_nowait(None)
+        """Stage one: batches as ``_deliver``'s arguments into ``ready``, until ``stop`` is
+        set and nothing is waiting. An error (a reader that failed) ends the run."""
+        while True:
+            batch = await self._next_batch(stop)
+            if not batch:
+                if stop.is_set():
+                    return
+                continue
+            await ready.put(self._prepare(batch))
 
     def _prepare(self, batch):
         """(records to write as (consumer, SinkRecord), already written (consumer, msg),
