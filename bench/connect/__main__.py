@@ -1,7 +1,10 @@
 """bench.connect: Danube Connect's connectors against the plain use of the same library, in
 one run (issue 39). Reported, not asserted.
 
-    python -m bench.connect [--quick] [--mqtt N] [--delta N] [--webhook N]
+    python -m bench.connect [--quick] [--mqtt N] [--delta N] [--iceberg N] [--webhook N]
+                            [--only mqtt,delta,iceberg,webhook]
+
+BENCH_CONNECT_PROFILE=DIR records each connector run with py-spy (collapsed stacks in DIR).
 
 1. MQTT source at QoS 1: N messages queued by Mosquitto for a persistent session, then
    drained. Peer: a paho subscriber (mosquitto_sub-style, acks at receipt) on its own
@@ -10,9 +13,14 @@ one run (issue 39). Reported, not asserted.
    Target: connector >= 0.7x the direct subscriber.
 2. Delta Lake sink: N JSON records (id, name, amount) in a reliable topic, written in
    batches of 1,000. Peer: the same records as Arrow batches of 1,000 appended with
-   `write_deltalake` directly (no parsing, no transaction). Connector: sink-deltalake with
+   `write_deltalake` directly (no parsing, no transaction), run before and after the
+   connector (the mean of both). Connector: sink-deltalake with
    field_mappings, timed from its first committed batch to its N-th row. Target >= 0.7x.
-3. Webhook source: N JSON POSTs over 32 keep-alive connections. Peer: the same HTTP
+3. Iceberg sink: the same N records. Peer: the same Arrow batches of 1,000 appended with
+   pyiceberg's `Table.append` directly to a table of its own in the same SQLite catalog
+   (no parsing, no offsets in the summary). Connector: sink-iceberg with field_mappings,
+   timed as the Delta sink. Target >= 0.7x.
+4. Webhook source: N JSON POSTs over 32 keep-alive connections. Peer: the same HTTP
    server (danube/connectors/_http1.py) with an empty handler. Connector: source-webhook,
    each request answered after the broker's ack."""
 
@@ -42,14 +50,25 @@ def free_port():
 
 
 class Connector:
-    def __init__(self, workdir, text, env=None):
+    def __init__(self, workdir, text, env=None, profile=False):
         self.path = os.path.join(workdir, f"c-{uuid.uuid4().hex[:6]}.toml")
         with open(self.path, "w") as fh:
             fh.write(text)
         self.log = open(self.path + ".log", "w+")
-        self.proc = subprocess.Popen([sys.executable, "-P", "-m", "danube", "connect", "run",
-                                      "--config", self.path], stdout=self.log,
-                                     stderr=subprocess.STDOUT, env=dict(os.environ, **(env or {})))
+        command = [sys.executable, "-P", "-m", "danube", "connect", "run", "--config",
+                   self.path]
+        self.proc = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT,
+                                     env=dict(os.environ, **(env or {})))
+        self.profiler = None
+        folder = os.environ.get("BENCH_CONNECT_PROFILE")
+        if folder and profile:
+            # py-spy's collapsed stacks of the timed run; it ends when the connector does.
+            self.profiler = subprocess.Popen(
+                [os.path.join(os.path.dirname(sys.executable), "py-spy"), "record",
+                 "--format", "raw", "--rate", "200", "--nonblocking", "--pid",
+                 str(self.proc.pid), "-o",
+                 os.path.join(folder, os.path.basename(self.path) + ".txt")],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.port = self._field("metrics_port")
 
     def _field(self, name, timeout=60):
@@ -105,6 +124,8 @@ class Connector:
     def stop(self):
         self.proc.terminate()
         self.proc.wait(60)
+        if self.profiler is not None:
+            self.profiler.wait(60)
 
 
 def core(broker, name, kind, batch):
@@ -223,7 +244,7 @@ qos = "AtLeastOnce"
             time.sleep(0.05)
         conn.stop()             # the session and its subscription exist now
         publish(port, topic, n)
-        conn = Connector(workdir, text)
+        conn = Connector(workdir, text, profile=True)
         connector = conn.timed_until(n)
         conn.stop()
     finally:
@@ -248,13 +269,15 @@ def bench_delta(broker, workdir, n):
     batches = [pa.Table.from_pylist(rows[i:i + 1000], schema=schema)
                for i in range(0, n, 1000)]
     from deltalake import DeltaTable
-    uri = os.path.join(workdir, "direct")
-    start = time.perf_counter()
-    write_deltalake(uri, batches[0], mode="append")
-    target = DeltaTable(uri)        # the library's fastest way: the table kept open
-    for table in batches[1:]:
-        write_deltalake(target, table, mode="append")
-    direct = time.perf_counter() - start
+
+    def direct_run(uri):
+        start = time.perf_counter()
+        write_deltalake(uri, batches[0], mode="append")
+        target = DeltaTable(uri)        # the library's fastest way: the table kept open
+        for table in batches[1:]:
+            write_deltalake(target, table, mode="append")
+        return time.perf_counter() - start
+    before = direct_run(os.path.join(workdir, "direct"))
 
     name = f"bench-delta-{uuid.uuid4().hex[:6]}"
     topic = f"/default/{name}"
@@ -288,9 +311,73 @@ field_mappings = [
             payloads = [json.dumps(r, separators=(",", ":")).encode() for r in rows]
             await p.send_many(payloads)
     asyncio.run(fill())
-    conn = Connector(workdir, text)
+    conn = Connector(workdir, text, profile=True)
     connector = conn.timed_until(n)
     conn.stop()
+    # The peer again after the connector: the mean of both runs evens out load that moved.
+    direct = (before + direct_run(os.path.join(workdir, "direct-after"))) / 2
+    return {"rows": n, "direct_rows_per_s": round(n / direct),
+            "connector_rows_per_s": round(n / connector), "ratio": round(direct / connector, 2)}
+
+
+# -- Iceberg ------------------------------------------------------------------------------
+
+def bench_iceberg(broker, workdir, n):
+    import pyarrow as pa
+    from pyiceberg.catalog.sql import SqlCatalog
+    rows = delta_rows(n)
+    schema = pa.schema([pa.field("id", pa.int64(), False), pa.field("name", pa.string()),
+                        pa.field("amount", pa.float64())])
+    batches = [pa.Table.from_pylist(rows[i:i + 1000], schema=schema)
+               for i in range(0, n, 1000)]
+    uri = f"sqlite:///{os.path.join(workdir, 'iceberg.db')}"
+    warehouse = os.path.join(workdir, "warehouse")
+    os.makedirs(warehouse, exist_ok=True)
+    catalog = SqlCatalog("danube_catalog", uri=uri, warehouse=f"file://{warehouse}")
+    catalog.create_namespace("direct")
+    # The connector's table properties (upstream danube-iceberg's), so both write alike.
+    from danube.connectors.iceberg import TABLE_PROPERTIES
+
+    def direct_run(name):
+        start = time.perf_counter()
+        table = catalog.create_table(("direct", name), schema=schema,
+                                     properties=TABLE_PROPERTIES)
+        for batch in batches:
+            table.append(batch)
+        return time.perf_counter() - start
+    before = direct_run("before")
+
+    name = f"bench-ice-{uuid.uuid4().hex[:6]}"
+    topic = f"/default/{name}"
+    text = core(broker, name, "sink-iceberg", 1000) + f'''[iceberg.catalog]
+uri = "{uri}"
+warehouse = "{warehouse}"
+[[iceberg.routes]]
+from = "{topic}"
+subscription = "bench"
+include_danube_metadata = false
+field_mappings = [
+  {{ json_path = "id", column = "id", data_type = "Int64", nullable = false }},
+  {{ json_path = "name", column = "name", data_type = "Utf8" }},
+  {{ json_path = "amount", column = "amount", data_type = "Float64" }},
+]
+'''
+
+    async def fill():
+        from danube.client import DanubeClient
+        async with DanubeClient(broker.url) as client:
+            p = await client.create_producer(topic, "bench", reliable=True)
+            conn = Connector(workdir, text)
+            while not conn.ready():
+                await asyncio.sleep(0.05)
+            conn.stop()          # the subscription exists: the records wait for it
+            payloads = [json.dumps(r, separators=(",", ":")).encode() for r in rows]
+            await p.send_many(payloads)
+    asyncio.run(fill())
+    conn = Connector(workdir, text, profile=True)
+    connector = conn.timed_until(n)
+    conn.stop()
+    direct = (before + direct_run("after")) / 2     # as the Delta case
     return {"rows": n, "direct_rows_per_s": round(n / direct),
             "connector_rows_per_s": round(n / connector), "ratio": round(direct / connector, 2)}
 
@@ -356,21 +443,30 @@ def main():
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--mqtt", type=int, default=None)
     parser.add_argument("--delta", type=int, default=None)
+    parser.add_argument("--iceberg", type=int, default=None)
     parser.add_argument("--webhook", type=int, default=None)
+    parser.add_argument("--only", default="mqtt,delta,iceberg,webhook",
+                        help="comma-separated cases to run")
     args = parser.parse_args()
-    n_mqtt = args.mqtt or (5000 if args.quick else 50000)
-    n_delta = args.delta or (10000 if args.quick else 100000)
-    n_hook = args.webhook or (2000 if args.quick else 20000)
+    sizes = {"mqtt": args.mqtt or (5000 if args.quick else 50000),
+             "delta": args.delta or (10000 if args.quick else 100000),
+             "iceberg": args.iceberg or (10000 if args.quick else 50000),
+             "webhook": args.webhook or (2000 if args.quick else 20000)}
+    cases = {"mqtt": ("mqtt_qos1", bench_mqtt), "delta": ("delta", bench_delta),
+             "iceberg": ("iceberg", bench_iceberg), "webhook": ("webhook", bench_webhook)}
+    only = [c.strip() for c in args.only.split(",") if c.strip()]
+    unknown = [c for c in only if c not in cases]
+    if unknown:
+        parser.error(f"--only: unknown case {unknown[0]!r} (cases: {', '.join(cases)})")
     workdir = tempfile.mkdtemp(prefix="bench-connect-")
     broker = Broker(os.path.join(workdir, "data"), os.path.join(workdir, "broker.log"))
-    results = {}
+    results = {"load_average": os.getloadavg()[0]}
     try:
-        results["mqtt_qos1"] = bench_mqtt(broker, workdir, n_mqtt)
-        print(json.dumps({"mqtt_qos1": results["mqtt_qos1"]}), flush=True)
-        results["delta"] = bench_delta(broker, workdir, n_delta)
-        print(json.dumps({"delta": results["delta"]}), flush=True)
-        results["webhook"] = bench_webhook(broker, workdir, n_hook)
-        print(json.dumps({"webhook": results["webhook"]}), flush=True)
+        for case in only:
+            label, fn = cases[case]
+            results[label] = fn(broker, workdir, sizes[case])
+            results[label]["load_average"] = round(os.getloadavg()[0], 1)
+            print(json.dumps({label: results[label]}), flush=True)
     finally:
         broker.proc.terminate()
         broker.proc.wait(30)

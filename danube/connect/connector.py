@@ -88,6 +88,14 @@ class SinkConnector(Connector):
         record at or below it. At-least-once sinks keep the default {}."""
         return {}
 
+    def prepare(self, records):
+        """Optional: the part of writing ``records`` that touches nothing outside (parsing,
+        building columns). The runtime calls it for the next batch while the previous one is
+        still being written, and hands what it returned to ``process_batch(records,
+        prepared)``; None (the default) calls ``process_batch(records)``. It must not keep
+        state that a failed write of the batch before would make wrong."""
+        return None
+
     async def process_batch(self, records):
         """Write ``records`` (SinkRecords in topic order). Either all of them are written or
         an error is raised (``Unavailable``, ``RetryableError``, ``InvalidRecord`` naming a

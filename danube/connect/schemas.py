@@ -29,10 +29,8 @@ async def latest_schema(client, subject):
     return response.schema_type, response.schema_definition, response.version
 
 
-def columns_of(subject, schema_type, definition):
-    """[(column, data_type, nullable)] of a JSON Schema object or an Avro record; a property
-    of another type (object, array, union of several types) becomes a Utf8 column holding
-    its JSON."""
+def schema_document(subject, definition):
+    """The schema itself, parsed, from a definition as the registry returns it."""
     try:
         doc = json.loads(definition)
     except ValueError as exc:
@@ -46,6 +44,18 @@ def columns_of(subject, schema_type, definition):
                 doc = json.loads(body["raw_schema"])
             except ValueError as exc:
                 raise ConfigError(f"schema {subject!r} is not JSON: {exc}") from None
+    return doc
+
+
+def is_avro(schema_type):
+    return schema_type.lower() == "avro"
+
+
+def columns_of(subject, schema_type, definition):
+    """[(column, data_type, nullable)] of a JSON Schema object or an Avro record; a property
+    of another type (object, array, union of several types) becomes a Utf8 column holding
+    its JSON."""
+    doc = schema_document(subject, definition)
     kind = schema_type.lower().replace("-", "_")
     if kind in ("json_schema", "jsonschema", "json"):
         props = doc.get("properties")

@@ -29,7 +29,8 @@ class SinkRuntime:
 
     async def start(self):
         rt = self.rt
-        window = min(10000, max(1, rt.core.processing.batch_size * 2))
+        # The batch being written, the one prepared, and READ_AHEAD more being received.
+        window = min(10000, max(1, rt.core.processing.batch_size * (READ_AHEAD + 2)))
         for cfg in self.connector.consumer_configs():
             if not isinstance(cfg, ConsumerConfig):
                 raise ConfigError(f"consumer_configs returned {cfg!r}, not a ConsumerConfig")
@@ -47,15 +48,39 @@ class SinkRuntime:
                      extra={"offsets": str(self.committed)})
 
     async def run(self, stop):
-        rt = self.rt
+        """Two stages: the next batch is received, turned into SinkRecords and
+        ``prepare``d (parsing: nothing outside is touched) while the one before is being
+        written; batches are written and acknowledged one at a time, in order. On stop the
+        batch being written is finished; a prepared one waiting is left unacknowledged (the
+        broker delivers it again)."""
         self._readers = [asyncio.ensure_future(self._read(cfg, consumer))
                          for cfg, consumer in self.consumers]
+        ready = asyncio.Queue(1)
+        preparing = asyncio.ensure_future(self._prepare_batches(stop, ready))
         try:
-            while not stop.is_set():
-                batch = await self._next_batch(stop)
-                if batch:
-                    await self._deliver(batch)
+            while True:
+                if ready.empty():
+                    # Wait for the next batch, or for the first stage to end (stopped
+                    # while idle, or a reader's error: raised below).
+                    getter = asyncio.ensure_future(ready.get())
+                    try:
+                        await asyncio.wait((getter, preparing),
+                                           return_when=asyncio.FIRST_COMPLETED)
+                    finally:
+                        got = getter.done()
+                        if not got:
+                            getter.cancel()
+                    if not got:
+                        break
+                    item = getter.result()
+                else:
+                    item = ready.get_nowait()
+                await self._deliver(*item)
+                if stop.is_set():
+                    break
         finally:
+            preparing.cancel()
+            await asyncio.gather(preparing, return_exceptions=True)
             for task in self._readers:
                 task.cancel()
             await asyncio.gather(*self._readers, return_exceptions=True)
@@ -64,6 +89,36 @@ class SinkRuntime:
                     await consumer.flush_acks()
                 except Exception as exc:        # noqa: BLE001 - redelivered, not lost
                     log.warning("final acknowledgements failed (redelivered): %s", exc)
+        if preparing.done() and not preparing.cancelled() and preparing.exception():
+            raise preparing.exception()
+
+    async def _prepare_batches(self, stop, ready):
+        """Stage one: batches as ``_deliver``'s arguments into ``ready``, until ``stop`` is
+        set and nothing is waiting. An error (a reader that failed) ends the run."""
+        while True:
+            batch = await self._next_batch(stop)
+            if not batch:
+                if stop.is_set():
+                    return
+                continue
+            await ready.put(self._prepare(batch))
+
+    def _prepare(self, batch):
+        """(records to write as (consumer, SinkRecord), already written (consumer, msg),
+        what the connector's ``prepare`` made of the records)."""
+        records, skipped = [], []
+        committed = self.committed
+        from_message = SinkRecord.from_message
+        for cfg, consumer, msg in batch:
+            if committed:
+                mid = msg.msg_id
+                done = committed.get(mid.topic_name)
+                if done is not None and mid.topic_offset <= done:
+                    skipped.append((consumer, msg))
+                    continue
+            records.append((consumer, from_message(cfg.topic, msg)))
+        prepared = self.connector.prepare([r for _c, r in records]) if records else None
+        return records, skipped, prepared
 
     async def _read(self, cfg, consumer):
         size = self.rt.core.processing.batch_size
@@ -101,17 +156,9 @@ class SinkRuntime:
             if task.done() and not task.cancelled() and task.exception() is not None:
                 raise task.exception()
 
-    async def _deliver(self, batch):
+    async def _deliver(self, records, skipped, prepared):
         rt = self.rt
         started = time.perf_counter()
-        records, skipped = [], []
-        for cfg, consumer, msg in batch:
-            mid = msg.msg_id
-            done = self.committed.get(mid.topic_name)
-            if done is not None and mid.topic_offset <= done:
-                skipped.append((consumer, msg))
-                continue
-            records.append((consumer, SinkRecord.from_message(cfg.topic, msg)))
         for consumer, msg in skipped:
             await consumer.ack(msg)
         if skipped:
@@ -123,24 +170,32 @@ class SinkRuntime:
         rt.metrics.inflight.labels(rt.name).set(len(records))
         rt.metrics.batch_size.labels(rt.name).observe(len(records))
         sink_records = [r for _c, r in records]
-        await self._process(sink_records)
+        await self._process(sink_records, prepared)
+        committed = self.committed
+        last = {}
         for consumer, record in records:
             await consumer.ack(record.message)
-            done = self.committed.get(record.partition)
-            if done is None or record.offset > done:
-                self.committed[record.partition] = record.offset
+            last[record.partition] = record.offset
+        for partition, offset in last.items():
+            done = committed.get(partition)
+            if done is None or offset > done:
+                committed[partition] = offset
         newest = max(r.publish_time for r in sink_records)
         rt.metrics.lag.labels(rt.name).set(max(0.0, time.time() - newest / 1000.0))
         rt.metrics.inflight.labels(rt.name).set(0)
         rt.metrics.batch_latency.labels(rt.name).observe(time.perf_counter() - started)
 
-    async def _process(self, records):
-        """process_batch with the runtime's retry rules (danube/connect/errors.py)."""
+    async def _process(self, records, prepared=None):
+        """process_batch with the runtime's retry rules (danube/connect/errors.py);
+        ``prepared`` holds for ``records`` as they came (not once some are dead-lettered)."""
         rt = self.rt
         attempt = 0
         while records:
             try:
-                rejected = await self.connector.process_batch(records) or []
+                if prepared is None:
+                    rejected = await self.connector.process_batch(records) or []
+                else:
+                    rejected = await self.connector.process_batch(records, prepared) or []
             except Unavailable as exc:
                 attempt = await rt.external_failed(exc, attempt, forever=True)
                 continue
@@ -152,6 +207,7 @@ class SinkRuntime:
                                                         f"attempts: {exc}")
                     gone = {id(r) for r in failed}
                     records = [r for r in records if id(r) not in gone]
+                    prepared = None
                     attempt = 0
                     rt.health.set("external")
                     continue
@@ -162,6 +218,7 @@ class SinkRuntime:
                     raise
                 await self._dead_letter(exc.record, exc.reason)
                 records = [r for r in records if r is not exc.record]
+                prepared = None
                 continue
             rt.health.set("external")
             bad = set()

@@ -3,7 +3,10 @@
 from the registry subject's schema, or, with neither, are the raw message (payload bytes,
 key, attributes as JSON). ``_danube_metadata`` (upstream's column, JSON) adds the topic,
 partition, offset and publish time. A record that does not fit (not JSON, a required field
-missing, a value of the wrong type) is an ``InvalidRecord`` naming the field."""
+missing, a value of the wrong type) is an ``InvalidRecord`` naming the field.
+
+Payloads are JSON, or, when the columns come from an Avro subject, one Avro binary datum
+each (what the broker validates for an Avro subject), decoded with fastavro."""
 
 import base64
 import datetime
@@ -64,17 +67,37 @@ def _convert(kind, value):
             return datetime.datetime.fromtimestamp(value / 1e6, datetime.timezone.utc)
         raise ValueError("expected an ISO 8601 string or microseconds since the epoch")
     if kind == "Binary":
+        if isinstance(value, bytes):            # an Avro bytes field
+            return value
         if not isinstance(value, str):
             raise ValueError("expected base64 text")
         return base64.b64decode(value, validate=True)
-    return json.dumps(value, separators=(",", ":"))        # Json
+    return json.dumps(value, separators=(",", ":"), default=_jsonable)        # Json
+
+
+def _jsonable(value):
+    if isinstance(value, bytes):                # Avro bytes inside a nested value
+        return base64.b64encode(value).decode()
+    if isinstance(value, (datetime.datetime, datetime.date)):
+        return value.isoformat()
+    return str(value)
 
 
 class Columns:
-    """``mappings``: [(json_path, column, data_type, nullable)], or None for raw columns."""
+    """``mappings``: [(json_path, column, data_type, nullable)], or None for raw columns;
+    ``avro_schema``: the Avro schema (text or parsed) when payloads are Avro datums."""
 
-    def __init__(self, mappings, include_metadata):
+    def __init__(self, mappings, include_metadata, avro_schema=None):
         self.include_metadata = include_metadata
+        self.avro = None
+        if avro_schema is not None:
+            import fastavro
+            try:
+                self.avro = fastavro.parse_schema(
+                    json.loads(avro_schema) if isinstance(avro_schema, (str, bytes))
+                    else avro_schema)
+            except Exception as exc:    # noqa: BLE001 - fastavro raises several types
+                raise ConfigError(f"the Avro schema does not parse: {exc}") from None
         self.raw = mappings is None
         fields = []
         if self.raw:
@@ -103,10 +126,7 @@ class Columns:
             row = {"payload": record.payload, "key": record.key,
                    "attributes": json.dumps(record.attributes, sort_keys=True)}
         else:
-            try:
-                doc = orjson.loads(record.payload)
-            except orjson.JSONDecodeError as exc:
-                raise InvalidRecord(f"invalid JSON: {exc}", record) from None
+            doc = self._decode(record)
             if not isinstance(doc, dict):
                 raise InvalidRecord(f"expected a JSON object, got {type(doc).__name__}",
                                     record)
@@ -131,6 +151,23 @@ class Columns:
             row[METADATA] = self._metadata(record)
         return row
 
+    def _decode(self, record):
+        if self.avro is not None:
+            from fastavro import schemaless_reader
+            buf = io.BytesIO(record.payload)
+            try:
+                doc = schemaless_reader(buf, self.avro, None)
+            except Exception as exc:    # noqa: BLE001 - EOFError, IndexError, UnicodeError...
+                raise InvalidRecord(f"invalid Avro datum: {type(exc).__name__}: {exc}",
+                                    record) from None
+            if buf.tell() != len(record.payload):
+                raise InvalidRecord("invalid Avro datum: bytes left after the record", record)
+            return doc
+        try:
+            return orjson.loads(record.payload)
+        except orjson.JSONDecodeError as exc:
+            raise InvalidRecord(f"invalid JSON: {exc}", record) from None
+
     @staticmethod
     def _metadata(record):
         return json.dumps({"topic": record.topic, "partition": record.partition,
@@ -142,7 +179,7 @@ class Columns:
         (top-level fields of plain types) and every record fits: 3-4x
         faster than row by row. None sends the batch down the row-by-row path, which
         names each record that does not fit."""
-        if self.raw or not self.mappings:
+        if self.raw or not self.mappings or self.avro is not None:
             return None
         if any(len(parts) != 1 or parts[0] != column or kind in ("Timestamp", "Binary", "Json")
                for parts, column, kind, _ in self.mappings):

@@ -14,7 +14,7 @@ import logging
 
 from danube.connect import (ConfigError, ConsumerConfig, FatalError, Field, RetryableError,
                             SinkConnector, Table, Tables, Unavailable)
-from danube.connect.schemas import columns_of, latest_schema
+from danube.connect.schemas import columns_of, is_avro, latest_schema, schema_document
 from danube.connect.settings import topic_name
 from danube.connectors.columns import DATA_TYPES, Columns
 
@@ -111,7 +111,7 @@ class DeltaLakeSink(SinkConnector):
     async def initialize(self):
         client = self.context.runtime.client
         for route in self.delta.routes:
-            mappings = None
+            mappings = avro = None
             if route.field_mappings:
                 mappings = [(m["json_path"], m["column"], m["data_type"],
                              m.get("nullable", True)) for m in route.field_mappings]
@@ -120,10 +120,12 @@ class DeltaLakeSink(SinkConnector):
                     client, route.expected_schema_subject)
                 mappings = [(c, c, t, n) for c, t, n in
                             columns_of(route.expected_schema_subject, kind, definition)]
+                if is_avro(kind):
+                    avro = schema_document(route.expected_schema_subject, definition)
                 log.info("columns from schema %s version %d", route.expected_schema_subject,
                          version)
             self.columns[getattr(route, "from")] = Columns(mappings,
-                                                           route.include_danube_metadata)
+                                                           route.include_danube_metadata, avro)
 
     def _open(self, route):
         try:
@@ -144,18 +146,26 @@ class DeltaLakeSink(SinkConnector):
                     out[partition] = version
         return out
 
-    async def process_batch(self, records):
-        rejected = []
+    def prepare(self, records):
+        """Per topic: (route, Arrow table of the good records, [InvalidRecord], {partition:
+        last offset}). Parsing only: the runtime runs it for the next batch while this one
+        is written."""
         by_topic = {}
         for record in records:
             by_topic.setdefault(record.topic, []).append(record)
+        out = []
         for topic, group in by_topic.items():
-            route = self.by_topic[topic]
             table, bad = self.columns[topic].split(group)
-            rejected.extend(bad)
             last = {}
             for record in group:
                 last[record.partition] = record.offset
+            out.append((self.by_topic[topic], table, bad, last))
+        return out
+
+    async def process_batch(self, records, prepared=None):
+        rejected = []
+        for route, table, bad, last in prepared or self.prepare(records):
+            rejected.extend(bad)
             txns = [Transaction(self.app_id(route, p), v) for p, v in last.items()]
             await self._call(self._write, route, table, txns)
         return rejected

@@ -1,0 +1,339 @@
+"""Danube Connect's sink-iceberg against the real broker process, run as `danube connect
+run`, writing through pyiceberg's SQL catalog on SQLite: JSON records through field
+mappings into a day-partitioned table on the file system with bad records dead-lettered,
+three SIGKILLs mid-stream with every row exactly once (count and checksum), columns from an
+Avro subject that evolves (a new optional column added to the table), raw columns, and the
+round trip with a kill on S3 (SeaweedFS)."""
+
+import asyncio
+import datetime
+import io
+import json
+import uuid
+
+import pyarrow.compute as pc
+import pytest
+from pyiceberg.catalog.sql import SqlCatalog
+
+from broker_process import BrokerProcess
+from connector_process import ConnectorProcess
+from waiting import async_wait_for
+from danube.client import DanubeClient, register_schema
+from danube.client.schema import schema_reference
+
+MAPPINGS = '''field_mappings = [
+    { json_path = "id", column = "id", data_type = "Int64", nullable = false },
+    { json_path = "name", column = "name", data_type = "Utf8", nullable = true },
+    { json_path = "detail.amount", column = "amount", data_type = "Float64" },
+    { json_path = "ts", column = "ts", data_type = "Timestamp" },
+]'''
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory):
+    b = BrokerProcess(data_dir=tmp_path_factory.mktemp("connect-iceberg")).start()
+    yield b
+    b.stop()
+
+
+class Lake:
+    """The catalog (SQLite) and warehouse a test's sink writes to, read back the same way."""
+
+    def __init__(self, tmp_path, warehouse=None, storage=None):
+        self.uri = f"sqlite:///{tmp_path / 'catalog.db'}"
+        self.warehouse = warehouse or str(tmp_path / "warehouse")
+        self.storage = storage or {}
+
+    def toml(self):
+        lines = ['[iceberg.catalog]', f'uri = "{self.uri}"',
+                 f'warehouse = "{self.warehouse}"']
+        if self.storage:
+            lines.append("[iceberg.storage]")
+            lines += [f'{k} = "{v}"' for k, v in self.storage.items()
+                      if k not in ("access_key", "secret_key")]
+        return "\n".join(lines)
+
+    def catalog(self):
+        props = {"uri": self.uri, "warehouse": self.warehouse}
+        s = self.storage
+        if s:
+            props.update({"s3.endpoint": s["endpoint"], "s3.region": s["region"],
+                          "s3.access-key-id": s["access_key"],
+                          "s3.secret-access-key": s["secret_key"]})
+        return SqlCatalog("danube_catalog", **props)
+
+    def table(self, ident):
+        try:
+            return self.catalog().load_table(ident)
+        except Exception:       # noqa: BLE001 - not created yet
+            return None
+
+    def rows(self, ident):
+        t = self.table(ident)
+        return None if t is None else t.scan().to_arrow()
+
+    def count(self, ident):
+        t = self.rows(ident)
+        return 0 if t is None else t.num_rows
+
+
+def write_config(path, broker, topic, lake, *, route_extra=MAPPINGS, dlq=None,
+                 batch_size=200):
+    name = f"ice-{uuid.uuid4().hex[:8]}"
+    dlq_line = f'dead_letter_topic = "{dlq}"' if dlq else ""
+    path.write_text(f'''
+connector = "sink-iceberg"
+danube_service_url = "http://{broker.client_addr}"
+connector_name = "{name}"
+{dlq_line}
+
+[retry]
+max_retries = 2
+retry_backoff_ms = 100
+max_backoff_ms = 1000
+
+[processing]
+batch_size = {batch_size}
+batch_timeout_ms = 200
+metrics_port = 0
+metrics_host = "127.0.0.1"
+
+{lake.toml()}
+
+[[iceberg.routes]]
+from = "{topic}"
+subscription = "iceberg-sink"
+{route_extra}
+''')
+    return path
+
+
+def row(i):
+    return json.dumps({"id": i, "name": f"n{i}", "detail": {"amount": i * 0.5},
+                       "ts": f"2026-11-{1 + i % 3:02d}T10:00:00Z"}).encode()
+
+
+async def make_topic(client, topic, **kwargs):
+    """A reliable producer on ``topic`` (which creates it: a sink waits for its topic)."""
+    return await client.create_producer(topic, f"p-{uuid.uuid4().hex[:6]}", reliable=True,
+                                        **kwargs)
+
+
+def checksum(lake, ident):
+    t = lake.rows(ident)
+    ids = t.column("id")
+    return t.num_rows, len(pc.unique(ids)), pc.sum(ids).as_py()
+
+
+async def test_round_trip_partitioned_with_dead_letters(tmp_path, broker):
+    name = f"ice_{uuid.uuid4().hex[:8]}"
+    topic, ident = f"/default/{name}", ("default", name)
+    dlq = f"/default/dlq_{uuid.uuid4().hex[:8]}"
+    lake = Lake(tmp_path)
+    good = [row(i) for i in range(90)]
+    bad = [b"{not json", json.dumps({"id": "seven"}).encode(),
+           json.dumps({"name": "no id"}).encode()]
+    spec = 'partition_spec = [{ column = "ts", transform = "day" }]'
+    async with DanubeClient(f"http://{broker.client_addr}") as client:
+        await client.create_producer(dlq, "dlq-maker", reliable=True)
+        dead = await client.subscribe(dlq, "d", "s", "exclusive")
+        producer = await make_topic(client, topic)
+        conn = ConnectorProcess(write_config(tmp_path / "c.toml", broker, topic, lake,
+                                             route_extra=MAPPINGS + "\n" + spec, dlq=dlq))
+        await asyncio.to_thread(conn.start)
+        await producer.send_many(good[:45] + bad + good[45:])
+        await async_wait_for(lambda: lake.count(ident) == 90, 60, "90 rows")
+        letters = [await dead.receive(timeout=30) for _ in range(3)]
+    table = lake.table(ident)
+    t = table.scan().to_arrow()
+    assert sorted(t.column("id").to_pylist()) == list(range(90))
+    assert sorted(set(t.column("amount").to_pylist()))[:2] == [0.0, 0.5]
+    assert [f.name for f in table.schema().fields] == [
+        "id", "name", "amount", "ts", "_danube_metadata"]
+    assert table.schema().find_field("id").required
+    [part] = table.spec().fields
+    assert (part.name, str(part.transform)) == ("ts_day", "day")
+    # Three days: the rows are in (at least) three data files, one per partition.
+    files = table.inspect.files()
+    assert {p["ts_day"] for p in files.column("partition").to_pylist()} == {
+        datetime.date(2026, 11, d) for d in (1, 2, 3)}
+    meta = json.loads(t.filter(pc.equal(t.column("id"), 0)).column(
+        "_danube_metadata")[0].as_py())
+    assert meta["topic"] == topic and meta["offset"] == 0
+    assert [m.payload for m in letters] == bad
+    reasons = [m.attributes["dlq.reason"] for m in letters]
+    assert reasons[0].startswith("invalid JSON")
+    assert reasons[1] == "field 'id' (column 'id', Int64): expected an integer, got str"
+    assert reasons[2].startswith("field 'id' (column 'id') is missing")
+    assert [int(m.attributes["dlq.offset"]) for m in letters] == [45, 46, 47]
+    assert conn.metric("danube_connector_messages_dead_lettered_total") == 3
+    assert conn.metric("danube_connector_messages_processed_total") == 90
+    # The offsets the sink resumes from are in the snapshot's summary.
+    summary = table.current_snapshot().summary.additional_properties
+    [offsets] = [json.loads(v) for k, v in summary.items() if k.startswith("danube.offsets.")]
+    assert offsets == {topic: 92}
+    assert conn.stop() == 0
+
+
+async def kill_and_restart(conn, at_least, lake, ident, timeout=120):
+    await async_wait_for(lambda: lake.count(ident) >= at_least, timeout,
+                         f"{at_least} rows before the kill")
+    conn.sigkill()
+    again = ConnectorProcess(conn.config_path, env=conn.env)
+    await asyncio.to_thread(again.start)
+    return again
+
+
+@pytest.mark.timeout(600)
+async def test_three_sigkills_exactly_once(tmp_path, broker):
+    """Each batch is one snapshot carrying the partition's offset in its summary: killed
+    three times mid-stream, the table ends with every row once."""
+    name = f"ice_kill_{uuid.uuid4().hex[:8]}"
+    topic, ident = f"/default/{name}", ("default", name)
+    lake = Lake(tmp_path)
+    total = 8000
+    async with DanubeClient(f"http://{broker.client_addr}") as client:
+        producer = await make_topic(client, topic)
+        conn = ConnectorProcess(write_config(tmp_path / "c.toml", broker, topic, lake,
+                                             batch_size=250))
+        await asyncio.to_thread(conn.start)
+        feeding = asyncio.ensure_future(producer.send_many([row(i) for i in range(total)]))
+        for at_least in (1000, 3000, 5000):
+            conn = await kill_and_restart(conn, at_least, lake, ident)
+        await feeding
+        await async_wait_for(lambda: lake.count(ident) >= total, 240, "every row")
+    assert checksum(lake, ident) == (total, total, total * (total - 1) // 2)
+    # The last restart resumed from the offsets in the table (not from nothing).
+    assert any(r.get("msg", "").startswith("resuming after") for r in conn.records())
+    assert conn.metric("danube_connector_messages_processed_total") < total
+    assert conn.stop() == 0
+    assert checksum(lake, ident) == (total, total, total * (total - 1) // 2)
+
+
+def avro_datum(schema, doc):
+    import fastavro
+    buf = io.BytesIO()
+    fastavro.schemaless_writer(buf, fastavro.parse_schema(schema), doc)
+    return buf.getvalue()
+
+
+async def test_avro_subject_and_schema_evolution(tmp_path, broker):
+    """Columns from an Avro subject's latest version; a record stamped with a newer version
+    (a new optional field) makes the sink add the column to the table; the old rows have
+    none. A column of the wrong type for the table stops the sink with the column named."""
+    name = f"ice_avro_{uuid.uuid4().hex[:8]}"
+    topic, ident = f"/default/{name}", ("default", name)
+    subject = f"orders-{uuid.uuid4().hex[:6]}"
+    lake = Lake(tmp_path)
+    v1 = {"type": "record", "name": "Order", "fields": [
+        {"name": "order_id", "type": "long"}, {"name": "price", "type": "double"},
+        {"name": "paid", "type": ["null", "boolean"], "default": None}]}
+    v2 = dict(v1, fields=v1["fields"] + [
+        {"name": "item", "type": ["null", "string"], "default": None}])
+    async with DanubeClient(f"http://{broker.client_addr}") as client:
+        await register_schema(client, subject, "avro", json.dumps(v1).encode())
+        producer = await make_topic(client, topic, schema=schema_reference(subject))
+        conn = ConnectorProcess(write_config(
+            tmp_path / "c.toml", broker, topic, lake,
+            route_extra=f'expected_schema_subject = "{subject}"\n'
+                        'include_danube_metadata = false'))
+        await asyncio.to_thread(conn.start)
+        await producer.send(avro_datum(v1, {"order_id": 1, "price": 9.5, "paid": True}))
+        await async_wait_for(lambda: lake.count(ident) == 1, 60, "the first row")
+        assert lake.table(ident).schema().column_names == ["order_id", "price", "paid"]
+        await register_schema(client, subject, "avro", json.dumps(v2).encode())
+        p2 = await make_topic(client, topic, schema=schema_reference(subject))
+        await p2.send(avro_datum(v2, {"order_id": 2, "price": 3.0, "paid": None,
+                                      "item": "pen"}))
+        await async_wait_for(lambda: lake.count(ident) == 2, 60, "the second row")
+    table = lake.table(ident)
+    assert table.schema().column_names == ["order_id", "price", "paid", "item"]
+    assert not table.schema().find_field("item").required
+    assert sorted(table.scan().to_arrow().to_pylist(), key=lambda r: r["order_id"]) == [
+        {"order_id": 1, "price": 9.5, "paid": True, "item": None},
+        {"order_id": 2, "price": 3.0, "paid": None, "item": "pen"}]
+    assert conn.stop() == 0
+
+    # The same table, now with a mapping that makes order_id text: Iceberg cannot change
+    # long to string, so the sink stops at start naming the column.
+    bad = ConnectorProcess(write_config(
+        tmp_path / "bad.toml", broker, topic, lake,
+        route_extra='include_danube_metadata = false\nfield_mappings = [\n'
+                    '  { json_path = "order_id", column = "order_id", data_type = "Utf8" },\n'
+                    '  { json_path = "price", column = "price", data_type = "Float64" },\n]'))
+    with pytest.raises(AssertionError, match="cannot evolve so.*order_id"):
+        await asyncio.to_thread(bad.start)
+    assert bad.proc.wait(30) == 1
+
+
+async def test_raw_columns(tmp_path, broker):
+    name = f"ice_raw_{uuid.uuid4().hex[:8]}"
+    topic = f"/default/{name}"
+    lake = Lake(tmp_path)
+    ident = ("lake", "raw_events")
+    async with DanubeClient(f"http://{broker.client_addr}") as client:
+        producer = await make_topic(client, topic)
+        conn = ConnectorProcess(write_config(
+            tmp_path / "c.toml", broker, topic, lake,
+            route_extra='namespace = "lake"\ntable_name = "raw_events"'))
+        await asyncio.to_thread(conn.start)
+        await producer.send(b"\x00\xffbinary", {"k": "v"}, key="key1")
+        await async_wait_for(lambda: lake.count(ident) == 1, 60, "one row")
+    [r] = lake.rows(ident).to_pylist()
+    assert r["payload"] == b"\x00\xffbinary" and r["key"] == "key1"
+    assert json.loads(r["attributes"]) == {"k": "v"}
+    assert conn.stop() == 0
+
+
+def test_config_errors_name_the_key(tmp_path, broker):
+    lake = Lake(tmp_path)
+    cases = [
+        ('partition_spec = [{ column = "ts", transform = "weekly" }]',
+         "partition_spec: [0].transform: 'weekly' is not one of"),
+        (MAPPINGS + '\npartition_spec = [{ column = "nope", transform = "identity" }]',
+         "partition_spec column 'nope' is not a column"),
+        ('table_name = "bad name"', "iceberg.routes[0].table_name: 'bad name'"),
+        ('field_mappings = [{ json_path = "n", column = "n", data_type = "UInt64" }]',
+         "UInt64 has no Iceberg type"),
+    ]
+    for extra, message in cases:
+        done = ConnectorProcess(write_config(tmp_path / "c.toml", broker, "/default/x",
+                                             lake, route_extra=extra)).run_to_exit()
+        assert done.returncode == 2, done.stderr
+        assert message in done.stderr, done.stderr
+
+
+@pytest.fixture
+def own_seaweedfs(tmp_path_factory):
+    from objstore_servers import SeaweedFS, ServerNotInstalled
+    try:
+        server = SeaweedFS(tmp_path_factory.mktemp("seaweed-iceberg"))
+    except ServerNotInstalled as exc:
+        pytest.fail(str(exc), pytrace=False)
+    server.start()
+    yield server
+    server.close()
+
+
+@pytest.mark.timeout(600)
+async def test_s3_round_trip_exactly_once_across_a_kill(tmp_path, broker, own_seaweedfs):
+    s3 = own_seaweedfs
+    name = f"ice_s3_{uuid.uuid4().hex[:8]}"
+    topic, ident = f"/default/{name}", ("default", name)
+    lake = Lake(tmp_path, warehouse=f"s3://{s3.bucket}/warehouse",
+                storage={"endpoint": s3.endpoint, "region": s3.region,
+                         "access_key": s3.access_key, "secret_key": s3.secret_key})
+    env = {"AWS_ACCESS_KEY_ID": s3.access_key, "AWS_SECRET_ACCESS_KEY": s3.secret_key}
+    total = 3000
+    async with DanubeClient(f"http://{broker.client_addr}") as client:
+        producer = await make_topic(client, topic)
+        conn = ConnectorProcess(write_config(tmp_path / "c.toml", broker, topic, lake,
+                                             batch_size=250), env=env)
+        await asyncio.to_thread(conn.start)
+        await producer.send_many([row(i) for i in range(total)])
+        conn = await kill_and_restart(conn, 1000, lake, ident)
+        await async_wait_for(lambda: lake.count(ident) >= total, 180, "every row")
+    assert checksum(lake, ident) == (total, total, total * (total - 1) // 2)
+    files = lake.table(ident).inspect.files().column("file_path").to_pylist()
+    assert files and all(f.startswith(f"s3://{s3.bucket}/warehouse/") for f in files)
+    assert conn.stop() == 0
