@@ -19,13 +19,13 @@ from danube.broker.core.admin import Admin
 from danube.broker.core.producers import Producers
 from danube.broker.core.schemas import TopicSchemas
 from danube.broker.core.subscriptions import IDLE_SUBSCRIPTION_GRACE, Subscriptions
-from danube.broker.core.topics import SYSTEM_TOPIC, Topics
+from danube.broker.core.topics import Topics
 from danube.broker.errors import BrokerShuttingDown
+from danube.broker.placement import SYSTEM_TOPIC, Standalone
 from danube.broker.schemas.registry import SchemaRegistry
 from danube.broker.topic import NON_RELIABLE
 from danube.dirsync import fsync_dir
 from danube.failure_policy import FailurePolicy
-from danube.metadata import keys
 
 log = logging.getLogger("danube.broker")
 
@@ -34,12 +34,12 @@ SHUTDOWN_UPLOAD_TIMEOUT = 30.0
 
 
 class BrokerCore(Topics, Producers, Subscriptions, TopicSchemas, Admin):
-    def __init__(self, cfg, store, registry, loop=None, *, clustered=False):
+    def __init__(self, cfg, store, registry, loop=None, *, placement=None):
         self.cfg = cfg
-        # Cluster mode on etcd: topics are served where the leader places them, through
-        # ``cluster`` (danube.cluster.ClusterNode, attached once the core has started).
-        self.clustered = clustered
-        self.cluster = None
+        # Where topics live (danube.broker.placement): every question whose answer depends
+        # on other brokers goes there. A single broker serves every topic.
+        self.placement = placement if placement is not None else Standalone(store)
+        self.placement.bind(self)
         self.store = store
         self.registry = registry
         self.schemas = SchemaRegistry(store)
@@ -73,8 +73,7 @@ class BrokerCore(Topics, Producers, Subscriptions, TopicSchemas, Admin):
             await self._start_write_buffer()
         for ns in dict.fromkeys(["default", "system", *self.cfg.bootstrap_namespaces]):
             await self._ensure_namespace(ns)
-        if not self.clustered:
-            await self._load_topics()
+        await self.placement.on_start()
         if SYSTEM_TOPIC not in self.topics:
             await self._create_topic(SYSTEM_TOPIC, NON_RELIABLE)
         self._reaper = self.loop.create_task(self._reap_idle_subscriptions())
@@ -113,10 +112,9 @@ class BrokerCore(Topics, Producers, Subscriptions, TopicSchemas, Admin):
         self.write_buffer = buffer
 
     async def register(self):
-        """Publish this broker's URLs; called once the servers are bound, so the ports are
-        real even when the configuration asked for port 0. (In a cluster, the registration
-        is ClusterNode's, under a lease.)"""
-        await self.store.put(keys.cluster_register(self.broker_id), self.registration_record())
+        """Announce this broker (its placement's ``join``); called once the servers are
+        bound, so the ports are real even when the configuration asked for port 0."""
+        await self.placement.join()
 
     def registration_record(self):
         return {
@@ -128,6 +126,7 @@ class BrokerCore(Topics, Producers, Subscriptions, TopicSchemas, Admin):
         }
 
     async def stop(self):
+        await self.placement.leave()
         for task in (self._reaper, self._retention, self._sampler):
             if task is not None:
                 task.cancel()

@@ -38,8 +38,9 @@ WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 
 def _target(core, exc: TopicElsewhere, context) -> str | None:
     """The owner's admin address to forward to, or None to answer ``exc`` as it is."""
+    # Only a placement that knows other brokers names an owner's admin address.
     addr = getattr(exc, "admin_addr", None)
-    if not addr or core.cluster is None:
+    if not addr:
         return None
     if any(key == FORWARDED_BY for key, _ in context.invocation_metadata()):
         return None
