@@ -18,9 +18,15 @@ from typing import Awaitable, Callable, Protocol
 
 from danube.broker.errors import BrokerNotFound, ClusterRequired, InvalidArgument
 from danube.metadata import keys
+from danube.storage.errors import WALError
 
 #: Each broker's own non-reliable system topic: never placed, never moved.
 SYSTEM_TOPIC = "/system/_events_topic"
+
+#: What opening or uploading a topic's log may raise that a later attempt can get past (a
+#: WAL still locked by its previous owner, a full disk): a placement serving a topic tries
+#: again on these.
+LOG_ERRORS = (WALError, OSError)
 
 
 class PlacementHost(Protocol):
@@ -64,6 +70,8 @@ class Placement:
 
     host = None
     store = None        # the metadata store
+    #: Whether other brokers serve topics too (admin calls may be forwarded to them).
+    spans_brokers = False
 
     def bind(self, host) -> None:
         self.host = host

@@ -15,7 +15,7 @@ import asyncio
 import logging
 
 from danube.broker.errors import TopicElsewhere, TopicUnloaded
-from danube.broker.placement import Placement
+from danube.broker.placement import LOG_ERRORS, Placement
 from danube.cluster.admin import ClusterOps
 from danube.cluster.election import LeaderElection
 from danube.cluster.load_manager import LoadManager
@@ -25,7 +25,6 @@ from danube.cluster.rebalancer import AutoRebalancer
 from danube.cluster.view import ClusterView
 from danube.metadata import keys
 from danube.metadata.errors import MetadataError
-from danube.storage.errors import WALError
 
 log = logging.getLogger("danube.cluster")
 
@@ -47,6 +46,8 @@ class ClusterNode(Placement):
 
     Built before the core, which binds it (``host``); its parts that need the broker's id
     are made once the core has started (``on_start``), and it joins at ``join``."""
+
+    spans_brokers = True
 
     def __init__(self, store, cfg, control_store=None):
         self.store = store
@@ -317,7 +318,7 @@ class ClusterNode(Placement):
                     await self.host.serve_topic(name)
                 log.info("serving topic %s (assigned to broker %s)", name, self.broker_id)
                 break
-            except (MetadataError, WALError, OSError) as exc:
+            except (MetadataError, *LOG_ERRORS) as exc:
                 # WALLockedError: the previous owner is still closing the topic's log.
                 log.warning("cannot serve topic %s yet (%s); retrying", name, exc)
                 await asyncio.sleep(delay)
@@ -356,7 +357,7 @@ class ClusterNode(Placement):
                     self.view.owners.get(topic) != self.broker_id:
                 try:
                     await self.host.upload_released(topic, RELEASE_UPLOAD_TIMEOUT)
-                except (WALError, OSError, MetadataError) as exc:
+                except (MetadataError, *LOG_ERRORS) as exc:
                     log.warning("could not upload the rest of %s before letting it go: %s",
                                 topic, exc)
                 await self.store.put(keys.cluster_unassigned(topic), {**marker, "ready": True})

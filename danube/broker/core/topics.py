@@ -5,8 +5,6 @@ log, and the local retention sweep. A mixin of BrokerCore (see broker.py)."""
 import asyncio
 import dataclasses
 import logging
-import os
-import shutil
 
 from danube.broker import names, stats
 from danube.broker.errors import (InvalidTopicName, NamespaceNotEmpty, NamespaceNotFound,
@@ -15,8 +13,6 @@ from danube.broker.placement import SYSTEM_TOPIC
 from danube.broker.topic import DELIVERY_NAMES, NON_RELIABLE, RELIABLE, Topic
 from danube.config import Policies
 from danube.metadata import keys
-from danube.storage.topic_log import UPLOADED, TopicLog
-from danube.storage.wal import ALWAYS, WALConfig
 
 log = logging.getLogger("danube.broker")
 
@@ -109,7 +105,7 @@ class Topics:
         fenced) but that no other broker has taken yet: open its log here once more, upload
         what the durable tier lacks, and close it, so that the next owner continues from
         every message this broker acknowledged."""
-        if self.tiered is None or name in self.topics or \
+        if not self.logs.has_durable_tier or name in self.topics or \
                 await self.store.get(keys.topic_delivery(name)) != "Reliable":
             return
         topic = Topic(self, name, RELIABLE)
@@ -121,11 +117,7 @@ class Topics:
 
     async def delete_topic_data(self, name):
         """A deleted topic's log goes: its WAL directory and its durable tier's objects."""
-        ns, short = keys.split_topic(name)
-        await self.loop.run_in_executor(self.wal_executor, shutil.rmtree,
-                                        os.path.join(self.wal_root, ns, short), True)
-        if self.tiered is not None:
-            await self.tiered.delete_topic(name)
+        await self.logs.delete_released(name)
 
     async def _topic_exists(self, name):
         """Served here, or recorded in metadata wherever another broker serves it."""
@@ -133,20 +125,9 @@ class Topics:
 
     async def _open_log(self, topic):
         # Not validate_topic: a topic recorded before a name rule tightened is still served.
-        ns, name = keys.split_topic(topic.name)
-        cfg = self.cfg
-        topic.durability = cfg.durability_for(topic.name)
-        hours = cfg.wal_segment_max_hours
-        wal_cfg = WALConfig(durability=ALWAYS if topic.durability == UPLOADED
-                            else topic.durability,
-                            sync_interval_ms=cfg.wal_sync_interval_ms,
-                            segment_max_bytes=cfg.wal_segment_max_bytes,
-                            max_age_seconds=hours * 3600 if hours else None,
-                            cache_capacity=cfg.wal_cache_capacity)
-        topic.log = await TopicLog.open(topic.name, os.path.join(self.wal_root, ns, name),
-                                        wal_cfg, executor=self.wal_executor,
-                                        tiered=self.tiered, write_buffer=self.write_buffer,
-                                        ack_after_upload=topic.durability == UPLOADED)
+        keys.split_topic(topic.name)
+        topic.log = await self.logs.open(topic.name)
+        topic.durability = topic.log.durability
         if topic.log.buffer is not None:
             # Appends whose publish failed are confirmed by a later pass: deliver them then.
             topic.log.buffer.on_confirmed = lambda _offset: topic.wake_subscriptions()
@@ -290,10 +271,7 @@ class Topics:
         try:
             await self._unload(topic, TopicNotFound(f"topic {name} was not created"))
             if topic.log is not None:
-                await self.loop.run_in_executor(
-                    self.wal_executor, shutil.rmtree, topic.log.directory, True)
-                if self.write_buffer is not None:
-                    await self.write_buffer.delete_topic(name)
+                await self.logs.discard(name)
             await self.store.delete(keys.namespace_topic(name))
             await self.store.delete_prefix(keys.topic_root(name))
             await self.placement.drop_assignment(name)
@@ -318,13 +296,7 @@ class Topics:
                 topic = self.topics.pop(target, None)
                 if topic is not None:
                     await self._unload(topic, TopicNotFound(f"topic {target} was deleted"))
-                    if topic.log is not None:
-                        await self.loop.run_in_executor(
-                            self.wal_executor, shutil.rmtree, topic.log.directory, True)
-                    if self.tiered is not None:
-                        await self.tiered.delete_topic(target)
-                    if self.write_buffer is not None:
-                        await self.write_buffer.delete_topic(target)
+                    await self.logs.delete(target)
                 await self.store.delete(keys.namespace_topic(target))
                 await self.store.delete_prefix(keys.topic_root(target))
                 await self.placement.forget(target)
@@ -380,40 +352,14 @@ class Topics:
             raise TopicNotFound(f"Unable to find the requested topic: {name}")
         return located
 
-    # -- retention -----------------------------------------------------------------------
+    # -- retention (run by the logs' owner, danube.storage.logs) -------------------------
 
-    async def _enforce_retention(self):
-        """Local retention (storage.local_retention): delete old sealed WAL segments by age
-        and total size, but never one holding an offset a subscription still needs (above
-        the slowest cursor) unless `delete_unconsumed` is set. By default a stuck
-        subscription therefore keeps its backlog on disk; with `delete_unconsumed` it loses
-        what retention deleted and resumes at the oldest message left."""
-        cfg = self.cfg
-        while True:
-            await asyncio.sleep(cfg.retention_check_interval_minutes * 60)
-            uploaded = {}
-            if self.tiered is not None:
-                try:
-                    uploaded = await self.tiered.durable_ends()
-                except Exception:  # noqa: BLE001 - tiered topics keep their WAL this pass
-                    log.exception("retention: cannot sync the segment catalogue")
-            for topic in list(self.topics.values()):
-                if topic.log is None or topic.closed:
-                    continue
-                # A log with a durable tier keeps what is not uploaded instead (see
-                # TopicLog.retention).
-                needed = [s.dispatcher.cursor + 1 for s in topic.subscriptions.values()
-                          if s.dispatcher is not None]
-                keep_from = min(needed) if needed else topic.log.next_offset
-                try:
-                    deleted = await topic.log.retention(
-                        max_age_seconds=cfg.retention_time_minutes * 60,
-                        max_bytes=cfg.retention_size_mb * 1024 * 1024,
-                        keep_from_offset=keep_from, force=cfg.retention_delete_unconsumed,
-                        durable_ends=uploaded)
-                except Exception:  # noqa: BLE001 - retry on the next pass
-                    log.exception("retention on %s failed", topic.name)
-                    continue
-                if deleted:
-                    log.info("retention deleted %d WAL segments of %s", len(deleted),
-                             topic.name)
+    def _retained_logs(self):
+        """(name, log, the lowest offset a subscription still needs) of every open log: by
+        default retention keeps what is above the slowest cursor."""
+        for topic in list(self.topics.values()):
+            if topic.log is None or topic.closed:
+                continue
+            needed = [s.dispatcher.cursor + 1 for s in topic.subscriptions.values()
+                      if s.dispatcher is not None]
+            yield topic.name, topic.log, min(needed) if needed else topic.log.next_offset

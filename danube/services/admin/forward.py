@@ -38,9 +38,8 @@ WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 
 def _target(core, exc: TopicElsewhere, context) -> str | None:
     """The owner's admin address to forward to, or None to answer ``exc`` as it is."""
-    # Only a placement that knows other brokers names an owner's admin address.
     addr = getattr(exc, "admin_addr", None)
-    if not addr:
+    if not addr or not core.placement.spans_brokers:
         return None
     if any(key == FORWARDED_BY for key, _ in context.invocation_metadata()):
         return None
