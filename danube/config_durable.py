@@ -41,7 +41,6 @@ class Backend:
     opener: str                         # "module:function(cfg, environ) -> ObjectStore"
     schemes: tuple = ()                 # root URL schemes naming it (root: s3://b/p)
     sdk: tuple | None = None            # (import name, distribution, our extra)
-    cloud: bool = True                  # a bucket and a prefix (not fs's directory)
 
 
 #: Every backend, by its storage.durable.backend name. A new object store is its module in
@@ -61,9 +60,9 @@ REGISTRY = {
         "container", "account_name", "account_key", "connection_string"}),
         "danube.storage.durable.azblob:open_store", ("azblob",),
         ("azure.storage.blob", "azure-storage-blob", "azure")),
-    "fs": Backend(frozenset(_COMMON), "danube.storage.durable.fs:open_store", cloud=False),
-    "memory": Backend(frozenset(_COMMON), "danube.storage.durable.memory:open_store",
-                      cloud=False),
+    # fs and memory take no bucket: a directory, a store's name (parse_durable).
+    "fs": Backend(frozenset(_COMMON), "danube.storage.durable.fs:open_store"),
+    "memory": Backend(frozenset(_COMMON), "danube.storage.durable.memory:open_store"),
 }
 BACKENDS = tuple(REGISTRY)
 _SCHEMES = {scheme: name for name, b in REGISTRY.items() for scheme in b.schemes}
