@@ -9,7 +9,6 @@ here lives) is the placement's answer (danube.broker.placement)."""
 import asyncio
 import dataclasses
 import logging
-import time
 
 from danube.broker import names, stats
 from danube.broker.errors import (InvalidArgument, NamespaceNotFound, NotReliable,
@@ -22,7 +21,6 @@ from danube.metadata import keys
 log = logging.getLogger("danube.broker")
 
 MAX_UNACKED_RANGE = (1, 10_000)     # upstream's bounds for max_unacked_messages
-UNLOADED_ID_MEMORY = 60.0           # seconds; clients retry within their health-check period
 
 
 class Admin:
@@ -112,7 +110,7 @@ class Admin:
         async with self._lock:
             for topic in await self._targets(name):
                 del self.topics[topic.name]
-                self._remember_unloaded(topic)
+                self.unloaded.remember(topic)
                 reason = TopicUnloaded(f"topic {topic.name} was unloaded; look it up and "
                                        "connect again")
                 topic.close_reason = reason
@@ -122,24 +120,8 @@ class Admin:
                     await self._load_topic(topic.name)
                 log.info("topic %s unloaded and loaded again", topic.name)
 
-    def _remember_unloaded(self, topic):
-        """For a while, a producer or consumer id of the unloaded topic is answered
-        UNAVAILABLE ("look it up again"), which clients retry with a new lookup, instead of
-        NOT_FOUND, which the official clients give up on."""
-        now = time.monotonic()
-        self.unloaded_ids = {k: v for k, v in self.unloaded_ids.items() if v[1] > now}
-        until = now + UNLOADED_ID_MEMORY
-        for producer_id in topic.producers:
-            self.unloaded_ids[("producer", producer_id)] = (topic.name, until)
-        for sub in topic.subscriptions.values():
-            for consumer_id in sub.consumers:
-                self.unloaded_ids[("consumer", consumer_id)] = (topic.name, until)
-
     def check_unloaded(self, kind, client_id):
-        entry = self.unloaded_ids.get((kind, client_id)) if self.unloaded_ids else None
-        if entry is not None and entry[1] > time.monotonic():
-            raise TopicUnloaded(f"topic {entry[0]} was unloaded; look it up and create the "
-                                f"{kind} again")
+        self.unloaded.check(kind, client_id)
 
     async def subscription_names(self, name):
         names.validate_topic(name)

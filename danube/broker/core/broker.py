@@ -19,6 +19,7 @@ from danube.broker.core.producers import Producers
 from danube.broker.core.schemas import TopicSchemas
 from danube.broker.core.subscriptions import IDLE_SUBSCRIPTION_GRACE, Subscriptions
 from danube.broker.core.topics import Topics
+from danube.broker.core.unloaded import UnloadedIds
 from danube.broker.errors import BrokerShuttingDown
 from danube.broker.placement import SYSTEM_TOPIC, Standalone
 from danube.broker.schemas.registry import SchemaRegistry
@@ -48,7 +49,7 @@ class BrokerCore(Topics, Producers, Subscriptions, TopicSchemas, Admin):
         self.topics = {}                  # name -> Topic
         self.producers = {}               # producer_id -> Producer
         self.consumers = {}               # consumer_id -> Consumer
-        self.unloaded_ids = {}            # (kind, id) -> (topic, until): see Admin.unload_topic
+        self.unloaded = UnloadedIds()     # ids of topics unloaded a moment ago
         self.broker_id = None
         self._tasks = TaskSet("broker core", self.loop)   # the reaper and the rate sampler
         self._lock = asyncio.Lock()       # serialises topic creation and deletion

@@ -95,7 +95,7 @@ class Topics:
             await topic.log.upload_all(upload_timeout)
         if self.topics.get(name) is topic:
             del self.topics[name]
-        self._remember_unloaded(topic)
+        self.unloaded.remember(topic)
         topic.close_reason = reason
         await self._unload(topic, reason, dispatcher_timeout=FENCED_CLOSE if fenced else None)
         return topic.log is not None
