@@ -8,8 +8,8 @@ draining a broker, the balance, unloading a topic. It never asks which mode it r
 ``Standalone`` (below) is one broker that serves every topic: a cluster of one, its own
 leader, balanced by definition, with nowhere to move a topic to. The cluster's
 implementation (topics placed by a leader among brokers sharing etcd) is
-``danube.cluster.placement.ClusterPlacement``; it drives the core only through the
-``PlacementHost`` members the core exposes to it.
+``danube.cluster.node.ClusterNode``; it drives the core only through the ``PlacementHost``
+members the core exposes to it.
 """
 
 from __future__ import annotations

@@ -1,13 +1,15 @@
-"""BrokerCore: the broker core for a single (standalone) broker, and its lifecycle. Namespaces,
-topics, producers, subscriptions and consumers persist through the MetadataStore with
-upstream's key layout. It raises typed errors (danube.broker.errors); the services map them
-to status codes.
+"""BrokerCore: the broker core, and its lifecycle. Namespaces, topics, producers,
+subscriptions and consumers persist through the MetadataStore with upstream's key layout. It
+raises typed errors (danube.broker.errors); the services map them to status codes.
 
-The core is one object whose methods are grouped by job, one module per group (a mixin each,
-sharing the core's tables and lock): topics.py (namespaces, topics, partitioned topics,
-lookup, the retention sweep), producers.py, subscriptions.py (subscriptions, consumers,
-cursors, dead-letter, the idle reaper), schemas.py (topics' schema bindings) and admin.py
-(brokers, describing, unloading, unsubscribing, live policy changes, statistics)."""
+Where a topic lives is its placement's answer (danube.broker.placement: one broker, or a
+cluster's), received at construction; the reliable topics' logs are the LogManager's
+(danube.storage.logs); the ids of unloaded topics are UnloadedIds' (unloaded.py). The rest is
+one object whose methods are grouped by job, one module per group (a mixin each, sharing the
+core's tables and lock): topics.py (namespaces, topics, partitioned topics, lookup, what a
+placement drives), producers.py, subscriptions.py (subscriptions, consumers, cursors,
+dead-letter, the idle reaper), schemas.py (topics' schema bindings) and admin.py (brokers,
+describing, unloading, unsubscribing, live policy changes, statistics)."""
 
 import asyncio
 import logging
