@@ -78,23 +78,38 @@ class Membership:
             except MetadataError as exc:
                 log.warning("could not deregister (the lease will expire): %s", exc)
 
-    async def _register(self) -> None:
+    async def _register(self) -> bool:
+        """Put the registration under a fresh lease. False: a fence came while the put was
+        on its way (the process stalled with it in flight). Such a put did renew the lease,
+        as of when it was sent, which is what ``lapsed`` is judged by; but only a put sent
+        after the fence may end it: counting the stale one as the last renewal had the
+        watchdog fence again at once, and the next renewal judge the registration lapsed."""
         sent = time.monotonic()
+        fences = self.fences
         await self.store.put(self.key, self.record, ttl=self.ttl)
+        if self.fences != fences:
+            if self._ok_before_fence is None or sent > self._ok_before_fence:
+                self._ok_before_fence = sent
+            return False
         if self.fenced and (self._ok_before_fence is None or time.monotonic() >=
                             self._ok_before_fence + self.ttl * UNLAPSED_FRACTION):
             self.lapsed = True
         self._last_ok_sent = sent
+        return True
 
     async def _refresh_forever(self) -> None:
         interval = self.ttl / 3
+        delay = interval
         while True:
-            await asyncio.sleep(interval)
+            await asyncio.sleep(delay)
+            delay = interval
             fencing = self._fencing
             if fencing is not None:
                 await asyncio.shield(fencing)
             try:
-                await self._register()
+                if not await self._register():
+                    delay = 0           # sent before the fence: renew again at once
+                    continue
             except MetadataError as exc:
                 log.warning("broker %s could not renew its registration: %s", self.broker_id,
                             exc)
