@@ -29,6 +29,12 @@ class BuildPy(build_py):
 
 
 class BuildExt(build_ext):
+    def finalize_options(self):
+        super().finalize_options()
+        # The C files compile in parallel, one per core (a fresh clone's install waits on it).
+        if not self.parallel:
+            self.parallel = os.cpu_count() or 1
+
     def run(self):
         if self.inplace:
             generate_protos()
@@ -53,6 +59,7 @@ EXTENSION_MODULES = [
     "danube.schema._avrocheck",
     "danube.client._delivery",
     "danube.storage._tailcache",
+    "danube.rpc._lone",
 ]
 extensions = [
     Extension(name, [name.replace(".", "/") + ".pyx"], include_dirs=["danube/codec"],
@@ -64,6 +71,7 @@ setup(
     ext_modules=cythonize(
         extensions,
         language_level=3,
+        nthreads=os.cpu_count() or 1,
         compiler_directives={"boundscheck": False, "wraparound": False, "cdivision": True},
     ),
     cmdclass={"build_py": BuildPy, "build_ext": BuildExt},

@@ -213,6 +213,11 @@ async def _topic_metrics(state, topic):
         q.topic_rates(topic, errors), q.producer_quality(topic, errors),
         q.latency_summary(topic, errors), q.message_size_avg(topic, errors),
         q.reliable(topic, errors))
+    if reliable is not None:
+        # Upstream's server sends wal_flush_total and its admin UI (through its latest
+        # version) reads wal_fsync_total, showing a blank: both carry the WAL's flush-and-
+        # sync passes here (docs/compatibility.md).
+        reliable["wal_fsync_total"] = reliable["wal_flush_total"]
     return {
         "core": {"msg_in_total": core["messages_in_total"],
                  "msg_out_total": core["messages_out_total"],

@@ -76,7 +76,13 @@ class BrokerShuttingDown(BrokerError):
 
 class TopicElsewhere(BrokerError):
     """Cluster mode: another broker serves the topic (or it is moving between brokers); the
-    client must look it up again."""
+    client must look it up again. `reason`: upstream's danube_client_redirects_total label,
+    "not_local" (it exists and is not here) or "post_create" (just created, placed by the
+    leader)."""
+
+    def __init__(self, message, reason="not_local"):
+        super().__init__(message)
+        self.reason = reason
 
 
 class StorageFailed(BrokerError):

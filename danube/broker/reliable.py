@@ -43,7 +43,7 @@ from danube.broker._window import Delivery
 from danube.broker.cursor import CursorPersistence
 from danube.broker.rate import RateLimiter
 from danube.broker.subscription import EXCLUSIVE, FAILOVER, KEY_SHARED, SHARED
-from danube.storage.errors import OffsetTruncatedError
+from danube.storage.errors import CorruptSegmentError, OffsetTruncatedError
 from danube.tasks import TaskSet
 
 log = logging.getLogger("danube.broker.reliable")
@@ -284,8 +284,14 @@ class ReliableDispatcher(CursorPersistence):
                 # Logged once per kind of failure; the pass is tried again every second,
                 # so what it could not do is done once the cause is gone.
                 if repr(exc) != failed:
-                    log.exception("%s/%s: dispatch failed; retrying every second",
-                                  self.topic.name, self.sub.name)
+                    if isinstance(exc, CorruptSegmentError):
+                        # Damaged acknowledged history: the message says which file and
+                        # offset; the subscription waits there rather than skip it.
+                        log.error("%s/%s: dispatch stopped at damaged data: %s",
+                                  self.topic.name, self.sub.name, exc)
+                    else:
+                        log.exception("%s/%s: dispatch failed; retrying every second",
+                                      self.topic.name, self.sub.name)
                     failed = repr(exc)
                 self._wake.clear()
                 await asyncio.sleep(DISPATCH_RETRY)

@@ -142,9 +142,10 @@ class TopicProducer:
         return b"".join((head.SerializeToString(), _payload_tag(len(payload)), payload,
                          msg.SerializeToString()))
 
-    async def send_batch(self, payloads, attributes=None, key=None):
+    async def send_batch(self, payloads, attributes=None, key=None, keys=None):
         """Send payloads in order in one danube_ext.BatchProducer call; returns their request
-        ids. Raises RpcError (UNIMPLEMENTED from an upstream broker: use `send`)."""
+        ids. ``keys``: a routing key per payload (instead of ``key`` for all). Raises
+        RpcError (UNIMPLEMENTED from an upstream broker: use `send`)."""
         if self.closed_by_broker:
             await self._recreate(self._generation)
         now = int(time.time() * 1000)
@@ -152,18 +153,19 @@ class TopicProducer:
         first = self._next_send_id
         self._next_send_id = first + n
         ids = range(first, first + n)
-        if not attributes and key is None and self.schema_id is None:
+        if not attributes and key is None and keys is None and self.schema_id is None:
             # Plain payloads: the whole request is encoded in C, no protobuf object per
             # message, and without msg_id and producer_name, which the broker stamps.
             batch = encode_message_batch(payloads, first if n else 0, self.producer_id,
                                          first, now, True)
             send = self._stub.send_messages_raw
         else:
+            keys = keys if keys is not None else [key] * n
             batch = ext.MessageBatch(request_id=first if n else 0,
                                      producer_id=self.producer_id,
                                      messages=[self._message(i, p.encode() if isinstance(p, str)
-                                                             else p, attributes, key, now)
-                                               for i, p in zip(ids, payloads)])
+                                                             else p, attributes, k, now)
+                                               for i, p, k in zip(ids, payloads, keys)])
             send = self._stub.send_messages
         policy = self.client.retry
         attempt = 0
@@ -271,9 +273,11 @@ class Producer:
         except RpcError as exc:
             raise errors.from_rpc(exc, f"send to {producer.topic}") from None
 
-    async def send_many(self, payloads, attributes=None, key=None, *, window=DEFAULT_WINDOW,
-                        batch_size=DEFAULT_BATCH, on_result=None, return_exceptions=False):
-        """Send every payload and return the request ids in payload order.
+    async def send_many(self, payloads, attributes=None, key=None, *, keys=None,
+                        window=DEFAULT_WINDOW, batch_size=DEFAULT_BATCH, on_result=None,
+                        return_exceptions=False):
+        """Send every payload and return the request ids in payload order. ``keys`` gives
+        each payload its own routing key (and partition), instead of ``key`` for all.
 
         Against this project's broker the payloads go in batches of `batch_size` through
         danube_ext.BatchProducer, one batch at a time per partition, so order is kept per
@@ -285,9 +289,16 @@ class Producer:
         if self._closed:
             raise errors.ClientClosed("the producer is closed")
         items = payloads if type(payloads) is list else list(payloads)
+        if keys is not None:
+            keys = keys if type(keys) is list else list(keys)
+            if key is not None or len(keys) != len(items):
+                raise ValueError("keys: one per payload, and no key beside them")
+            if all(k == keys[0] for k in keys):
+                key, keys = (keys[0] if keys else None), None
         if self.client.batch_publish is not False and items:
             try:
-                return await self._send_batched(items, attributes, key, batch_size, on_result)
+                return await self._send_batched(items, attributes, key, batch_size, on_result,
+                                                keys)
             except RpcError as exc:
                 if exc.code != StatusCode.UNIMPLEMENTED:
                     error = errors.from_rpc(exc, f"send to {self.topic}")
@@ -300,16 +311,17 @@ class Producer:
                     return results
                 self.client.batch_publish = False
         return await self._send_pipelined(items, attributes, key, window, on_result,
-                                          return_exceptions)
+                                          return_exceptions, keys)
 
-    async def _send_batched(self, items, attributes, key, batch_size, on_result):
-        if len(self.producers) == 1 or key is not None:
+    async def _send_batched(self, items, attributes, key, batch_size, on_result, keys=None):
+        if len(self.producers) == 1 or (key is not None and keys is None):
             # One partition: consecutive slices, nothing to do per message.
             producer = self._pick(key)
             results = []
             for start in range(0, len(items), batch_size):
-                ids = await producer.send_batch(items[start:start + batch_size], attributes,
-                                                key)
+                ids = await producer.send_batch(
+                    items[start:start + batch_size], attributes, key,
+                    None if keys is None else keys[start:start + batch_size])
                 if on_result is not None:
                     for index, request_id in enumerate(ids, start):
                         on_result(index, request_id)
@@ -319,14 +331,17 @@ class Producer:
         # Group by partition, keeping payload order within each, then one batch call at a
         # time per partition.
         groups = {}
-        for index, payload in enumerate(items):
-            groups.setdefault(self._pick(key), []).append(index)
+        for index in range(len(items)):
+            groups.setdefault(self._pick(key if keys is None else keys[index]),
+                              []).append(index)
         results = [None] * len(items)
 
         async def run(producer, indexes):
             for start in range(0, len(indexes), batch_size):
                 chunk = indexes[start:start + batch_size]
-                ids = await producer.send_batch([items[i] for i in chunk], attributes, key)
+                ids = await producer.send_batch([items[i] for i in chunk], attributes, key,
+                                                None if keys is None else
+                                                [keys[i] for i in chunk])
                 for index, request_id in zip(chunk, ids):
                     results[index] = request_id
                     if on_result is not None:
@@ -336,14 +351,15 @@ class Producer:
         return results
 
     async def _send_pipelined(self, items, attributes, key, window, on_result,
-                              return_exceptions):
+                              return_exceptions, keys=None):
         results = [None] * len(items)
         pending = iter(enumerate(items))
 
         async def worker():
             for index, payload in pending:
                 try:
-                    outcome = await self.send(payload, attributes, key)
+                    outcome = await self.send(payload, attributes,
+                                              key if keys is None else keys[index])
                 except errors.DanubeError as exc:
                     if not return_exceptions:
                         raise

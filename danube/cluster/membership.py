@@ -78,41 +78,55 @@ class Membership:
             except MetadataError as exc:
                 log.warning("could not deregister (the lease will expire): %s", exc)
 
-    async def _register(self) -> bool:
-        """Put the registration under a fresh lease. False: a fence came while the put was
-        on its way (the process stalled with it in flight). Such a put did renew the lease,
-        as of when it was sent, which is what ``lapsed`` is judged by; but only a put sent
-        after the fence may end it: counting the stale one as the last renewal had the
-        watchdog fence again at once, and the next renewal judge the registration lapsed."""
+    async def _register(self) -> float | None:
+        """Write the registration; returns when the write that succeeded was sent, or None
+        when a fence came while it was on its way (the process stalled with it in flight).
+        Such a write did renew the lease, as of when it was sent: it counts as the last
+        renewal before the fence, which ``lapsed`` is judged by, and nothing else (judged by
+        the renewal before it, a registration that never lapsed was called lapsed, and its
+        topics handed to a broker behind what this one acknowledged)."""
         sent = time.monotonic()
         fences = self.fences
         await self.store.put(self.key, self.record, ttl=self.ttl)
         if self.fences != fences:
             if self._ok_before_fence is None or sent > self._ok_before_fence:
                 self._ok_before_fence = sent
-            return False
+            return None
         if self.fenced and (self._ok_before_fence is None or time.monotonic() >=
                             self._ok_before_fence + self.ttl * UNLAPSED_FRACTION):
             self.lapsed = True
         self._last_ok_sent = sent
-        return True
+        return sent
 
     async def _refresh_forever(self) -> None:
         interval = self.ttl / 3
-        delay = interval
+        limit = self.ttl * FENCE_FRACTION
+        pause = interval
         while True:
-            await asyncio.sleep(delay)
-            delay = interval
+            await asyncio.sleep(pause)
+            pause = interval
             fencing = self._fencing
             if fencing is not None:
                 await asyncio.shield(fencing)
             try:
-                if not await self._register():
-                    delay = 0           # sent before the fence: renew again at once
-                    continue
+                sent = await self._register()
             except MetadataError as exc:
                 log.warning("broker %s could not renew its registration: %s", self.broker_id,
                             exc)
+                continue
+            if sent is None:
+                log.warning("broker %s: a registration sent before the fence was answered "
+                            "only after it; registering again", self.broker_id)
+                pause = 0.0
+                continue
+            # The lease counts from when the write was sent: the next one is due an interval
+            # after that, at once if the answer came late (a stall, a loaded etcd).
+            pause = max(0.0, interval - (time.monotonic() - sent))
+            if self.fenced and time.monotonic() - sent > limit:
+                # Sent before the stall that fenced us and answered after it: its lease runs
+                # out early, so it cannot end the fence.
+                log.warning("broker %s: a registration sent %.1fs ago was answered only now; "
+                            "registering again", self.broker_id, time.monotonic() - sent)
                 continue
             if self.fenced:
                 fencing = self._fencing

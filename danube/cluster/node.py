@@ -30,6 +30,8 @@ log = logging.getLogger("danube.cluster")
 
 #: How long creating a topic waits for the leader to place it.
 CREATE_WAIT = 10.0
+# danube_client_redirects_total's reason for a creating call sent to look the topic up
+POST_CREATE = "post_create"
 SERVE_RETRY = (0.05, 1.0)
 #: Topics loaded at once: each load is a few metadata calls, and thousands at once would
 #: crowd out every other call.
@@ -61,9 +63,8 @@ class ClusterNode(Placement):
                                    reconcile_every=cfg.lease_ttl_seconds)
         self.ops = ClusterOps(self)
         self.rebalancer = AutoRebalancer(self.ops, cfg.rebalancing)
-        self.redirects = 0
-        # upstream's danube_client_redirects_total{reason, topic_ns}: ns -> lookups
-        self.redirects_by_ns: dict[str, int] = {}
+        # upstream's danube_client_redirects_total{reason, topic_ns}: (reason, ns) -> calls
+        self.redirects: dict[tuple[str, str], int] = {}
         self._serving: dict[str, asyncio.Task] = {}
         self._placed: dict[str, list[asyncio.Future]] = {}
 
@@ -181,10 +182,13 @@ class ClusterNode(Placement):
         record = self.view.registered.get(owner) if owner is not None else None
         if record is None or not record.get("broker_url"):
             return None
-        self.redirects += 1
-        ns = topic.split("/")[1] if topic.count("/") >= 2 else ""
-        self.redirects_by_ns[ns] = self.redirects_by_ns.get(ns, 0) + 1
         return record["broker_url"], record.get("connect_url") or record["broker_url"]
+
+    def count_redirect(self, reason: str, topic: str) -> None:
+        """A producer or consumer sent back to look the topic up again (upstream counts
+        these, where its get_topic answers UNAVAILABLE, not lookups answered Redirect)."""
+        ns = topic.split("/")[1] if topic.count("/") >= 2 else ""
+        self.redirects[reason, ns] = self.redirects.get((reason, ns), 0) + 1
 
     def check_elsewhere(self, topic: str) -> None:
         """Raise TopicElsewhere if ``topic`` lives (or is about to live) on a broker of the
@@ -207,22 +211,26 @@ class ClusterNode(Placement):
             await asyncio.wait_for(asyncio.shield(placed), CREATE_WAIT)
         except TimeoutError:
             raise TopicElsewhere(f"topic {name} was created and waits for a broker; look it "
-                                 "up again") from None
+                                 "up again", POST_CREATE) from None
         finally:
             waiters = self._placed.get(name, [])
             if placed in waiters:
                 waiters.remove(placed)
         topic = self.host.served(name)
         if topic is None:
-            self.check_elsewhere(name)
-            raise TopicElsewhere(f"topic {name} is not served yet; look it up again")
+            try:
+                self.check_elsewhere(name)
+            except TopicElsewhere as exc:
+                raise TopicElsewhere(str(exc), POST_CREATE) from None
+            raise TopicElsewhere(f"topic {name} is not served yet; look it up again",
+                                 POST_CREATE)
         if self.cfg.advertised_connect_url != self.cfg.advertised_broker_url:
             # Proxy mode: the call came through the ingress without a routing header (the
             # topic did not exist, so the client's lookup failed). Answering it here would
             # leave the client with no header for its next calls, which the ingress would
             # then send to any broker; upstream's answer to a creating call makes it look
             # the topic up, and so learn the owner's broker_url.
-            raise TopicElsewhere(f"topic {name} was created; look it up again")
+            raise TopicElsewhere(f"topic {name} was created; look it up again", POST_CREATE)
         return topic
 
     async def forget_topic(self, name: str) -> None:
@@ -231,14 +239,6 @@ class ClusterNode(Placement):
         if owner is not None:
             await self.store.delete(keys.cluster_broker_topic(owner, name))
         await self.store.delete(keys.cluster_unassigned(name))
-
-    async def status(self) -> dict:
-        """ClusterStatus: the etcd cluster's members and Raft state, and the leader broker."""
-        etcd = await self.store.cluster_status()
-        return {"leader_id": int(self.view.leader or 0), "self_node_id": int(self.broker_id),
-                "current_term": etcd["raft_term"], "last_applied": etcd["raft_applied_index"],
-                "voters": etcd["voters"], "learners": etcd["learners"],
-                "raft_addr": ",".join(self.cfg.etcd_endpoints)}
 
     # -- assignments to this broker ---------------------------------------------------------
 

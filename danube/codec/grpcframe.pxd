@@ -12,6 +12,13 @@ cdef inline void _put_prefix(uint8_t *o, bint compressed, uint32_t n) noexcept n
     o[4] = n & 0xFF
 
 
+# A whole unary response (HEADERS, the length-prefixed message in DATA, trailers) in one
+# buffer; the lone-call path of danube/rpc builds it from C pointers.
+cdef bytes _unary_response(uint32_t sid, const uint8_t *headers, Py_ssize_t hn,
+                           const uint8_t *message, Py_ssize_t mn, const uint8_t *trailers,
+                           Py_ssize_t tn, Py_ssize_t max_frame, bint compressed)
+
+
 cdef class GrpcDeframer:
     cdef bytearray _buf
     cdef public Py_ssize_t max_message

@@ -127,6 +127,13 @@ def unary_response(uint32_t sid, const uint8_t[::1] headers, const uint8_t[::1] 
     """A whole unary response in one buffer: HEADERS, the message in DATA frames, and the
     trailers as HEADERS with END_STREAM. The caller has checked the send windows."""
     cdef Py_ssize_t hn = headers.shape[0], mn = message.shape[0], tn = trailers.shape[0]
+    return _unary_response(sid, &headers[0] if hn else NULL, hn, &message[0] if mn else NULL,
+                           mn, &trailers[0] if tn else NULL, tn, max_frame, compressed)
+
+
+cdef bytes _unary_response(uint32_t sid, const uint8_t *headers, Py_ssize_t hn,
+                           const uint8_t *message, Py_ssize_t mn, const uint8_t *trailers,
+                           Py_ssize_t tn, Py_ssize_t max_frame, bint compressed):
     cdef Py_ssize_t body = 5 + mn
     cdef Py_ssize_t size = (_data_frames_size(hn, max_frame) + _data_frames_size(body, max_frame)
                             + _data_frames_size(tn, max_frame))
@@ -136,7 +143,7 @@ def unary_response(uint32_t sid, const uint8_t[::1] headers, const uint8_t[::1] 
     cdef Py_ssize_t pos = 0
     cdef Py_ssize_t chunk
     cdef uint8_t prefix[5]
-    w += _write_header_frames(o, sid, &headers[0] if hn else NULL, hn, max_frame, False)
+    w += _write_header_frames(o, sid, headers, hn, max_frame, False)
     # The prefix and the message go out as one logical DATA payload without first
     # concatenating them in a temporary buffer.
     _put_prefix(prefix, compressed, <uint32_t>mn)
@@ -146,10 +153,10 @@ def unary_response(uint32_t sid, const uint8_t[::1] headers, const uint8_t[::1] 
             chunk = max_frame
         _put_header(o + w, <uint32_t>chunk, FT_DATA, 0, sid)
         w += 9
-        _copy_prefixed(o + w, prefix, &message[0] if mn else NULL, pos, chunk)
+        _copy_prefixed(o + w, prefix, message, pos, chunk)
         w += chunk
         pos += chunk
-    w += _write_header_frames(o + w, sid, &trailers[0] if tn else NULL, tn, max_frame, True)
+    w += _write_header_frames(o + w, sid, trailers, tn, max_frame, True)
     return out[:w] if w != size else out
 
 

@@ -133,25 +133,26 @@ class SourceRuntime:
         rt.metrics.count(rt.metrics.processed, topic, len(records))
 
     async def _send_runs(self, producer, records):
-        """Send runs of records sharing attributes and key in batched calls; returns what is
-        left unsent when a run fails (raising its error), else []."""
+        """Send runs of records sharing attributes in batched calls, each record with its
+        own key; returns what is left unsent when a run fails (raising its error), else
+        []."""
         start = 0
         n = len(records)
         while start < n:
             first = records[start]
             end = start + 1
-            while end < n and records[end].attributes == first.attributes and \
-                    records[end].key == first.key:
+            while end < n and records[end].attributes == first.attributes:
                 end += 1
-            payloads = [r.payload_bytes() for r in records[start:end]]
+            run = records[start:end]
+            payloads = [r.payload_bytes() for r in run]
             done = 0
 
             def count(_index, _result):
                 nonlocal done
                 done += 1
             try:
-                await producer.send_many(payloads, first.attributes or None, first.key,
-                                         on_result=count)
+                await producer.send_many(payloads, first.attributes or None,
+                                         keys=[r.key for r in run], on_result=count)
             except client_errors.DanubeError:
                 # Only a whole batch is ever acknowledged, and in order for one partition:
                 # what was acknowledged is not sent again.

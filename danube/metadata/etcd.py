@@ -312,17 +312,21 @@ class EtcdStore(MetadataStore):
 
     async def cluster_status(self) -> dict:
         """The etcd cluster as the member this store talks to sees it: Raft term and index,
-        the leader's member id, and the member ids of voters and learners."""
+        the leader's member id, that member's own id and peer URLs (its Raft transport),
+        and the member ids of voters and learners."""
         status = await self._call("maintenance/status", {})
         members = (await self._call("cluster/member/list", {})).get("members", [])
 
         def member_id(m):
             return int(m.get("ID", 0))
-        # The gateway spells these fields as etcd's proto does (camelCase).
+        # The gateway spells these fields as etcd's proto does (camelCase; uint64 as text).
+        self_id = int(status.get("header", {}).get("member_id", 0))
+        me = next((m for m in members if member_id(m) == self_id), {})
         return {"raft_term": int(status.get("raftTerm", 0)),
                 "raft_applied_index": int(status.get("raftAppliedIndex",
                                                      status.get("raftIndex", 0))),
                 "leader": int(status.get("leader", 0)),
+                "self": self_id, "self_peer_urls": list(me.get("peerURLs", [])),
                 "voters": sorted(member_id(m) for m in members if not m.get("isLearner")),
                 "learners": sorted(member_id(m) for m in members if m.get("isLearner"))}
 

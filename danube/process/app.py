@@ -124,6 +124,9 @@ class Broker:
         edge.register(self.client_server, self.core)
         storage_service.register(self.client_server, self.core)
         admin.register(self.admin_server, self.core, self.rbac)
+        cluster_admin.register(self.admin_server, cluster_admin.EtcdStatus(
+            self.store, MetadataUnavailable) if cfg.etcd_endpoints else
+            cluster_admin.EmbeddedStatus(self.store, self.core.broker_id))
         # Both ports, as upstream (reference a.0): clients on 6650, danube-admin on 50051.
         schema.register(self.client_server, self.core)
         schema.register(self.admin_server, self.core)
@@ -161,7 +164,6 @@ class Broker:
         await self.core.register()
         if placement is not None:
             self.cluster = placement
-            cluster_admin.register(self.admin_server, placement)
         log.info("broker ready: mode=%s broker_url=%s connect_url=%s data_dir=%s", cfg.mode,
                  cfg.advertised_broker_url, cfg.advertised_connect_url, cfg.data_dir)
 

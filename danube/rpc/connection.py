@@ -63,6 +63,7 @@ MAX_CONTINUATIONS = 32
 # aborted (the peer has the GOAWAY and the FIN by then).
 LINGER_SECONDS = 2.0
 
+
 class H2Connection(asyncio.Protocol):
     """One HTTP/2 connection. Subclasses create streams (`new_stream_from_headers`) and react to
     GOAWAY; everything else about the connection is handled here."""
@@ -142,10 +143,13 @@ class H2Connection(asyncio.Protocol):
             self.recv_window = c.connection_window
         self.flush()
 
-    def data_received(self, data):
+    def take_input(self, data):
         if self._lingering:
             return
         self._receiving(self._take_input, data)
+
+    # A ServerConnection's own instance attribute replaces it (its lone-call path first).
+    data_received = take_input
 
     def _take_input(self, data):
         frames = self.reader.feed(data)

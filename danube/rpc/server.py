@@ -17,6 +17,10 @@ unary calls are answered in the loop turn that read them, with no task. Until it
 `await` that suspends, such a handler has no current task: `asyncio.current_task()` is None
 there and `asyncio.timeout()` refuses to start, so a handler that needs either awaits
 something first (or uses `asyncio.wait_for`). No handler of the broker does.
+
+A read that holds exactly one unary call (HEADERS, DATA, WINDOW_UPDATEs) with a header block
+this connection has decoded before is handled whole in C by `_lone.pyx` (LoneCalls), the
+connection's `data_received`; what it does not take goes unchanged to `take_input`.
 """
 
 import asyncio
@@ -31,13 +35,14 @@ from google.protobuf import message_factory
 from danube.codec import http2
 from danube.codec.http2 import rst_stream_frame
 from danube.rpc import compression
+from danube.rpc._lone import LoneCalls
 from danube.rpc.config import TransportConfig
 from danube.rpc.connection import H2Connection
 from danube.rpc.headers import RESERVED_HEADERS, encode_headers, parse_timeout
 from danube.rpc.idle import IdleStreams
 from danube.rpc.method import Kind, RpcMethod
 from danube.rpc.request_errors import request_parser
-from danube.rpc.server_stream import ServerStream
+from danube.rpc.server_stream import _RESPONSE_HEADERS, _TRAILERS_OK, ServerStream, _resumed
 # The handler-failure log is the server's: re-exported, tests reach it here.
 from danube.rpc.server_stream import _failures_logged, _log_handler_failure  # noqa: F401
 from danube.rpc.status import RpcError, StatusCode
@@ -134,6 +139,11 @@ class ServerConnection(H2Connection):
         self._timer = None               # handshake, then idle timer
         self._active_at = 0.0            # when the last stream ended (or the connection began)
         self._deadlines_due = []         # calls started by this input: their timers to arm
+        # Input goes to the lone-call path (_lone.pyx), which hands what it cannot take whole
+        # to take_input; uvloop reads this attribute once, when the transport is made.
+        self._lone = LoneCalls(self, ServerStream, Kind.UNARY_UNARY, _resumed,
+                               _RESPONSE_HEADERS, _TRAILERS_OK)
+        self.data_received = self._lone.data_received
 
     def connection_made(self, transport):
         server = self.server
@@ -156,6 +166,7 @@ class ServerConnection(H2Connection):
 
     def connection_lost(self, exc):
         super().connection_lost(exc)
+        self._lone.forget()
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -334,6 +345,9 @@ class Server:
     def __init__(self, config: TransportConfig | None = None, *, compression=None, loop=None):
         self.config = config or TransportConfig()
         self.methods = {}
+        # Applied to every method registered from then on (set by whoever guards the server:
+        # a method added after the guard is guarded too).
+        self.method_wrapper = None
         self.connections = set()
         self.loop = loop
         self.default_compression = compression
@@ -355,7 +369,10 @@ class Server:
 
     def add_method(self, path, kind: Kind, handler, deserialize=None, serialize=None):
         key = path.encode() if isinstance(path, str) else path
-        self.methods[key] = RpcMethod(key, kind, handler, deserialize, serialize)
+        method = RpcMethod(key, kind, handler, deserialize, serialize)
+        if self.method_wrapper is not None:
+            method.handler = self.method_wrapper(method)
+        self.methods[key] = method
 
     def limit_requests(self, path, max_size, refuse):
         """Give the method at `path` (registered already) a request-size limit of its own:

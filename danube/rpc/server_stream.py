@@ -78,11 +78,16 @@ class ServerStream(StreamBase):
                  "_trailing", "_initial", "_code", "_details", "_resp_encoding",
                  "_inbox_bytes", "_metadata", "_idle_tick", "_idle_bucket")
 
-    def __init__(self, sid, conn, head, method):
-        super().__init__(sid, conn)
+    def __init__(self, sid, conn, head, method, whole=False):
+        StreamBase.__init__(self, sid, conn)    # not super(): one call per call counts here
         self.head = head
         self.method = method
-        self.deframer = GrpcDeframer(method.max_request or conn.config.max_message_size)
+        if whole:
+            # The lone-call path (_lone.pyx) had the whole request: nothing more is read.
+            self.deframer = None
+            self.closed_remote = True
+        else:
+            self.deframer = GrpcDeframer(method.max_request or conn.config.max_message_size)
         # A unary request is one message (on_data refuses a second): a list, a tenth of an
         # empty deque's size, keeps each open stream cheaper.
         self.requests = collections.deque() if method.client_streaming else []
@@ -99,7 +104,9 @@ class ServerStream(StreamBase):
         self._initial = None
         self._code = None
         self._details = None
-        self._resp_encoding = conn.server.response_encoding(head)
+        server = conn.server
+        self._resp_encoding = (None if server.default_compression is None
+                               else server.response_encoding(head))
         self._metadata = None
         self._idle_tick = 0
         self._idle_bucket = None      # the IdleStreams bucket holding us while we wait

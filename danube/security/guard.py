@@ -60,9 +60,10 @@ class Guard:
         rbac.listeners.append(self.recheck_streams)
 
     def protect(self, server):
-        """Put the guard in front of every method registered on `server` so far."""
+        """Put the guard in front of every method registered on `server`, now and later."""
         for method in server.methods.values():
             method.handler = self._wrap(method)
+        server.method_wrapper = self._wrap
 
     # -- the checks ---------------------------------------------------------------------
 

@@ -57,6 +57,13 @@ async def serve_stream(core, consumer_id, context, *, batched=False, window=0):
         raise to_rpc_error(reason)
 
 
+def count_redirect(core, exc, topic):
+    """danube_client_redirects_total: a producer or consumer sent to look the topic up
+    again, counted where upstream counts it (its get_topic, for these two calls only)."""
+    if core.cluster is not None:
+        core.cluster.count_redirect(exc.reason, topic)
+
+
 class ProducerService:
     def __init__(self, core):
         self.core = core
@@ -65,9 +72,13 @@ class ProducerService:
     async def CreateProducer(self, request, context):
         checks.producer_request(request)
         subject = request.schema_ref.subject if request.HasField("schema_ref") else None
-        producer_id = await self.core.create_producer(
-            request.topic_name, request.producer_name, request.dispatch_strategy,
-            request.producer_access_mode, subject)
+        try:
+            producer_id = await self.core.create_producer(
+                request.topic_name, request.producer_name, request.dispatch_strategy,
+                request.producer_access_mode, subject)
+        except e.TopicElsewhere as exc:
+            count_redirect(self.core, exc, request.topic_name)
+            raise
         return pb.ProducerResponse(request_id=request.request_id, producer_id=producer_id,
                                    producer_name=request.producer_name)
 
@@ -103,9 +114,13 @@ class ConsumerService:
     @maps_errors()
     async def Subscribe(self, request, context):
         checks.consumer_request(request)
-        consumer_id = await self.core.subscribe(
-            request.topic_name, request.consumer_name, request.subscription,
-            request.subscription_type, list(request.key_filters), client=context.conn)
+        try:
+            consumer_id = await self.core.subscribe(
+                request.topic_name, request.consumer_name, request.subscription,
+                request.subscription_type, list(request.key_filters), client=context.conn)
+        except e.TopicElsewhere as exc:
+            count_redirect(self.core, exc, request.topic_name)
+            raise
         return pb.ConsumerResponse(request_id=request.request_id, consumer_id=consumer_id,
                                    consumer_name=request.consumer_name)
 

@@ -125,8 +125,8 @@ def _cluster_metrics(cluster):
     redirects = CounterMetricFamily("danube_client_redirects",
                                     "Lookups answered with another broker",
                                     labels=["reason", "topic_ns"])
-    for ns, count in list(cluster.redirects_by_ns.items()):
-        redirects.add_metric(["not_local", ns], count)
+    for (reason, ns), count in list(cluster.redirects.items()):
+        redirects.add_metric([reason, ns], count)
     yield redirects
     rebalancer = cluster.rebalancer
     moves = CounterMetricFamily("danube_rebalancing_moves", "Topic moves made by automatic "

@@ -16,10 +16,8 @@ from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
 from admin_serve import LISTENING
-from broker_process import BrokerProcess
-from prometheus_process import PrometheusProcess
+from prometheus_broker import broker, broker_id, prometheus  # noqa: F401 - fixtures
 from waiting import async_wait_for
-from danube.client.admin import AdminClient
 
 # upstream's tools (danube-admin/src/mcp/server.rs) and their arguments: (required, optional)
 UPSTREAM_TOOLS = {
@@ -75,30 +73,6 @@ UPSTREAM_TOOLS = {
 UPSTREAM_PROMPTS = {"cluster_health_check": [], "prepare_cluster_rebalance": ["max_moves"],
                     "manage_schema_evolution": ["subject", "schema_type"],
                     "secure_cluster_setup": ["environment"]}
-
-
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory):
-    b = BrokerProcess("--prom-exporter", "127.0.0.1:0",
-                      data_dir=tmp_path_factory.mktemp("mcp")).start()
-    yield b
-    b.stop()
-
-
-@pytest.fixture(scope="module")
-def broker_id(broker):
-    async def ask():
-        async with AdminClient(f"http://{broker.admin_addr}") as a:
-            return (await a.call("BrokerAdmin", "ListBrokers")).brokers[0].broker_id
-    return asyncio.run(ask())
-
-
-@pytest.fixture(scope="module")
-def prometheus(broker, broker_id, tmp_path_factory):
-    p = PrometheusProcess(tmp_path_factory.mktemp("prom"),
-                          {f"127.0.0.1:{broker.prom_port}": broker_id}).start()
-    yield p
-    p.stop()
 
 
 @contextlib.asynccontextmanager

@@ -202,6 +202,37 @@ async def test_send_many_uses_batches_and_keeps_order(client):
     assert [m.payload for m in got] == [f"m{i}".encode() for i in range(2500)]
 
 
+async def test_send_many_with_a_key_per_message(client):
+    """keys=: one batched call carries each message's routing key; on a partitioned topic
+    each key goes to its partition, in order per key."""
+    topic = "/default/lib_send_many_keys"
+    producer = await client.create_producer(topic, "kp")
+    consumer = await client.subscribe(topic, "kc", "ks", sub_type="exclusive")
+    keys = [f"k{i % 7}" if i % 5 else None for i in range(300)]
+    await producer.send_many([f"m{i}" for i in range(300)], keys=keys)
+    got = await _receive(consumer, 300)
+    assert [m.payload for m in got] == [f"m{i}".encode() for i in range(300)]
+    assert [m.routing_key or None for m in got] == keys
+    with pytest.raises(ValueError, match="one per payload"):
+        await producer.send_many([b"a", b"b"], keys=["x"])
+    with pytest.raises(ValueError, match="no key beside them"):
+        await producer.send_many([b"a"], key="y", keys=["x"])
+
+    topic = "/default/lib_send_many_keys_parts"
+    producer = await client.create_producer(topic, "kpp", partitions=3)
+    consumer = await client.subscribe(topic, "kpc", "kps", sub_type="shared")
+    keys = [f"key{i % 11}" for i in range(330)]
+    await producer.send_many([f"{keys[i]}:{i}" for i in range(330)], keys=keys,
+                             batch_size=40)
+    per_key = {}
+    for msg in await _receive(consumer, 330):
+        key, index = msg.payload.decode().split(":")
+        assert msg.routing_key == key
+        assert msg.msg_id.topic_name == f"{topic}-part-{fnv1a64(key) % 3}"
+        per_key.setdefault(key, []).append(int(index))
+    assert all(v == sorted(v) and len(v) == 30 for v in per_key.values())
+
+
 async def test_send_many_falls_back_without_the_batch_extension(tmp_path):
     """A broker without danube_ext (as upstream): the real broker core served without the
     extension answers UNIMPLEMENTED, and send_many falls back to pipelined SendMessage."""
@@ -225,11 +256,12 @@ async def test_send_many_falls_back_without_the_batch_extension(tmp_path):
     try:
         producer = await client.create_producer("/default/no-ext", "p")
         consumer = await client.subscribe("/default/no-ext", "c", "s")
-        ids = await producer.send_many([b"a", b"b", b"c"])
+        ids = await producer.send_many([b"a", b"b", b"c"], keys=["x", "y", "x"])
         assert client.batch_publish is False
         assert sorted(ids) == [1, 2, 3]
-        got = sorted([(await consumer.receive(timeout=10)).payload for _ in range(3)])
-        assert got == [b"a", b"b", b"c"]
+        got = sorted([(m.payload, m.routing_key) for m in
+                      [await consumer.receive(timeout=10) for _ in range(3)]])
+        assert got == [(b"a", "x"), (b"b", "y"), (b"c", "x")]
     finally:
         await client.close()
         await core.stop()

@@ -1,9 +1,9 @@
 """The admin API and `danube admin` on a cluster of broker processes on one real etcd:
-brokers with roles and status, the leader, ClusterStatus (etcd's members and the leader
-broker; Raft membership calls point to etcdctl), draining a broker under load with no
-acknowledged message lost, activating it again, unloading one topic, and a rebalance after
-a fourth broker joins that brings the coefficient of variation under 0.2 (automatic
-rebalancing is off in this cluster: nothing moves until the admin call)."""
+brokers with roles and status, the leader, ClusterStatus (etcd's Raft group; Raft
+membership calls point to etcdctl), draining a broker under load with no acknowledged
+message lost, activating it again, unloading one topic, and a rebalance after a fourth
+broker joins that brings the coefficient of variation under 0.2 (automatic rebalancing is
+off in this cluster: nothing moves until the admin call)."""
 
 import asyncio
 import subprocess
@@ -85,17 +85,18 @@ async def test_brokers_roles_status_and_leader(cluster, admin):
 
 
 async def test_cluster_status_reports_etcd_and_the_leader(cluster, admin):
+    # etcd's Raft group in upstream's shape: every id an etcd member id (docs/compatibility)
     status = await admin.call("ClusterAdmin", "ClusterStatus")
-    leader = (await admin.call("BrokerAdmin", "GetLeaderBroker")).leader
-    assert str(status.leader_id) == leader
-    assert str(status.self_node_id) == cluster.brokers[0].broker_id
     assert len(status.voters) == 1 and not status.learners      # a one-member etcd
+    assert status.leader_id == status.self_node_id == status.voters[0]
     assert status.current_term >= 1 and status.last_applied > 0
-    assert status.raft_addr == cluster.etcd.endpoint
+    assert status.raft_addr == f"http://127.0.0.1:{cluster.etcd.peer_port}"
+    leader = (await admin.call("BrokerAdmin", "GetLeaderBroker")).leader
+    assert leader in {b.broker_id for b in cluster.brokers}
     out = cli(cluster, "cluster", "status")
     assert out.returncode == 0, out.stderr
-    assert f"Self Node ID:  {cluster.brokers[1].broker_id}" in out.stdout
-    assert f"Leader:        {leader}" in out.stdout
+    assert f"Self Node ID:  {status.self_node_id}" in out.stdout
+    assert f"Leader:        {status.leader_id}" in out.stdout
     with pytest.raises(errors.DanubeError) as info:
         await admin.call("ClusterAdmin", "AddNode", adm.AddNodeRequest(addr="http://x:1"))
     assert "etcdctl member add" in str(info.value)
@@ -229,10 +230,15 @@ async def test_rebalance_after_a_fourth_broker_joins(cluster, admin):
         assert await store.scan("/cluster/rebalancing_history") == []
     finally:
         await store.close()
+    # The first move goes to the least loaded broker: the newcomer, unless a broker that
+    # missed its lease on a loaded machine already failed topics over to it.
+    now = await admin.call("BrokerAdmin", "GetClusterBalance")
+    fewest = min(b.topic_count for b in now.brokers)
+    least = {str(b.broker_id) for b in now.brokers if b.topic_count == fewest}
     dry = await admin.call("BrokerAdmin", "TriggerRebalance",
                            adm.RebalanceRequest(dry_run=True))
     assert dry.success and dry.moves_executed == 0 and dry.proposed_moves
-    assert all(str(m.to_broker) == fourth.broker_id for m in dry.proposed_moves[:1])
+    assert str(dry.proposed_moves[0].to_broker) in least, (dry.proposed_moves, now)
     one = await admin.call("BrokerAdmin", "TriggerRebalance",
                            adm.RebalanceRequest(max_moves=1))
     assert one.success and one.moves_executed == 1

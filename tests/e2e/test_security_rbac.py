@@ -139,6 +139,9 @@ TABLE = [
      "ManageTopic", "topic", None),
     ("admin", "/danube_admin.SecurityAdmin/ListAllBindings", lambda f: adm.Empty(),
      adm.ListBindingsResponse, "ManageCluster", "cluster", None),
+    # registered once the metadata store is known: still behind the guard
+    ("admin", "/danube_admin.ClusterAdmin/ClusterStatus", lambda f: adm.Empty(),
+     adm.ClusterStatusResponse, "ManageCluster", "cluster", None),
 ]
 
 

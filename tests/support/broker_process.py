@@ -30,6 +30,7 @@ class BrokerProcess:
             # The single executable's test runs the attack suites against it this way.
             self.command = [exe, "broker"]
         self.proc = None
+        self._pumper = None
         self.lines = []
         self.client_port = self.admin_port = self.prom_port = None
         self._ready = threading.Event()
@@ -39,7 +40,8 @@ class BrokerProcess:
         self.proc = subprocess.Popen(
             [*self.command, *self.args],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-        threading.Thread(target=self._pump, daemon=True).start()
+        self._pumper = threading.Thread(target=self._pump, daemon=True)
+        self._pumper.start()
         if not self._ready.wait(timeout):
             self.stop()
             raise RuntimeError("broker did not become ready:\n" + "".join(self.lines))
@@ -89,11 +91,16 @@ class BrokerProcess:
             return self.proc.returncode if self.proc else None
         self.proc.send_signal(sig)
         try:
-            return self.proc.wait(timeout)
+            code = self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
             raise
+        # The process's last lines may still be in the pipe: read them before the caller
+        # looks at the log.
+        if self._pumper is not None:
+            self._pumper.join(timeout)
+        return code
 
     def wait_for_log(self, pattern, timeout=10):
         deadline = time.time() + timeout

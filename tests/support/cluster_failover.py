@@ -40,17 +40,17 @@ def kill_owner_under_load(cluster, topic: str) -> dict:
         consumer.start()
         wait_for(lambda: consumer.reconnects, what="the consumer subscribed")
         producer.go.set()
-        wait_for(lambda: len(consumer.received) >= 50, what="the consumer receiving")
+        wait_for(lambda: len(consumer.received) >= 50, timeout=60, what="the consumer receiving")
         victim = owner(cluster, topic)
         acked_before = len(producer.acked)
         killed = cluster.kill(victim)
         wait_for(lambda: producer.ack_times and producer.ack_times[-1] > killed and
-                 len(producer.acked) >= acked_before + 100, timeout=30,
+                 len(producer.acked) >= acked_before + 100, timeout=90,
                  what="publishing to resume on the new owner")
         served_again = next(t for t in producer.ack_times if t > killed) - killed
         producer.stop()
         try:
-            wait_for(lambda: consumer.has_all(producer.acked), timeout=30,
+            wait_for(lambda: consumer.has_all(producer.acked), timeout=90,
                      what="every acknowledged message to reach the consumer")
         except AssertionError:
             missing = [p for p in producer.acked if p not in set(consumer.received)]

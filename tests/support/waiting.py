@@ -9,7 +9,7 @@ import asyncio
 import time
 
 # Long enough for a loaded 2-core CI machine; a passing test never waits this long.
-DEFAULT_TIMEOUT = 15.0
+DEFAULT_TIMEOUT = 30.0
 POLL_INTERVAL = 0.01
 
 

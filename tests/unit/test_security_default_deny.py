@@ -21,6 +21,8 @@ SUPER = "root"
 UNARY = "/test.Unlisted/Call"
 STREAM = "/test.Unlisted/Watch"
 UPLOAD = "/test.Unlisted/Upload"
+# Registered after the guard was put on the server: guarded all the same.
+LATE = "/test.Unlisted/Late"
 
 
 def _token(name, ptype="service_account"):
@@ -47,6 +49,10 @@ async def guarded():
 
     async def unary(request, context):
         calls[UNARY] += 1
+        return b"ran"
+
+    async def late(request, context):
+        calls[LATE] += 1
         return b"ran"
 
     async def stream(request, context):
@@ -76,6 +82,7 @@ async def guarded():
     server.add_method(UPLOAD, Kind.STREAM_UNARY, upload)
     guard = Guard(TokenVerifier(secret_key=SECRET), rbac, core=None)
     guard.protect(server)
+    server.add_method(LATE, Kind.UNARY_UNARY, late)
     port = await server.start()
     channel = grpc.insecure_channel(f"127.0.0.1:{port}")
     try:
@@ -92,7 +99,7 @@ def _call(channel, path, token):
     metadata = [] if token is None else [("authorization", f"Bearer {token}")]
     ident = lambda b: b  # noqa: E731 - raw bytes both ways
     try:
-        if path == UNARY:
+        if path in (UNARY, LATE):
             fn = channel.unary_unary(path, request_serializer=ident,
                                      response_deserializer=ident)
             return grpc.StatusCode.OK, fn(b"x", metadata=metadata, timeout=30)
@@ -106,7 +113,7 @@ def _call(channel, path, token):
         return exc.code(), exc.details()
 
 
-@pytest.mark.parametrize("path", [UNARY, STREAM, UPLOAD])
+@pytest.mark.parametrize("path", [UNARY, STREAM, UPLOAD, LATE])
 async def test_a_method_without_a_row_is_refused_to_every_role(guarded, path):
     channel, calls, grants, guard = guarded
     for ptype, name, role, scope in grants:

@@ -551,25 +551,35 @@ async def test_topics_are_exported_on_their_own_phase_of_the_interval(tmp_path):
                 exports[name].append(time.monotonic())
                 return await real(**kw)
             tier.export = export
+        scheduled = {name: [] for name in names}
+        next_slot = tiered._next_slot
+
+        def recording_next_slot(tier, now):
+            slot = next_slot(tier, now)
+            scheduled[tier.name].append(slot)
+            return slot
+        tiered._next_slot = recording_next_slot
         tiered.start()
-        deadline = time.monotonic() + 4 * interval
-        while time.monotonic() < deadline:
+        # Until each topic has gone up 4 times (a deadline, not a duration: slow machines).
+        deadline = time.monotonic() + 60
+        while min(len(t) for t in exports.values()) < 4 and time.monotonic() < deadline:
             for wal in wals:
                 await wal.append_durable([b"m" * 100])
             await asyncio.sleep(0.01)
         # Ordering, not timing (a loaded machine wakes the loop late): each topic is exported
-        # once per slot of its own grid (phase + k * interval), and the two topics, half an
-        # interval apart, take turns rather than going up together.
+        # at most once per slot of its own grid (phase + k * interval) ...
         for name, times in exports.items():
-            assert len(times) >= 3, (name, times)
+            assert len(times) >= 4, (name, times)
             slots = [int((t - _phase(name, interval)) // interval) for t in times]
             assert slots == sorted(set(slots)), (name, slots, times)
-        merged = sorted((t, name) for name, times in exports.items() for t in times)
-        turns = [name for _, name in merged]
-        assert all(x != y for x, y in zip(turns, turns[1:])), merged
-        # ... and not in the same instant (taking turns alone would allow that).
-        a, b = exports[names[0]], exports[names[1]]
-        assert min(abs(x - y) for x in a for y in b) > 0.15 * interval, (a, b)
+        # ... and every export was scheduled on the topic's own grid, so the two topics, half
+        # an interval apart, are due at different instants (a machine too loaded to wake in
+        # time may still run both in one pass: the schedule is what the manager controls).
+        for name, due in scheduled.items():
+            assert len(due) >= 3, (name, due)
+            for t in due:
+                k = (t - _phase(name, interval)) / interval
+                assert abs(k - round(k)) < 1e-6, (name, t, due)
         for wal in wals:
             assert wal.segments()[0].sealed_at is not None
     finally:

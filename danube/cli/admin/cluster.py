@@ -1,7 +1,7 @@
 """`danube admin cluster`: upstream danube-admin's cluster group. `status` prints upstream's
-lines (a cluster on etcd reports etcd's Raft term, index and members, and the leader
-broker); the membership commands call the broker, which answers that etcd's members are
-managed with etcdctl."""
+lines (a cluster on etcd reports etcd's Raft group: its members, leader, term and index; a
+broker on its embedded store a group of one); the membership commands call the broker,
+which answers that etcd's members are managed with etcdctl."""
 
 from danube.cli.admin.common import add_command, add_group
 from danube.proto import DanubeAdmin_pb2 as adm
