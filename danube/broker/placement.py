@@ -113,6 +113,10 @@ class Placement:
         """(broker_url, connect_url) of the broker serving ``name`` elsewhere, or None."""
         return None
 
+    def count_redirect(self, reason: str, name: str) -> None:
+        """A producer or consumer was sent to look ``name`` up again (upstream's
+        danube_client_redirects_total); a single broker sends nobody elsewhere."""
+
     @property
     def leader_id(self) -> str:
         return str(self.host.broker_id)
