@@ -11,7 +11,7 @@ import yaml
 from danube import config_keys
 from danube.config_cluster import (EtcdTLS, RebalancingConfig, check_etcd_tls, load_etcd_auth,
                                    load_etcd_tls, load_rebalancing)
-from danube.config_durable import parse_durable, require_sdk
+from danube.config_durable import BACKENDS, parse_durable, require_sdk
 from danube.config_writebuffer import parse_write_buffer, require_client
 from danube.config_errors import ConfigError
 from danube.failure_policy import FailurePolicy, InvalidFailurePolicy
@@ -475,7 +475,7 @@ def _load_tiers(cfg, tree):
                               f"directory (backend fs), got {backend!r}")
     elif "backend" not in section and "://" not in str(section.get("root", "")):
         raise ConfigError("storage.durable.backend: required with storage.mode object_store "
-                          "(s3, gcs, azblob, fs or memory)")
+                          f"({', '.join(BACKENDS[:-1])} or {BACKENDS[-1]})")
     cfg.durable = parse_durable(section, "storage.durable")
     require_sdk(cfg.durable.backend)
 

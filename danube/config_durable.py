@@ -28,31 +28,48 @@ from collections.abc import Mapping
 from danube.config_errors import ConfigError
 from danube.config_keys import suggest
 
-BACKENDS = ("s3", "gcs", "azblob", "fs", "memory")
-_SCHEMES = {"s3": "s3", "gs": "gcs", "gcs": "gcs", "azblob": "azblob"}
-_CLOUD = ("s3", "gcs", "azblob")
 _TUNING = {"connect_timeout_seconds", "read_timeout_seconds", "retries"}
 _COMMON = {"backend", "root", "upload_interval_seconds"}
-_KEYS = {
+#: What a cloud store (a bucket and a prefix in it) accepts whatever its kind.
+_CLOUD_KEYS = _COMMON | _TUNING | {"bucket", "prefix", "endpoint"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Backend:
+    """One object store, registered in REGISTRY (the one table a new backend joins)."""
+    keys: frozenset                     # the storage.durable keys it accepts
+    opener: str                         # "module:function(cfg, environ) -> ObjectStore"
+    schemes: tuple = ()                 # root URL schemes naming it (root: s3://b/p)
+    sdk: tuple | None = None            # (import name, distribution, our extra)
+
+
+#: Every backend, by its storage.durable.backend name. A new object store is its module in
+#: danube/storage/durable/ (with its ``open_store``) and one row here.
+REGISTRY = {
     # anonymous .. virtual_host_style are upstream's; path_style is ours (its inverse).
-    "s3": _COMMON | _TUNING | {"bucket", "prefix", "endpoint", "region", "access_key",
-                               "secret_key", "session_token", "profile", "role_arn",
-                               "anonymous", "virtual_host_style", "path_style"},
+    "s3": Backend(frozenset(_CLOUD_KEYS | {
+        "region", "access_key", "secret_key", "session_token", "profile", "role_arn",
+        "anonymous", "virtual_host_style", "path_style"}),
+        "danube.storage.durable.s3:open_store", ("s3",), ("boto3", "boto3", "s3")),
     # credentials_path / credentials_json are upstream's; credentials_file is our alias.
-    "gcs": _COMMON | _TUNING | {"bucket", "prefix", "endpoint", "project", "credentials_file",
-                                "credentials_path", "credentials_json"},
-    "azblob": _COMMON | _TUNING | {"container", "bucket", "prefix", "endpoint",
-                                   "account_name", "account_key", "connection_string"},
-    "fs": _COMMON,
-    "memory": _COMMON,
+    "gcs": Backend(frozenset(_CLOUD_KEYS | {
+        "project", "credentials_file", "credentials_path", "credentials_json"}),
+        "danube.storage.durable.gcs:open_store", ("gs", "gcs"),
+        ("google.cloud.storage", "google-cloud-storage", "gcs")),
+    "azblob": Backend(frozenset(_CLOUD_KEYS | {
+        "container", "account_name", "account_key", "connection_string"}),
+        "danube.storage.durable.azblob:open_store", ("azblob",),
+        ("azure.storage.blob", "azure-storage-blob", "azure")),
+    # fs and memory take no bucket: a directory, a store's name (parse_durable).
+    "fs": Backend(frozenset(_COMMON), "danube.storage.durable.fs:open_store"),
+    "memory": Backend(frozenset(_COMMON), "danube.storage.durable.memory:open_store"),
 }
+BACKENDS = tuple(REGISTRY)
+_SCHEMES = {scheme: name for name, b in REGISTRY.items() for scheme in b.schemes}
+_KEYS = {name: b.keys for name, b in REGISTRY.items()}
 _ALL_KEYS = set().union(*_KEYS.values())
 # backend -> (the SDK's import name, its distribution, our extra that installs it)
-_SDKS = {
-    "s3": ("boto3", "boto3", "s3"),
-    "gcs": ("google.cloud.storage", "google-cloud-storage", "gcs"),
-    "azblob": ("azure.storage.blob", "azure-storage-blob", "azure"),
-}
+_SDKS = {name: b.sdk for name, b in REGISTRY.items() if b.sdk is not None}
 DISTRIBUTION = "danube-broker-py"
 
 
@@ -284,7 +301,7 @@ def _split_root(root, backend, where):
     if "://" in root:
         scheme, rest = root.split("://", 1)
         if _SCHEMES.get(scheme.lower()) != backend:
-            expected = {"s3": "s3://", "gcs": "gs:// or gcs://", "azblob": "azblob://"}[backend]
+            expected = " or ".join(f"{s}://" for s in REGISTRY[backend].schemes)
             raise ConfigError(f"{where}: backend {backend} expects {expected}BUCKET/PREFIX, "
                               f"got {root!r}")
     else:

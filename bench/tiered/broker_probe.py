@@ -287,7 +287,7 @@ async def _monitor():
 def main():
     out_path = sys.argv[1]
     install()
-    from danube.services import app
+    from danube.process import app
 
     real_start = app.Broker.start
     task = []

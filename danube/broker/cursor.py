@@ -31,7 +31,7 @@ class CursorPersistence:
         """Persist the cursor in the background (a consumer left: what it acked must
         survive a restart); close() waits for it."""
         if not self._closing:
-            self._own(self._flushes, self._flush_in_background())
+            self._flushes.spawn(self._flush_in_background())
 
     async def _flush_in_background(self):
         try:

@@ -1,10 +1,10 @@
-"""The cluster's side of edge brokers (upstream's danube-broker/src/edge_service): an edge
+"""The central brokers' side of edge brokers (upstream's danube-broker/src/edge_service): an edge
 registers the topics of its edge.yaml (created here under ``/{edge_name}/``, reliable, each
 with its schema subject resolved from the registry), asks by heartbeat whether any of those
 schemas changed, and replicates its local log into the topics batch by batch.
 
 Per-edge state lives in the metadata store in upstream's shape (keys.edge_registry), so any
-broker of a cluster can answer a heartbeat. Replication is idempotent: the highest edge
+broker sharing the metadata can answer a heartbeat. Replication is idempotent: the highest edge
 offset stored per topic (keys.edge_replicated) is written after the batch is durable, and a
 batch resent after a lost ack is skipped message by message (upstream compares only the
 batch's last offset, which stores a resent batch twice when its boundaries moved; see
@@ -200,7 +200,7 @@ class EdgeRegistry:
     @_stored
     async def ingest(self, topic_name, batch_last_offset, messages):
         """Store a replicated batch (StreamMessages whose msg_id.topic_offset is the edge's
-        offset) unless the cluster has it already; returns how many were stored."""
+        offset) unless it is stored already; returns how many were stored."""
         names.validate_topic(topic_name)
         # The marker check, the append and the marker's update run to the end even when
         # the edge's stream ends meanwhile (the call is cancelled): a batch stored without

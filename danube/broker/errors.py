@@ -140,11 +140,11 @@ class SchemaRejected(BrokerError):
 
 
 class BrokerNotFound(BrokerError):
-    """No broker with this id is registered in the cluster."""
+    """No broker with this id is registered."""
 
 
 class ClusterRequired(BrokerError):
-    """The operation moves topics to another broker, and this cluster has only one."""
+    """The operation moves topics to another broker, and there is only this one."""
 
 
 class TopicUnloaded(BrokerError):

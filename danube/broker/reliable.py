@@ -44,6 +44,7 @@ from danube.broker.cursor import CursorPersistence
 from danube.broker.rate import RateLimiter
 from danube.broker.subscription import EXCLUSIVE, FAILOVER, KEY_SHARED, SHARED
 from danube.storage.errors import CorruptSegmentError, OffsetTruncatedError
+from danube.tasks import TaskSet
 
 log = logging.getLogger("danube.broker.reliable")
 
@@ -94,10 +95,11 @@ class ReliableDispatcher(CursorPersistence):
         self._saved_cursor = cursor
         self._save_timer = None            # the debounced cursor save (_schedule_save)
         # Background work this dispatcher owns, finished or cancelled by close().
-        self._flushes = set()
-        self._dead_letter_tasks = set()
+        self._flushes = TaskSet("cursor writes", loop)
+        self._dead_letter_tasks = TaskSet("dead-letter republishes", loop)
+        self._tasks = TaskSet("reliable dispatch", loop)   # the dispatch loop
         self._dead_lettering = set()
-        self._history = None               # TopicLogReader, once history is read
+        self._reader = None                # TopicLogReader, from the first read on
         self._closing = False
         # policies.max_subscription_dispatch_rate (messages/s, 0: none): deliveries and
         # redeliveries together (upstream paces reads from the log only; a redelivery storm
@@ -106,7 +108,7 @@ class ReliableDispatcher(CursorPersistence):
         self._paced = False                # the last pass stopped for the rate limit
         self.stats = {"redelivered": 0, "nacked": 0, "ack_timeouts": 0, "stream_ended": 0,
                       "exhausted": 0, "dead_lettered": 0, "dropped": 0, "unroutable": 0}
-        self._task = loop.create_task(self._run())
+        self._tasks.spawn(self._run(), name=f"dispatch {topic.name}")
 
     # -- the outside world ---------------------------------------------------------------
 
@@ -120,30 +122,20 @@ class ReliableDispatcher(CursorPersistence):
 
     async def close(self):
         self._closing = True
-        if self._history is not None:
-            self._history.close()
+        if self._reader is not None:
+            self._reader.close()
         if self._save_timer is not None:
             self._save_timer.cancel()
             self._save_timer = None
-        self._task.cancel()
-        for task in self._dead_letter_tasks:
-            # Not awaited to the end: it may wait for the broker's topic lock, which the
-            # caller (a topic deletion) can hold. The message stays unacked, for later.
-            task.cancel()
-        await asyncio.gather(*self._dead_letter_tasks, return_exceptions=True)
-        try:
-            await self._task
-        except asyncio.CancelledError:
-            pass
+        # Dead-letter republishes are cancelled, not awaited to the end: one may wait for
+        # the broker's topic lock, which the caller (a topic deletion) can hold. The message
+        # stays unacked, for later.
+        await self._dead_letter_tasks.close()
+        await self._tasks.close()
         # Cursor writes in flight finish first: one landing after the last would put an
         # older cursor back.
-        await asyncio.gather(*self._flushes, return_exceptions=True)
+        await self._flushes.wait()
         await self.flush_cursor()
-
-    def _own(self, tasks, coro):
-        task = self.loop.create_task(coro)
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
 
     def ack(self, offset):
         delivery = self.inflight.pop(offset, None)
@@ -256,8 +248,7 @@ class ReliableDispatcher(CursorPersistence):
             if self._closing:
                 return              # unacked: delivered again when the subscription is back
             self._dead_lettering.add(delivery.offset)
-            self._own(self._dead_letter_tasks,
-                      self._send_to_dead_letter(delivery, attempts, reason))
+            self._dead_letter_tasks.spawn(self._send_to_dead_letter(delivery, attempts, reason))
         elif self.sub.sub_type == KEY_SHARED:
             self.blocked_keys[delivery.key] = delivery.offset
         else:
@@ -396,16 +387,16 @@ class ReliableDispatcher(CursorPersistence):
                     self._paced = True
                     return
                 want = min(want, left)
+            if self._reader is None:
+                self._reader = self.topic.log.reader(self.notify)
             try:
-                batch = self.topic.read(self.next_read, want)
-            except OffsetTruncatedError as exc:
-                try:
-                    batch = self._read_history(want, exc.first_offset)
-                except OffsetTruncatedError as gone:
-                    self._skip_truncated(gone.first_offset)
-                    continue
-                if batch is None:
-                    return          # being fetched from the durable tier; notify() follows
+                # The log picks the tier (hot cache, WAL files, durable tier).
+                batch = self._reader.read(self.next_read, want)
+            except OffsetTruncatedError as gone:
+                self._skip_truncated(gone.first_offset)
+                continue
+            if batch is None:
+                return          # being fetched from the durable tier; notify() follows
             if not batch:
                 return
             kind = self.sub.sub_type
@@ -469,14 +460,6 @@ class ReliableDispatcher(CursorPersistence):
             self.held.setdefault(key, []).append(offset)
             return True
         return self._deliver(consumers, offset, payload, key, deadline)
-
-    def _read_history(self, want, local_first):
-        """Offsets older than the local WAL: the topic's log reads them from its durable
-        tier if it has one (None while they are fetched), else they are gone
-        (OffsetTruncatedError). ``local_first`` is where the log itself takes over."""
-        if self._history is None:
-            self._history = self.topic.log.reader(self.notify)
-        return self._history.read(self.next_read, want)
 
     def _skip_truncated(self, first_offset):
         """Retention was told to delete unconsumed data (storage.local_retention.

@@ -3,7 +3,7 @@
 
 Read from the durable catalogue in metadata (the descriptors the tiered uploads write under
 ``{metadata_prefix}/storage/topics/{ns}/{topic}/segments/``), not from a loaded topic's
-memory: any broker of a cluster answers for any topic, as upstream's, which reads its
+memory: any broker sharing the metadata answers for any topic, as upstream's, which reads its
 segment catalogue the same way. A broker without a durable tier (``storage.mode: local``)
 has no descriptors, so the list is empty, as upstream's."""
 

@@ -173,7 +173,7 @@ class Topic:
     async def append_replicated(self, messages):
         """StreamMessages an edge replicated (danube.broker.edges): stored as they came,
         each with this topic's offset, without a producer of this broker. The edge has
-        validated them against its cached schema, as upstream's cluster writes them
+        validated them against its cached schema, as upstream's central broker writes them
         straight to the WAL. A non-reliable topic fans them out instead (None)."""
         if self.delivery == RELIABLE:
             return await self._store_messages(messages)

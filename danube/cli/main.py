@@ -68,7 +68,7 @@ def _add_broker(sub):
 def _run_broker(args):
     import uvloop
 
-    from danube.services.app import Broker
+    from danube.process.app import Broker
     from danube.config import ConfigError, apply_overrides, load_config
 
     logging.basicConfig(level=args.log_level.upper(),

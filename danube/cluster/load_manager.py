@@ -26,7 +26,7 @@ import asyncio
 import collections
 import logging
 
-from danube.broker.core.topics import SYSTEM_TOPIC
+from danube.broker.placement import SYSTEM_TOPIC
 from danube.cluster import strategies
 from danube.metadata import keys
 from danube.metadata.errors import MetadataError

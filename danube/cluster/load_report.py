@@ -15,7 +15,6 @@ import logging
 import os
 import time
 
-from danube.broker import stats
 from danube.metadata import keys
 from danube.metadata.errors import MetadataError
 from danube.tasks import cancel_and_wait
@@ -34,8 +33,11 @@ def _memory_percent() -> float:
 
 
 class LoadReporter:
-    def __init__(self, core, store, broker_id: str, interval: float):
-        self.core = core
+    """``summaries``: returns the statistics of every topic this broker serves (the core's
+    ``topic_summaries``)."""
+
+    def __init__(self, summaries, store, broker_id: str, interval: float):
+        self.summaries = summaries
         self.store = store
         self.broker_id = broker_id
         self.interval = interval
@@ -57,8 +59,7 @@ class LoadReporter:
 
     def report(self) -> dict:
         topics = []
-        for topic in list(self.core.topics.values()):
-            s = stats.topic_stats(topic, self.broker_id, detail=False)
+        for s in self.summaries():
             topics.append({"topic_name": s["name"], "message_rate": int(s["msg_rate_in"]),
                            "byte_rate": int(s["byte_rate_in"]),
                            "byte_rate_mbps": s["byte_rate_in"] * 8 / 1e6,

@@ -78,10 +78,20 @@ class Membership:
             except MetadataError as exc:
                 log.warning("could not deregister (the lease will expire): %s", exc)
 
-    async def _register(self) -> float:
-        """Write the registration; returns when the write that succeeded was sent."""
+    async def _register(self) -> float | None:
+        """Write the registration; returns when the write that succeeded was sent, or None
+        when a fence came while it was on its way (the process stalled with it in flight).
+        Such a write did renew the lease, as of when it was sent: it counts as the last
+        renewal before the fence, which ``lapsed`` is judged by, and nothing else (judged by
+        the renewal before it, a registration that never lapsed was called lapsed, and its
+        topics handed to a broker behind what this one acknowledged)."""
         sent = time.monotonic()
+        fences = self.fences
         await self.store.put(self.key, self.record, ttl=self.ttl)
+        if self.fences != fences:
+            if self._ok_before_fence is None or sent > self._ok_before_fence:
+                self._ok_before_fence = sent
+            return None
         if self.fenced and (self._ok_before_fence is None or time.monotonic() >=
                             self._ok_before_fence + self.ttl * UNLAPSED_FRACTION):
             self.lapsed = True
@@ -103,6 +113,11 @@ class Membership:
             except MetadataError as exc:
                 log.warning("broker %s could not renew its registration: %s", self.broker_id,
                             exc)
+                continue
+            if sent is None:
+                log.warning("broker %s: a registration sent before the fence was answered "
+                            "only after it; registering again", self.broker_id)
+                pause = 0.0
                 continue
             # The lease counts from when the write was sent: the next one is due an interval
             # after that, at once if the answer came late (a stall, a loaded etcd).

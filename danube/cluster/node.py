@@ -1,20 +1,21 @@
-"""One broker's membership in a cluster: the glue between the cluster's metadata on etcd and
-the broker core.
+"""One broker's membership in a cluster: the cluster's implementation of the core's
+``Placement`` (danube.broker.placement), between the cluster's metadata on etcd and the
+broker core.
 
 The core asks it where a topic lives (``locate``, ``check_elsewhere``) and to create topics
-(``create_topic``: recorded, marked unassigned, placed by the leader); it drives the core
-through two calls, ``serve_topic`` and ``release_topic``, as assignments to this broker come
-and go (``/cluster/brokers/{id}/{ns}/{topic}``). See docs/cluster.md for the whole design.
+(``create``: recorded, marked unassigned, placed by the leader); it drives the core only
+through the ``PlacementHost`` members, chiefly ``serve_topic`` and ``release_topic``, as
+assignments to this broker come and go (``/cluster/brokers/{id}/{ns}/{topic}``). See
+docs/cluster.md for the whole design.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import shutil
 
-from danube.broker.core.topics import SYSTEM_TOPIC
 from danube.broker.errors import TopicElsewhere, TopicUnloaded
+from danube.broker.placement import LOG_ERRORS, Placement
 from danube.cluster.admin import ClusterOps
 from danube.cluster.election import LeaderElection
 from danube.cluster.load_manager import LoadManager
@@ -24,7 +25,6 @@ from danube.cluster.rebalancer import AutoRebalancer
 from danube.cluster.view import ClusterView
 from danube.metadata import keys
 from danube.metadata.errors import MetadataError
-from danube.storage.errors import WALError
 
 log = logging.getLogger("danube.cluster")
 
@@ -41,29 +41,26 @@ SERVE_CONCURRENCY = 8
 RELEASE_UPLOAD_TIMEOUT = 30.0
 
 
-class ClusterNode:
+class ClusterNode(Placement):
     """``control_store``: a second connection to the same metadata for the lease renewal and
     the election, so that they never queue behind the topics' metadata calls (a broker
-    loading thousands of topics would otherwise miss its own renewals and fence itself)."""
+    loading thousands of topics would otherwise miss its own renewals and fence itself).
 
-    def __init__(self, core, store, cfg, control_store=None):
-        self.core = core
+    Built before the core, which binds it (``host``); its parts that need the broker's id
+    are made once the core has started (``on_start``), and it joins at ``join``."""
+
+    spans_brokers = True
+
+    def __init__(self, store, cfg, control_store=None):
         self.store = store
-        self.control_store = control = control_store or store
+        self.control_store = control_store or store
         self.cfg = cfg
-        self.broker_id = str(core.broker_id)
+        self.broker_id = None
+        self._joined = False
         self.view = ClusterView(store)
         self._serve_slots = asyncio.Semaphore(SERVE_CONCURRENCY)
-        self.membership = Membership(control, self.broker_id, core.registration_record(),
-                                     cfg.lease_ttl_seconds, on_fenced=self._fenced,
-                                     on_restored=self._restored)
-        self.election = LeaderElection(control, self.broker_id, cfg.lease_ttl_seconds,
-                                       on_elected=self._elected, on_deposed=self._deposed,
-                                       eligible=lambda: self.membership.registered)
         self.manager = LoadManager(store, self.view, cfg.assignment_strategy,
                                    reconcile_every=cfg.lease_ttl_seconds)
-        self.reporter = LoadReporter(core, store, self.broker_id,
-                                     cfg.load_report_interval_seconds)
         self.ops = ClusterOps(self)
         self.rebalancer = AutoRebalancer(self.ops, cfg.rebalancing)
         # upstream's danube_client_redirects_total{reason, topic_ns}: (reason, ns) -> calls
@@ -73,7 +70,29 @@ class ClusterNode:
 
     # -- lifecycle --------------------------------------------------------------------------
 
+    async def on_start(self) -> None:
+        """The core has its id: the parts registered under it."""
+        cfg, control = self.cfg, self.control_store
+        self.broker_id = str(self.host.broker_id)
+        self.membership = Membership(control, self.broker_id, None, cfg.lease_ttl_seconds,
+                                     on_fenced=self._fenced, on_restored=self._restored)
+        self.election = LeaderElection(control, self.broker_id, cfg.lease_ttl_seconds,
+                                       on_elected=self._elected, on_deposed=self._deposed,
+                                       eligible=lambda: self.membership.registered)
+        self.reporter = LoadReporter(self.host.topic_summaries, self.store, self.broker_id,
+                                     cfg.load_report_interval_seconds)
+
+    async def join(self) -> None:
+        self._joined = True
+        await self.start()
+
+    async def leave(self) -> None:
+        if self._joined:
+            await self.stop()
+
     async def start(self) -> None:
+        # The servers are bound now: the registration names the ports actually in use.
+        self.membership.record = self.host.registration_record()
         await self.view.start()
         self.view.listeners.append(self._on_event)
         await self.membership.start()
@@ -98,9 +117,9 @@ class ClusterNode:
         self.membership.leaving = True
         moved = TopicUnloaded("this broker is shutting down; look the topic up and connect "
                               "again")
-        await asyncio.gather(*(self.core.release_topic(name, moved,
+        await asyncio.gather(*(self.host.release_topic(name, moved,
                                                        upload_timeout=RELEASE_UPLOAD_TIMEOUT)
-                               for name in list(self.core.topics) if name != SYSTEM_TOPIC),
+                               for name in self.host.served_topics()),
                              return_exceptions=True)
         await self.membership.stop()
         await self.view.stop()
@@ -111,7 +130,51 @@ class ClusterNode:
     def is_leader(self) -> bool:
         return self.election.is_leader
 
-    # -- what the core asks -----------------------------------------------------------------
+    # -- what the core asks (Placement) -----------------------------------------------------
+
+    async def known_elsewhere(self, name: str) -> bool:
+        """Recorded in metadata, wherever it is served."""
+        return await self.store.get_entry(keys.namespace_topic(name)) is not None
+
+    async def create(self, name: str, delivery_name: str, create_here):
+        """Topics are placed by the leader (``create_here`` is for a single broker)."""
+        return await self.create_topic(name, delivery_name)
+
+    async def forget(self, name: str) -> None:
+        await self.forget_topic(name)
+
+    @property
+    def leader_id(self) -> str:
+        return self.view.leader or ""
+
+    async def drain(self, broker_id: str, **options) -> dict:
+        await self.check_registered(broker_id)
+        return await self.ops.drain(broker_id, **options)
+
+    def balance(self) -> dict:
+        return self.ops.balance()
+
+    async def rebalance(self, dry_run: bool, max_moves: int | None) -> dict:
+        return await self.ops.rebalance(dry_run, max_moves)
+
+    async def topics_of(self, broker_id: str) -> list[str]:
+        return self.view.topics_of(broker_id)
+
+    async def unserved_row(self, name: str) -> dict:
+        delivery = await self.store.get(keys.topic_delivery(name))
+        return {"name": name, "broker_id": self.view.owners.get(name, ""),
+                "delivery": delivery or "NonReliable"}
+
+    def not_served_here(self, targets: list[str]) -> BaseException | None:
+        # Live state (subscriptions, dispatchers, rates) is the owner's alone.
+        return self.ops.elsewhere(targets[0])
+
+    async def unload(self, targets: list[str], unload_here) -> None:
+        for target in targets:
+            await self.ops.unload_topic(target)
+
+    async def describe_elsewhere(self, name: str, targets: list[str]) -> dict | None:
+        return await self.ops.describe_remote(name, targets)
 
     def locate(self, topic: str):
         """(broker_url, connect_url) of the broker that owns ``topic``, or None."""
@@ -153,7 +216,7 @@ class ClusterNode:
             waiters = self._placed.get(name, [])
             if placed in waiters:
                 waiters.remove(placed)
-        topic = self.core.topics.get(name)
+        topic = self.host.served(name)
         if topic is None:
             try:
                 self.check_elsewhere(name)
@@ -213,11 +276,11 @@ class ClusterNode:
         if self.membership.fenced:
             return
         mine = set(self.view.topics_of(self.broker_id))
-        for topic in mine - set(self.core.topics):
+        served = set(self.host.served_topics())
+        for topic in mine - served:
             self._serve_soon(topic)
-        for topic in set(self.core.topics) - mine:
-            if topic != SYSTEM_TOPIC:
-                self._release_soon(topic)
+        for topic in served - mine:
+            self._release_soon(topic)
 
     def _serve_soon(self, topic: str) -> None:
         self._chain(topic, self._serve(topic))
@@ -245,17 +308,17 @@ class ClusterNode:
     async def _serve(self, name: str) -> None:
         delay = SERVE_RETRY[0]
         while self.view.owners.get(name) == self.broker_id and not self.membership.fenced:
-            if name in self.core.topics:
+            if self.host.serves(name):
                 break
             try:
                 if await self.store.get_entry(keys.namespace_topic(name)) is None:
                     await self.store.delete(keys.cluster_broker_topic(self.broker_id, name))
                     return
                 async with self._serve_slots:
-                    await self.core.serve_topic(name)
+                    await self.host.serve_topic(name)
                 log.info("serving topic %s (assigned to broker %s)", name, self.broker_id)
                 break
-            except (MetadataError, WALError, OSError) as exc:
+            except (MetadataError, *LOG_ERRORS) as exc:
                 # WALLockedError: the previous owner is still closing the topic's log.
                 log.warning("cannot serve topic %s yet (%s); retrying", name, exc)
                 await asyncio.sleep(delay)
@@ -265,9 +328,9 @@ class ClusterNode:
                 waiter.set_result(self.broker_id)
 
     async def _release(self, name: str) -> None:
-        topic = self.core.topics.get(name)
-        if topic is not None:
-            await self.core.release_topic(
+        had_log = False
+        if self.host.serves(name):
+            had_log = await self.host.release_topic(
                 name, TopicUnloaded(f"topic {name} moved to another broker; look it up and "
                                     "connect again"), upload_timeout=RELEASE_UPLOAD_TIMEOUT)
             log.info("released topic %s", name)
@@ -278,18 +341,10 @@ class ClusterNode:
             if isinstance(marker, dict) and marker.get("ready") is False and \
                     str(marker.get("from_broker")) == self.broker_id:
                 await self.store.put(keys.cluster_unassigned(name), {**marker, "ready": True})
-            if topic is not None and topic.log is not None and \
-                    await self.store.get_entry(keys.namespace_topic(name)) is None:
-                await self._delete_data(name, topic.log.directory)
+            if had_log and await self.store.get_entry(keys.namespace_topic(name)) is None:
+                await self.host.delete_topic_data(name)     # the topic was deleted
         except MetadataError as exc:
             log.warning("after releasing %s: %s", name, exc)
-
-    async def _delete_data(self, name: str, directory: str) -> None:
-        """The topic was deleted: its log goes too."""
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self.core.wal_executor, shutil.rmtree, directory, True)
-        if self.core.tiered is not None:
-            await self.core.tiered.delete_topic(name)
 
     async def _answer_moves(self) -> None:
         """Set ``ready`` on the move markers naming this broker whose topic it no longer
@@ -298,11 +353,11 @@ class ClusterNode:
         for topic, marker in list(self.view.unassigned.items()):
             if isinstance(marker, dict) and marker.get("ready") is False and \
                     str(marker.get("from_broker")) == self.broker_id and \
-                    topic not in self.core.topics and \
+                    not self.host.serves(topic) and \
                     self.view.owners.get(topic) != self.broker_id:
                 try:
-                    await self.core.upload_released(topic, RELEASE_UPLOAD_TIMEOUT)
-                except (WALError, OSError, MetadataError) as exc:
+                    await self.host.upload_released(topic, RELEASE_UPLOAD_TIMEOUT)
+                except (MetadataError, *LOG_ERRORS) as exc:
                     log.warning("could not upload the rest of %s before letting it go: %s",
                                 topic, exc)
                 await self.store.put(keys.cluster_unassigned(topic), {**marker, "ready": True})
@@ -322,9 +377,8 @@ class ClusterNode:
         await self.election.stop_leading()
         unloaded = TopicUnloaded("this broker lost its cluster membership; look the topic up "
                                  "and connect again")
-        await asyncio.gather(*(self.core.release_topic(name, unloaded, fenced=True)
-                               for name in list(self.core.topics)
-                               if name != SYSTEM_TOPIC),
+        await asyncio.gather(*(self.host.release_topic(name, unloaded, fenced=True)
+                               for name in self.host.served_topics()),
                              return_exceptions=True)
 
     async def _restored(self) -> None:

@@ -60,8 +60,7 @@ async def serve_stream(core, consumer_id, context, *, batched=False, window=0):
 def count_redirect(core, exc, topic):
     """danube_client_redirects_total: a producer or consumer sent to look the topic up
     again, counted where upstream counts it (its get_topic, for these two calls only)."""
-    if core.cluster is not None:
-        core.cluster.count_redirect(exc.reason, topic)
+    core.placement.count_redirect(exc.reason, topic)
 
 
 class ProducerService:

@@ -144,7 +144,7 @@ def test_port_in_use_is_reported(broker, tmp_path):
 
 _HEAP_PROBE = r"""
 import ctypes, sys
-from danube.services.app import keep_freed_heap
+from danube.process.app import keep_freed_heap
 class MallInfo2(ctypes.Structure):
     _fields_ = [(n, ctypes.c_size_t) for n in
                 ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",

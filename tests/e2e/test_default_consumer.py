@@ -18,7 +18,7 @@ from broker_process import BrokerProcess
 from drain_helpers import nothing_more, publish
 from danube.client import DanubeClient
 from danube.client.consumer import DEFAULT_WINDOW
-from danube.services import app as broker_app
+from danube.process import app as broker_app
 from tiered_harness import InProcBroker
 from waiting import async_wait_for
 

@@ -452,7 +452,7 @@ def test_idle_timeout(broker_factory):
 
 
 def test_limit_keys_are_validated_and_reach_the_transport(tmp_path):
-    from danube.services.app import Broker
+    from danube.process.app import Broker
     from danube.config import ConfigError, load_config
 
     path = tmp_path / "b.yml"

@@ -6,7 +6,7 @@ import time
 
 import yaml
 
-from danube.services.app import Broker
+from danube.process.app import Broker
 from danube.config import load_config
 from danube.storage.durable.base import ObjectStore, ObjectStoreError
 

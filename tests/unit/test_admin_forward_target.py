@@ -27,7 +27,7 @@ class Context:
         return self.metadata
 
 
-CORE = SimpleNamespace(cluster=object())
+CORE = SimpleNamespace(placement=SimpleNamespace(spans_brokers=True))
 
 
 @pytest.mark.parametrize("admin_addr, broker_url, expected", [
@@ -43,7 +43,8 @@ def test_the_owners_admin_address(admin_addr, broker_url, expected):
 
 @pytest.mark.parametrize("core, exc, context", [
     (CORE, elsewhere("http://10.0.0.7:50051"), Context((FORWARDED_BY, "3"))),
-    (SimpleNamespace(cluster=None), elsewhere("http://10.0.0.7:50051"), Context()),
+    (SimpleNamespace(placement=SimpleNamespace(spans_brokers=False)),
+     elsewhere("http://10.0.0.7:50051"), Context()),
     (CORE, elsewhere(None), Context()),
     (CORE, elsewhere("not an address"), Context()),
     (CORE, elsewhere("http://0.0.0.0:50051", None), Context()),

@@ -25,8 +25,10 @@ ALLOWED = {
     "danube.storage": {"danube.codec"},
     "danube.broker": {"danube.codec", "danube.storage", "danube.metadata", "danube.schema"},
     "danube.services": {"danube.codec", "danube.rpc", "danube.broker", "danube.security"},
-    # Cluster mode on etcd: membership, leader, load manager; it drives the broker core.
-    "danube.cluster": {"danube.broker", "danube.metadata", "danube.storage"},
+    # Cluster mode on etcd: membership, leader, load manager; the core's placement. It
+    # reaches the broker only through the placement interface and the typed errors
+    # (REACHES_BROKER_ONLY_THROUGH below).
+    "danube.cluster": {"danube.broker", "danube.metadata"},
     # Authentication and authorization: tokens, roles and bindings in the metadata store,
     # the guard in front of a server's methods.
     "danube.security": {"danube.rpc", "danube.metadata"},
@@ -39,12 +41,13 @@ ALLOWED = {
     # Schema formats, compatibility and payload validation: pure functions, used by the
     # registry, the publish path and the CLI alike.
     "danube.schema": {"danube.codec"},
-    # The broker process: builds the stores, the broker and the server, and serves them.
-    "danube.services.app": {"danube.codec", "danube.rpc", "danube.services", "danube.broker",
-                            "danube.storage", "danube.metadata", "danube.security",
-                            "danube.cluster"},
+    # The broker process: builds the stores, the placement, the broker and the servers, and
+    # serves them.
+    "danube.process": {"danube.codec", "danube.rpc", "danube.services", "danube.broker",
+                       "danube.storage", "danube.metadata", "danube.security",
+                       "danube.cluster"},
     "danube.cli": {"danube.codec", "danube.rpc", "danube.client", "danube.services",
-                   "danube.services.app", "danube.broker", "danube.storage", "danube.metadata",
+                   "danube.process", "danube.broker", "danube.storage", "danube.metadata",
                    "danube.schema", "danube.security", "danube.cluster", "danube"},
     "danube.__main__": {"danube.cli"},
     "danube": set(),
@@ -80,6 +83,22 @@ ALLOWED["danube.connect"] = {"danube.client", "danube.rpc", "danube.codec"}
 ALLOWED["danube.connectors"] = {"danube.connect", "danube.client", "danube.rpc",
                                 "danube.codec"}
 ALLOWED["danube.cli"] = ALLOWED["danube.cli"] | {"danube.connect"}
+
+
+#: Parts that may import the broker only through these modules: the cluster drives the core
+#: through its placement interface (danube.broker.placement: Placement, PlacementHost,
+#: SYSTEM_TOPIC) and raises the broker's typed errors; nothing else of the core.
+REACHES_BROKER_ONLY_THROUGH = {
+    "danube.cluster": {"danube.broker", "danube.broker.placement", "danube.broker.errors"},
+}
+
+#: Imports no module of a part may make at all, whatever ALLOWED says of the parts: the
+#: broker knows nothing of cluster mode (its placement is handed to it), and the services
+#: are handed the broker, never build the process around it.
+FORBIDDEN = {
+    "danube.broker": {"danube.cluster", "danube.process"},
+    "danube.services": {"danube.cluster", "danube.process"},
+}
 
 
 def part(module):
@@ -134,6 +153,43 @@ def test_imports_follow_the_layers():
     assert not wrong, "imports against the layers:\n" + "\n".join(
         f"  {a} may not import {b}: {', '.join(sorted(v)[:4])}"
         for (a, b), v in sorted(wrong.items()))
+
+
+def back_references(edges):
+    """[edge] against REACHES_BROKER_ONLY_THROUGH or FORBIDDEN."""
+    wrong = []
+    for importer, imported in edges:
+        a = part(importer)
+        allowed = REACHES_BROKER_ONLY_THROUGH.get(a)
+        if allowed is not None and part(imported) == "danube.broker" and \
+                imported not in allowed:
+            wrong.append(f"{importer} -> {imported} (only through {sorted(allowed)})")
+        for banned in FORBIDDEN.get(a, ()):
+            if imported == banned or imported.startswith(banned + "."):
+                wrong.append(f"{importer} -> {imported} ({a} may never import {banned})")
+    return sorted(wrong)
+
+
+def test_no_back_references():
+    """The broker never imports cluster mode or the process; the cluster reaches the core
+    only through its placement interface; the services never build the process."""
+    wrong = back_references(all_edges())
+    assert not wrong, "back-references:\n" + "\n".join("  " + w for w in wrong)
+
+
+def test_the_back_reference_check_can_fail():
+    assert back_references({("danube.cluster.node", "danube.broker.core.topics"),
+                            ("danube.broker.core.broker", "danube.cluster.node"),
+                            ("danube.services.admin.brokers", "danube.process.app"),
+                            ("danube.cluster.node", "danube.broker.placement"),
+                            ("danube.cluster.admin", "danube.broker.errors")}) == [
+        "danube.broker.core.broker -> danube.cluster.node (danube.broker may never import "
+        "danube.cluster)",
+        "danube.cluster.node -> danube.broker.core.topics (only through ['danube.broker', "
+        "'danube.broker.errors', 'danube.broker.placement'])",
+        "danube.services.admin.brokers -> danube.process.app (danube.services may never "
+        "import danube.process)",
+    ]
 
 
 def test_no_import_cycle():

@@ -10,7 +10,7 @@ import pytest
 LAZY = ("fastavro", "fastjsonschema", "jwt", "jsonschema", "prometheus_client")
 
 
-@pytest.mark.parametrize("entry", ["danube.cli.main", "danube.services.app"])
+@pytest.mark.parametrize("entry", ["danube.cli.main", "danube.process.app"])
 def test_start_up_leaves_optional_libraries_unimported(entry):
     code = (f"import sys, {entry}; "
             f"print(' '.join(m for m in {LAZY!r} if m in sys.modules))")

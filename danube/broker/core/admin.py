@@ -3,19 +3,17 @@ namespace policies, describing, unloading and listing topics, a subscription's r
 its failure policy and dispatch window (both applied to the live dispatcher), statistics,
 and the rate sampler behind them. A mixin of BrokerCore (see broker.py).
 
-One broker is a cluster of one: it is its own leader, is balanced, and has nowhere to move
-a topic to, so unloading the broker is refused (FAILED_PRECONDITION, as upstream answers a
-one-broker cluster) while unloading a topic closes it and serves it again here."""
+What depends on other brokers (the leader, draining, the balance, where a topic not served
+here lives) is the placement's answer (danube.broker.placement)."""
 
 import asyncio
 import dataclasses
 import logging
-import time
 
 from danube.broker import names, stats
-from danube.broker.errors import (BrokerNotFound, ClusterRequired, InvalidArgument,
-                                  NamespaceNotFound, NotReliable, SchemaNotFound,
-                                  SubscriptionNotFound, TopicNotFound, TopicUnloaded)
+from danube.broker.errors import (InvalidArgument, NamespaceNotFound, NotReliable,
+                                  SchemaNotFound, SubscriptionNotFound, TopicNotFound,
+                                  TopicUnloaded)
 from danube.broker.subscription import TYPES_BY_NAME
 from danube.broker.topic import RELIABLE
 from danube.metadata import keys
@@ -23,7 +21,6 @@ from danube.metadata import keys
 log = logging.getLogger("danube.broker")
 
 MAX_UNACKED_RANGE = (1, 10_000)     # upstream's bounds for max_unacked_messages
-UNLOADED_ID_MEMORY = 60.0           # seconds; clients retry within their health-check period
 
 
 class Admin:
@@ -31,67 +28,32 @@ class Admin:
 
     async def list_brokers(self):
         """Every registered broker as upstream's BrokerInfo fields."""
-        out = []
-        for key, record in await self.store.scan(keys.CLUSTER_REGISTER):
-            broker_id = key.rsplit("/", 1)[-1]
-            if not isinstance(record, dict) or not record.get("broker_url"):
-                continue
-            out.append({"broker_id": broker_id, "broker_addr": record["broker_url"],
-                        "broker_role": "Cluster_Leader" if broker_id == self.leader_id
-                        else "Cluster_Follower",
-                        "admin_addr": record.get("admin_addr", ""),
-                        "metrics_addr": record.get("prom_exporter", ""),
-                        "broker_status": await self.broker_status(broker_id)})
-        return out
+        return await self.placement.list_brokers()
 
     @property
     def leader_id(self):
-        if self.cluster is not None:
-            return self.cluster.view.leader or ""
-        return str(self.broker_id)
+        return self.placement.leader_id
 
     async def broker_status(self, broker_id):
-        state = await self.store.get(keys.cluster_broker_state(broker_id))
-        mode = state.get("mode") if isinstance(state, dict) else None
-        return mode if mode in ("active", "draining", "drained") else "active"
+        return await self.placement.broker_status(broker_id)
 
     async def _registered(self, broker_id):
-        if not broker_id:
-            raise InvalidArgument("broker_id must be provided")
-        if "/" in broker_id or \
-                await self.store.get_entry(keys.cluster_register(broker_id)) is None:
-            raise BrokerNotFound(f"broker {broker_id} is not registered in the cluster")
+        await self.placement.check_registered(broker_id)
 
     async def activate_broker(self, broker_id, reason):
-        await self._registered(broker_id)
-        await self.store.put(keys.cluster_broker_state(broker_id),
-                             {"mode": "active", "reason": reason or "admin_activate"})
+        await self.placement.activate(broker_id, reason)
 
     async def unload_broker(self, broker_id, **options):
-        """Drain a broker of a cluster (danube.cluster.admin.ClusterOps.drain); refused
-        on a single broker."""
-        if self.cluster is not None:
-            await self._registered(broker_id)
-            return await self.cluster.ops.drain(broker_id, **options)
-        brokers = await self.list_brokers()
-        if len(brokers) < 2:
-            raise ClusterRequired("Cannot unload broker: single broker cluster detected.")
-        await self._registered(broker_id)
-        # Moving topics between brokers is the cluster mode's (not in this build).
-        raise ClusterRequired(f"Cannot unload broker {broker_id}: moving topics to another "
-                              f"broker needs cluster mode")
+        """Drain a broker: move its topics to the others (refused on a single broker)."""
+        return await self.placement.drain(broker_id, **options)
 
-    def cluster_balance(self):
-        """One broker: its load is its topic count, and it is balanced by definition."""
-        if self.cluster is not None:
-            return self.cluster.ops.balance()
-        count = len(self.topics)
-        return {"coefficient_of_variation": 0.0, "mean_load": float(count),
-                "max_load": float(count), "min_load": float(count), "std_deviation": 0.0,
-                "broker_count": 1, "assignment_strategy": "Fair",
-                "brokers": [{"broker_id": self.broker_id, "load": float(count),
-                             "topic_count": count, "is_overloaded": False,
-                             "is_underloaded": False}]}
+    def balance(self):
+        """GetClusterBalance: each broker's load."""
+        return self.placement.balance()
+
+    async def rebalance(self, dry_run, max_moves):
+        """TriggerRebalance: move topics until the load is even (or propose the moves)."""
+        return await self.placement.rebalance(dry_run, max_moves)
 
     # -- namespaces ----------------------------------------------------------------------
 
@@ -109,13 +71,7 @@ class Admin:
 
     async def broker_topics(self, broker_id):
         await self._registered(broker_id)
-        if self.cluster is not None:
-            return self.cluster.view.topics_of(broker_id)
-        if broker_id == str(self.broker_id):
-            return sorted(self.topics)
-        prefix = keys.cluster_broker_prefix(broker_id)
-        return sorted(k[len(prefix):] for k in await self.store.keys(prefix)
-                      if k.count("/") == prefix.count("/") + 2)
+        return await self.placement.topics_of(broker_id)
 
     async def topic_infos(self, names_):
         """ListNamespaceTopics/ListBrokerTopics rows: name, serving broker, delivery."""
@@ -125,13 +81,8 @@ class Admin:
             if topic is not None:
                 out.append({"name": name, "broker_id": str(self.broker_id),
                             "delivery": topic.delivery_name})
-            elif self.cluster is not None:
-                delivery = await self.store.get(keys.topic_delivery(name))
-                out.append({"name": name, "broker_id": self.cluster.view.owners.get(name, ""),
-                            "delivery": delivery or "NonReliable"})
             else:
-                out.append({"name": name, "broker_id": str(self.broker_id),
-                            "delivery": "NonReliable"})
+                out.append(await self.placement.unserved_row(name))
         return out
 
     async def _targets(self, name):
@@ -140,26 +91,26 @@ class Admin:
         if not targets:
             raise TopicNotFound(f"Unable to find the requested topic: {name}")
         local = [self.topics[t] for t in targets if t in self.topics]
-        if not local and self.cluster is not None:
-            # Live state (subscriptions, dispatchers, rates) is the owner's alone.
-            raise self.cluster.ops.elsewhere(targets[0])
+        if not local:
+            error = self.placement.not_served_here(targets)
+            if error is not None:
+                raise error
         return local
 
     async def unload_topic(self, name):
         """Close the topic (its producers and consumers are told to look it up again) and
         serve it anew from metadata: reliable subscriptions resume at their cursors."""
         names.validate_topic(name)
-        if self.cluster is not None:
-            targets = await self.partitions(name)
-            if not targets:
-                raise TopicNotFound(f"Unable to find the requested topic: {name}")
-            for target in targets:
-                await self.cluster.ops.unload_topic(target)
-            return
+        targets = await self.partitions(name)
+        if not targets:
+            raise TopicNotFound(f"Unable to find the requested topic: {name}")
+        await self.placement.unload(targets, lambda: self._unload_here(name))
+
+    async def _unload_here(self, name):
         async with self._lock:
             for topic in await self._targets(name):
                 del self.topics[topic.name]
-                self._remember_unloaded(topic)
+                self.unloaded.remember(topic)
                 reason = TopicUnloaded(f"topic {topic.name} was unloaded; look it up and "
                                        "connect again")
                 topic.close_reason = reason
@@ -169,24 +120,8 @@ class Admin:
                     await self._load_topic(topic.name)
                 log.info("topic %s unloaded and loaded again", topic.name)
 
-    def _remember_unloaded(self, topic):
-        """For a while, a producer or consumer id of the unloaded topic is answered
-        UNAVAILABLE ("look it up again"), which clients retry with a new lookup, instead of
-        NOT_FOUND, which the official clients give up on."""
-        now = time.monotonic()
-        self.unloaded_ids = {k: v for k, v in self.unloaded_ids.items() if v[1] > now}
-        until = now + UNLOADED_ID_MEMORY
-        for producer_id in topic.producers:
-            self.unloaded_ids[("producer", producer_id)] = (topic.name, until)
-        for sub in topic.subscriptions.values():
-            for consumer_id in sub.consumers:
-                self.unloaded_ids[("consumer", consumer_id)] = (topic.name, until)
-
     def check_unloaded(self, kind, client_id):
-        entry = self.unloaded_ids.get((kind, client_id)) if self.unloaded_ids else None
-        if entry is not None and entry[1] > time.monotonic():
-            raise TopicUnloaded(f"topic {entry[0]} was unloaded; look it up and create the "
-                                f"{kind} again")
+        self.unloaded.check(kind, client_id)
 
     async def subscription_names(self, name):
         names.validate_topic(name)
@@ -198,9 +133,11 @@ class Admin:
     async def describe_topic(self, name):
         """Upstream's DescribeTopicResponse fields; a partitioned topic is described by its
         first partition's delivery and schema, with the subscriptions of all."""
-        if self.cluster is not None and \
-                not any(t in self.topics for t in await self.partitions(name)):
-            return await self.cluster.ops.describe_remote(name, await self.partitions(name))
+        targets = await self.partitions(name)
+        if not any(t in self.topics for t in targets):
+            remote = await self.placement.describe_elsewhere(name, targets)
+            if remote is not None:
+                return remote
         subscriptions = await self.subscription_names(name)
         topic = (await self._targets(name))[0]
         info = {"name": name, "subscriptions": subscriptions,

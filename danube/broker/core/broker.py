@@ -1,16 +1,17 @@
-"""BrokerCore: the broker core for a single (standalone) broker, and its lifecycle. Namespaces,
-topics, producers, subscriptions and consumers persist through the MetadataStore with
-upstream's key layout. It raises typed errors (danube.broker.errors); the services map them
-to status codes.
+"""BrokerCore: the broker core, and its lifecycle. Namespaces, topics, producers,
+subscriptions and consumers persist through the MetadataStore with upstream's key layout. It
+raises typed errors (danube.broker.errors); the services map them to status codes.
 
-The core is one object whose methods are grouped by job, one module per group (a mixin each,
-sharing the core's tables and lock): topics.py (namespaces, topics, partitioned topics,
-lookup, the retention sweep), producers.py, subscriptions.py (subscriptions, consumers,
-cursors, dead-letter, the idle reaper), schemas.py (topics' schema bindings) and admin.py
-(brokers, describing, unloading, unsubscribing, live policy changes, statistics)."""
+Where a topic lives is its placement's answer (danube.broker.placement: one broker, or a
+cluster's), received at construction; the reliable topics' logs are the LogManager's
+(danube.storage.logs); the ids of unloaded topics are UnloadedIds' (unloaded.py). The rest is
+one object whose methods are grouped by job, one module per group (a mixin each, sharing the
+core's tables and lock): topics.py (namespaces, topics, partitioned topics, lookup, what a
+placement drives), producers.py, subscriptions.py (subscriptions, consumers, cursors,
+dead-letter, the idle reaper), schemas.py (topics' schema bindings) and admin.py (brokers,
+describing, unloading, unsubscribing, live policy changes, statistics)."""
 
 import asyncio
-import concurrent.futures
 import logging
 import os
 import secrets
@@ -19,13 +20,16 @@ from danube.broker.core.admin import Admin
 from danube.broker.core.producers import Producers
 from danube.broker.core.schemas import TopicSchemas
 from danube.broker.core.subscriptions import IDLE_SUBSCRIPTION_GRACE, Subscriptions
-from danube.broker.core.topics import SYSTEM_TOPIC, Topics
+from danube.broker.core.topics import Topics
+from danube.broker.core.unloaded import UnloadedIds
 from danube.broker.errors import BrokerShuttingDown
+from danube.broker.placement import SYSTEM_TOPIC, Standalone
 from danube.broker.schemas.registry import SchemaRegistry
 from danube.broker.topic import NON_RELIABLE
 from danube.dirsync import fsync_dir
 from danube.failure_policy import FailurePolicy
-from danube.metadata import keys
+from danube.storage.logs import LogManager
+from danube.tasks import TaskSet
 
 log = logging.getLogger("danube.broker")
 
@@ -34,12 +38,12 @@ SHUTDOWN_UPLOAD_TIMEOUT = 30.0
 
 
 class BrokerCore(Topics, Producers, Subscriptions, TopicSchemas, Admin):
-    def __init__(self, cfg, store, registry, loop=None, *, clustered=False):
+    def __init__(self, cfg, store, registry, loop=None, *, placement=None):
         self.cfg = cfg
-        # Cluster mode on etcd: topics are served where the leader places them, through
-        # ``cluster`` (danube.cluster.ClusterNode, attached once the core has started).
-        self.clustered = clustered
-        self.cluster = None
+        # Where topics live (danube.broker.placement): every question whose answer depends
+        # on other brokers goes there. A single broker serves every topic.
+        self.placement = placement if placement is not None else Standalone(store)
+        self.placement.bind(self)
         self.store = store
         self.registry = registry
         self.schemas = SchemaRegistry(store)
@@ -47,76 +51,46 @@ class BrokerCore(Topics, Producers, Subscriptions, TopicSchemas, Admin):
         self.topics = {}                  # name -> Topic
         self.producers = {}               # producer_id -> Producer
         self.consumers = {}               # consumer_id -> Consumer
-        self.unloaded_ids = {}            # (kind, id) -> (topic, until): see Admin.unload_topic
+        self.unloaded = UnloadedIds()     # ids of topics unloaded a moment ago
         self.broker_id = None
-        self._reaper = None
-        self._retention = None
-        self._sampler = None
+        self._tasks = TaskSet("broker core", self.loop)   # the reaper and the rate sampler
         self._lock = asyncio.Lock()       # serialises topic creation and deletion
         self.idle_subscription_grace = IDLE_SUBSCRIPTION_GRACE
-        # Blocking WAL work (recovery, syncs) of every reliable topic shares these threads.
-        self.wal_executor = None
-        self.wal_root = cfg.wal_root or os.path.join(cfg.data_dir, "wal")
+        # The reliable topics' logs: opened, deleted, kept (retention) by their owner.
+        self.logs = LogManager(cfg, store)
         self.default_failure_policy = cfg.failure_policy or FailurePolicy()
-        self.tiered = None                # TieredStorage when storage.mode is not local
-        self.write_buffer = None          # WriteBuffer when storage.write_buffer is set
+
+    # What the exporter and the tests read of the logs' owner.
+    @property
+    def tiered(self):
+        return self.logs.tiered
+
+    @property
+    def write_buffer(self):
+        return self.logs.write_buffer
+
+    @property
+    def wal_root(self):
+        return self.logs.root
 
     # -- lifecycle -----------------------------------------------------------------------
 
     async def start(self):
-        self.wal_executor = concurrent.futures.ThreadPoolExecutor(
-            2, thread_name_prefix="danube-wal")
         self.broker_id = self._load_broker_id()
-        if self.cfg.durable is not None:
-            await self._start_tiered()
-        if self.cfg.write_buffer is not None:
-            await self._start_write_buffer()
+        await self.logs.start()
         for ns in dict.fromkeys(["default", "system", *self.cfg.bootstrap_namespaces]):
             await self._ensure_namespace(ns)
-        if not self.clustered:
-            await self._load_topics()
+        await self.placement.on_start()
         if SYSTEM_TOPIC not in self.topics:
             await self._create_topic(SYSTEM_TOPIC, NON_RELIABLE)
-        self._reaper = self.loop.create_task(self._reap_idle_subscriptions())
-        self._retention = self.loop.create_task(self._enforce_retention())
-        self._sampler = self.loop.create_task(self._sample_rates())
-
-    async def _start_tiered(self):
-        # Imported here: a broker without tiered storage never loads the cloud SDKs.
-        from danube.storage.durable.config import open_object_store
-        from danube.storage.errors import TieredStartupError
-        from danube.storage.tiered.manager import TieredStorage
-
-        try:
-            objstore = await self.loop.run_in_executor(None, open_object_store,
-                                                       self.cfg.durable)
-        except Exception as exc:  # noqa: BLE001 - SDK constructors raise many kinds
-            raise TieredStartupError(f"storage.durable: {exc}") from exc
-        tiered = TieredStorage(self.cfg.durable, objstore, self.store,
-                               metadata_prefix=self.cfg.metadata_prefix)
-        try:
-            await tiered.check()
-        except BaseException:
-            await tiered.close()
-            raise
-        self.tiered = tiered
-        tiered.start()
-        log.info("tiered storage (%s): sealed WAL segments go to %s every %gs",
-                 self.cfg.storage_mode, objstore.describe(), tiered.interval)
-
-    async def _start_write_buffer(self):
-        # Imported here: a broker without a write buffer never loads the Redis client.
-        from danube.storage.writebuffer import WriteBuffer
-
-        buffer = WriteBuffer(self.cfg.write_buffer)
-        await buffer.start()
-        self.write_buffer = buffer
+        self._tasks.spawn(self._reap_idle_subscriptions(), name="idle-subscription reaper")
+        self._tasks.spawn(self._sample_rates(), name="rate sampler")
+        self.logs.start_retention(self._retained_logs)
 
     async def register(self):
-        """Publish this broker's URLs; called once the servers are bound, so the ports are
-        real even when the configuration asked for port 0. (In a cluster, the registration
-        is ClusterNode's, under a lease.)"""
-        await self.store.put(keys.cluster_register(self.broker_id), self.registration_record())
+        """Announce this broker (its placement's ``join``); called once the servers are
+        bound, so the ports are real even when the configuration asked for port 0."""
+        await self.placement.join()
 
     def registration_record(self):
         return {
@@ -128,27 +102,17 @@ class BrokerCore(Topics, Producers, Subscriptions, TopicSchemas, Admin):
         }
 
     async def stop(self):
-        for task in (self._reaper, self._retention, self._sampler):
-            if task is not None:
-                task.cancel()
-                try:
-                    await task
-                except asyncio.CancelledError:
-                    pass
-        if self.tiered is not None:
-            # Producers stop first so the segments sealed now are the last ones.
-            for topic in self.topics.values():
-                topic.closed = True
-            if await self.tiered.flush(SHUTDOWN_UPLOAD_TIMEOUT):
-                log.info("shutdown: every reliable topic is in the durable tier")
+        await self.placement.leave()
+        await self._tasks.close()
+        await self.logs.stop_retention()
+        # Producers stop first so the segments sealed now are the last ones uploaded.
+        for topic in self.topics.values():
+            topic.closed = True
+        if await self.logs.flush(SHUTDOWN_UPLOAD_TIMEOUT):
+            log.info("shutdown: every reliable topic is in the durable tier")
         for topic in list(self.topics.values()):
             await self._unload(topic, BrokerShuttingDown("the broker is shutting down"))
-        if self.tiered is not None:
-            await self.tiered.close()
-        if self.write_buffer is not None:
-            await self.write_buffer.close()
-        if self.wal_executor is not None:
-            self.wal_executor.shutdown(wait=True)
+        await self.logs.close()
 
     def _load_broker_id(self):
         path = os.path.join(self.cfg.data_dir, "broker_id")

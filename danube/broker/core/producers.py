@@ -21,8 +21,8 @@ class Producers:
             await self.check_producer_subject(schema_subject)
         topic = self.topics.get(topic_name)
         created = None
-        if topic is None and self.cluster is not None:
-            self.cluster.check_elsewhere(topic_name)
+        if topic is None:
+            self.placement.check_elsewhere(topic_name)
         if topic is None:
             if not self.cfg.auto_create_topics:
                 raise TopicNotFound(f"Unable to find the requested topic: {topic_name}")

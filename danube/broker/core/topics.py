@@ -5,21 +5,19 @@ log, and the local retention sweep. A mixin of BrokerCore (see broker.py)."""
 import asyncio
 import dataclasses
 import logging
-import os
-import shutil
 
-from danube.broker import names
+from danube.broker import names, stats
 from danube.broker.errors import (InvalidTopicName, NamespaceNotEmpty, NamespaceNotFound,
                                   TopicAlreadyExists, TopicElsewhere, TopicNotFound)
+from danube.broker.placement import SYSTEM_TOPIC
 from danube.broker.topic import DELIVERY_NAMES, NON_RELIABLE, RELIABLE, Topic
 from danube.config import Policies
 from danube.metadata import keys
-from danube.storage.topic_log import UPLOADED, TopicLog
-from danube.storage.wal import ALWAYS, WALConfig
 
 log = logging.getLogger("danube.broker")
 
-SYSTEM_TOPIC = "/system/_events_topic"
+__all__ = ["SYSTEM_TOPIC", "Topics"]
+
 #: How long a fenced broker waits for a subscription's last cursor write before closing the
 #: topic's log anyway (seconds).
 FENCED_CLOSE = 0.2
@@ -31,7 +29,7 @@ class Topics:
         if await self.store.get_entry(key) is None:
             await self.store.put(key, dataclasses.asdict(self.cfg.policies))
 
-    async def _load_topics(self):
+    async def load_recorded_topics(self):
         """Topics recorded in metadata are served again after a restart. Producers and
         non-reliable subscriptions are not: their clients learn through HealthCheck CLOSE and
         create them again."""
@@ -59,23 +57,37 @@ class Topics:
         else:
             await self.store.delete_prefix(keys.topic_subscriptions_prefix(name))
         self.topics[name] = topic
-        if not self.clustered:      # in a cluster the leader writes assignments
-            await self.store.put(keys.cluster_broker_topic(self.broker_id, name), None)
+        await self.placement.record_served(name)
         return topic
 
+    # -- what a placement drives (danube.broker.placement.PlacementHost) -----------------
+
+    def served_topics(self):
+        return [name for name in self.topics if name != SYSTEM_TOPIC]
+
+    def serves(self, name):
+        return name in self.topics
+
+    def served(self, name):
+        return self.topics.get(name)
+
+    def topic_summaries(self):
+        return [stats.topic_stats(topic, self.broker_id, detail=False)
+                for topic in list(self.topics.values())]
+
     async def serve_topic(self, name):
-        """Cluster mode: serve a topic the leader placed here (see _load_topic)."""
+        """Serve a topic placed here (see _load_topic)."""
         if name not in self.topics:
             await self._load_topic(name)
 
     async def release_topic(self, name, reason, upload_timeout=None, fenced=False):
-        """Cluster mode: stop serving a topic that moves elsewhere. Its clients are told to
-        look it up again; with ``upload_timeout`` (a graceful move) its last segments go to
-        the durable tier first, so the next owner starts from all of it. ``fenced``: the
-        metadata is out of reach, so nothing waits for it."""
+        """Stop serving a topic that moves elsewhere. Its clients are told to look it up
+        again; with ``upload_timeout`` (a graceful move) its last segments go to the durable
+        tier first, so the next owner starts from all of it. ``fenced``: the metadata is out
+        of reach, so nothing waits for it. Returns whether the topic had a log."""
         topic = self.topics.get(name)
         if topic is None:
-            return
+            return False
         topic.closed = True
         if upload_timeout and topic.log is not None:
             # This topic's segments only: each release waiting for every topic's uploads
@@ -83,16 +95,17 @@ class Topics:
             await topic.log.upload_all(upload_timeout)
         if self.topics.get(name) is topic:
             del self.topics[name]
-        self._remember_unloaded(topic)
+        self.unloaded.remember(topic)
         topic.close_reason = reason
         await self._unload(topic, reason, dispatcher_timeout=FENCED_CLOSE if fenced else None)
+        return topic.log is not None
 
     async def upload_released(self, name, upload_timeout):
-        """Cluster mode: a reliable topic this broker let go without uploading its last
-        segments (it was fenced) but that no other broker has taken yet: open its log here
-        once more, upload what the durable tier lacks, and close it, so that the next owner
-        continues from every message this broker acknowledged."""
-        if self.tiered is None or name in self.topics or \
+        """A reliable topic this broker let go without uploading its last segments (it was
+        fenced) but that no other broker has taken yet: open its log here once more, upload
+        what the durable tier lacks, and close it, so that the next owner continues from
+        every message this broker acknowledged."""
+        if not self.logs.has_durable_tier or name in self.topics or \
                 await self.store.get(keys.topic_delivery(name)) != "Reliable":
             return
         topic = Topic(self, name, RELIABLE)
@@ -102,27 +115,19 @@ class Topics:
         finally:
             await topic.log.close()
 
+    async def delete_topic_data(self, name):
+        """A deleted topic's log goes: its WAL directory and its durable tier's objects."""
+        await self.logs.delete_released(name)
+
     async def _topic_exists(self, name):
-        """Served here, or (in a cluster) recorded in metadata wherever it is served."""
-        return name in self.topics or self.clustered and \
-            await self.store.get_entry(keys.namespace_topic(name)) is not None
+        """Served here, or recorded in metadata wherever another broker serves it."""
+        return name in self.topics or await self.placement.known_elsewhere(name)
 
     async def _open_log(self, topic):
         # Not validate_topic: a topic recorded before a name rule tightened is still served.
-        ns, name = keys.split_topic(topic.name)
-        cfg = self.cfg
-        topic.durability = cfg.durability_for(topic.name)
-        hours = cfg.wal_segment_max_hours
-        wal_cfg = WALConfig(durability=ALWAYS if topic.durability == UPLOADED
-                            else topic.durability,
-                            sync_interval_ms=cfg.wal_sync_interval_ms,
-                            segment_max_bytes=cfg.wal_segment_max_bytes,
-                            max_age_seconds=hours * 3600 if hours else None,
-                            cache_capacity=cfg.wal_cache_capacity)
-        topic.log = await TopicLog.open(topic.name, os.path.join(self.wal_root, ns, name),
-                                        wal_cfg, executor=self.wal_executor,
-                                        tiered=self.tiered, write_buffer=self.write_buffer,
-                                        ack_after_upload=topic.durability == UPLOADED)
+        keys.split_topic(topic.name)
+        topic.log = await self.logs.open(topic.name)
+        topic.durability = topic.log.durability
         if topic.log.buffer is not None:
             # Appends whose publish failed are confirmed by a later pass: deliver them then.
             topic.log.buffer.on_confirmed = lambda _offset: topic.wake_subscriptions()
@@ -178,8 +183,7 @@ class Topics:
         topic = self.topics.get(name)
         if topic is None:
             names.validate_topic(name)
-            if self.cluster is not None:
-                self.cluster.check_elsewhere(name)
+            self.placement.check_elsewhere(name)
             raise TopicNotFound(f"Unable to find the requested topic: {name}")
         return topic
 
@@ -193,7 +197,7 @@ class Topics:
             try:
                 return await self._create_topic(name, delivery)
             except TopicElsewhere:
-                return None         # created, and served by another broker of the cluster
+                return None         # created, and served by another broker
 
     async def create_partitioned_topic(self, base, partitions, delivery=NON_RELIABLE):
         names.validate_topic(base, "base_name")
@@ -211,7 +215,7 @@ class Topics:
                         created.append(await self._create_topic(
                             names.partition_name(base, i), delivery))
                     except TopicElsewhere:
-                        pass        # created, and served by another broker of the cluster
+                        pass        # created, and served by another broker
             except BaseException:
                 # All or nothing: a half-created partitioned topic would answer
                 # TopicPartitions with fewer partitions than asked for.
@@ -235,8 +239,12 @@ class Topics:
         if not await self.namespace_exists(ns):
             raise NamespaceNotFound(f"Unable to find the namespace {ns}")
         delivery_name = DELIVERY_NAMES[delivery]     # a KeyError here, before any write
-        if self.clustered and name != SYSTEM_TOPIC:
-            return await self.cluster.create_topic(name, delivery_name)
+        if name == SYSTEM_TOPIC:        # every broker has its own
+            return await self._create_here(name, delivery, delivery_name)
+        return await self.placement.create(
+            name, delivery_name, lambda: self._create_here(name, delivery, delivery_name))
+
+    async def _create_here(self, name, delivery, delivery_name):
         topic = Topic(self, name, delivery)
         topic.policies = await self.policies_for(name)
         try:
@@ -244,8 +252,7 @@ class Topics:
                 await self._open_log(topic)
             await self.store.put(keys.namespace_topic(name), None)
             await self.store.put(keys.topic_delivery(name), delivery_name)
-            if not self.clustered:      # in a cluster each broker has its own system topic
-                await self.store.put(keys.cluster_broker_topic(self.broker_id, name), None)
+            await self.placement.record_served(name)
         except BaseException:
             # A topic recorded in metadata but not served would be listed by the admin API
             # and unknown to lookup; take back whatever got written.
@@ -264,13 +271,10 @@ class Topics:
         try:
             await self._unload(topic, TopicNotFound(f"topic {name} was not created"))
             if topic.log is not None:
-                await self.loop.run_in_executor(
-                    self.wal_executor, shutil.rmtree, topic.log.directory, True)
-                if self.write_buffer is not None:
-                    await self.write_buffer.delete_topic(name)
+                await self.logs.discard(name)
             await self.store.delete(keys.namespace_topic(name))
             await self.store.delete_prefix(keys.topic_root(name))
-            await self.store.delete(keys.cluster_broker_topic(self.broker_id, name))
+            await self.placement.drop_assignment(name)
         except Exception:  # noqa: BLE001 - the original failure is the one to report
             log.exception("cleaning up after the failed creation of %s", name)
         else:
@@ -292,19 +296,10 @@ class Topics:
                 topic = self.topics.pop(target, None)
                 if topic is not None:
                     await self._unload(topic, TopicNotFound(f"topic {target} was deleted"))
-                    if topic.log is not None:
-                        await self.loop.run_in_executor(
-                            self.wal_executor, shutil.rmtree, topic.log.directory, True)
-                    if self.tiered is not None:
-                        await self.tiered.delete_topic(target)
-                    if self.write_buffer is not None:
-                        await self.write_buffer.delete_topic(target)
+                    await self.logs.delete(target)
                 await self.store.delete(keys.namespace_topic(target))
                 await self.store.delete_prefix(keys.topic_root(target))
-                if self.cluster is not None:
-                    await self.cluster.forget_topic(target)
-                else:
-                    await self.store.delete(keys.cluster_broker_topic(self.broker_id, target))
+                await self.placement.forget(target)
                 log.info("topic %s deleted", target)
 
     async def _unload(self, topic, reason, dispatcher_timeout=None):
@@ -347,50 +342,24 @@ class Topics:
             found.append(candidate)
 
     def lookup(self, name):
-        """(broker_url, connect_url) of the broker serving the topic: this one, or in a
-        cluster the owner."""
+        """(broker_url, connect_url) of the broker serving the topic: this one, or the
+        owner its placement knows."""
         names.validate_topic(name)
         if name in self.topics:
             return self.cfg.advertised_broker_url, self.cfg.advertised_connect_url
-        located = self.cluster.locate(name) if self.cluster is not None else None
+        located = self.placement.locate(name)
         if located is None:
             raise TopicNotFound(f"Unable to find the requested topic: {name}")
         return located
 
-    # -- retention -----------------------------------------------------------------------
+    # -- retention (run by the logs' owner, danube.storage.logs) -------------------------
 
-    async def _enforce_retention(self):
-        """Local retention (storage.local_retention): delete old sealed WAL segments by age
-        and total size, but never one holding an offset a subscription still needs (above
-        the slowest cursor) unless `delete_unconsumed` is set. By default a stuck
-        subscription therefore keeps its backlog on disk; with `delete_unconsumed` it loses
-        what retention deleted and resumes at the oldest message left."""
-        cfg = self.cfg
-        while True:
-            await asyncio.sleep(cfg.retention_check_interval_minutes * 60)
-            uploaded = {}
-            if self.tiered is not None:
-                try:
-                    uploaded = await self.tiered.durable_ends()
-                except Exception:  # noqa: BLE001 - tiered topics keep their WAL this pass
-                    log.exception("retention: cannot sync the segment catalogue")
-            for topic in list(self.topics.values()):
-                if topic.log is None or topic.closed:
-                    continue
-                # A log with a durable tier keeps what is not uploaded instead (see
-                # TopicLog.retention).
-                needed = [s.dispatcher.cursor + 1 for s in topic.subscriptions.values()
-                          if s.dispatcher is not None]
-                keep_from = min(needed) if needed else topic.log.next_offset
-                try:
-                    deleted = await topic.log.retention(
-                        max_age_seconds=cfg.retention_time_minutes * 60,
-                        max_bytes=cfg.retention_size_mb * 1024 * 1024,
-                        keep_from_offset=keep_from, force=cfg.retention_delete_unconsumed,
-                        durable_ends=uploaded)
-                except Exception:  # noqa: BLE001 - retry on the next pass
-                    log.exception("retention on %s failed", topic.name)
-                    continue
-                if deleted:
-                    log.info("retention deleted %d WAL segments of %s", len(deleted),
-                             topic.name)
+    def _retained_logs(self):
+        """(name, log, the lowest offset a subscription still needs) of every open log: by
+        default retention keeps what is above the slowest cursor."""
+        for topic in list(self.topics.values()):
+            if topic.log is None or topic.closed:
+                continue
+            needed = [s.dispatcher.cursor + 1 for s in topic.subscriptions.values()
+                      if s.dispatcher is not None]
+            yield topic.name, topic.log, min(needed) if needed else topic.log.next_offset

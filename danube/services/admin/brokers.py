@@ -1,7 +1,7 @@
 """danube_admin.BrokerAdmin (reference a.3). A standalone broker is a cluster of one: it
 lists itself as Cluster_Leader, reports a balanced cluster, has nothing to rebalance, and
-refuses to unload itself (there is no other broker to take its topics). In cluster mode the
-answers come from danube.cluster (drain, balance, rebalance)."""
+refuses to unload itself (there is no other broker to take its topics). The answers come from
+the core's placement (danube.broker.placement; in cluster mode danube.cluster's)."""
 
 from danube.proto import DanubeAdmin_pb2 as pb
 from danube.services import checks
@@ -43,19 +43,13 @@ class BrokerAdmin:
 
     @maps_errors(ADMIN_CODES)
     async def GetClusterBalance(self, request, context):
-        balance = self.core.cluster_balance()
+        balance = self.core.balance()
         brokers = [pb.BrokerLoadInfo(**b) for b in balance.pop("brokers")]
         return pb.ClusterBalanceResponse(brokers=brokers, **balance)
 
     @maps_errors(ADMIN_CODES)
     async def TriggerRebalance(self, request, context):
-        if self.core.cluster is not None:
-            result = await self.core.cluster.ops.rebalance(
-                request.dry_run, request.max_moves if request.HasField("max_moves") else None)
-            moves = [pb.ProposedMove(**m) for m in result.pop("proposed_moves")]
-            return pb.RebalanceResponse(proposed_moves=moves, **result)
-        # Upstream's answer for a cluster under its imbalance threshold.
-        return pb.RebalanceResponse(
-            success=True, moves_executed=0,
-            error_message="Cluster is balanced (CV: 0.000): a single broker has no topic "
-                          "to move")
+        result = await self.core.rebalance(
+            request.dry_run, request.max_moves if request.HasField("max_moves") else None)
+        moves = [pb.ProposedMove(**m) for m in result.pop("proposed_moves")]
+        return pb.RebalanceResponse(proposed_moves=moves, **result)

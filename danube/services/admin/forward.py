@@ -39,7 +39,7 @@ WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 def _target(core, exc: TopicElsewhere, context) -> str | None:
     """The owner's admin address to forward to, or None to answer ``exc`` as it is."""
     addr = getattr(exc, "admin_addr", None)
-    if not addr or core.cluster is None:
+    if not addr or not core.placement.spans_brokers:
         return None
     if any(key == FORWARDED_BY for key, _ in context.invocation_metadata()):
         return None

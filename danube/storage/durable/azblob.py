@@ -14,7 +14,7 @@ from danube.storage.durable.base import (ObjectInfo, ObjectNotFound, ObjectStore
                                          ServiceCodes, http_error,
                                          PROBE_CONNECT_TIMEOUT, PROBE_READ_TIMEOUT, check_key,
                                          check_prefix, check_range, join, normalize_prefix,
-                                         probe, shorten, strip)
+                                         probe, shorten, strip, tuning)
 
 _CODES = ServiceCodes(
     container="container",
@@ -233,3 +233,18 @@ class AzureBlobObjectStore(ObjectStore):
 
 def _etag(value):
     return value.strip('"') if value else None
+
+
+def open_store(cfg, environ):
+    """storage.durable.backend azblob (danube.config_durable.REGISTRY); without credentials
+    in the section, Azure's environment variables."""
+    connection_string = cfg.connection_string
+    account_name, account_key = cfg.account_name, cfg.account_key
+    if not (connection_string or account_key or cfg.endpoint or account_name):
+        connection_string = environ.get("AZURE_STORAGE_CONNECTION_STRING") or None
+    if not connection_string:
+        account_name = account_name or environ.get("AZURE_STORAGE_ACCOUNT") or None
+        account_key = account_key or environ.get("AZURE_STORAGE_KEY") or None
+    return AzureBlobObjectStore(cfg.bucket, cfg.prefix, account_name=account_name,
+                                account_key=account_key, endpoint=cfg.endpoint,
+                                connection_string=connection_string, **tuning(cfg))

@@ -295,3 +295,9 @@ class FileSlice(io.RawIOBase):
         if not self.closed:
             self._f.close()
         super().close()
+
+
+def tuning(cfg) -> dict:
+    """The timeouts and retries every cloud backend's store takes, from its DurableConfig."""
+    return dict(connect_timeout=cfg.connect_timeout_seconds,
+                read_timeout=cfg.read_timeout_seconds, retries=cfg.retries)

@@ -323,3 +323,8 @@ def _place_noreplace(src, dst):
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err), dst)
     return "renamed"
+
+
+def open_store(cfg, environ):
+    """storage.durable.backend fs (danube.config_durable.REGISTRY)."""
+    return FsObjectStore(cfg.path)

@@ -9,7 +9,7 @@ from danube.storage.durable.base import (ObjectInfo, ObjectNotFound, ObjectStore
                                          ServiceCodes, http_error,
                                          PROBE_CONNECT_TIMEOUT, PROBE_READ_TIMEOUT, check_key,
                                          check_prefix, check_range, join, normalize_prefix,
-                                         probe, shorten, strip)
+                                         probe, shorten, strip, tuning)
 
 # GCS's JSON API carries no error code worth sorting on: the HTTP status decides, and a 400
 # is a malformed name or request, which retrying cannot fix.
@@ -248,3 +248,10 @@ class GcsObjectStore(ObjectStore):
         http = getattr(self._client, "_http_internal", None)
         if http is not None:
             http.close()
+
+
+def open_store(cfg, environ):
+    """storage.durable.backend gcs (danube.config_durable.REGISTRY)."""
+    return GcsObjectStore(cfg.bucket, cfg.prefix, endpoint=cfg.endpoint,
+                          project=cfg.project, credentials_file=cfg.credentials_file,
+                          credentials_json=cfg.credentials_json, **tuning(cfg))

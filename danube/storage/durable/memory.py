@@ -114,3 +114,8 @@ class MemoryObjectStore(ObjectStore):
         with self._space.lock:
             self._ensure_up(f"delete {key!r}")
             self._space.objects.pop(key, None)
+
+
+def open_store(cfg, environ):
+    """storage.durable.backend memory (danube.config_durable.REGISTRY)."""
+    return MemoryObjectStore(cfg.name)

@@ -12,7 +12,7 @@ from danube.storage.durable.base import (ObjectInfo, ObjectNotFound, ObjectStore
                                          ServiceCodes, http_error,
                                          PROBE_CONNECT_TIMEOUT, PROBE_READ_TIMEOUT, check_key,
                                          check_prefix, check_range, join, normalize_prefix,
-                                         probe, shorten, strip)
+                                         probe, shorten, strip, tuning)
 
 _CODES = ServiceCodes(
     container="bucket",
@@ -282,3 +282,12 @@ class S3ObjectStore(ObjectStore):
 
 def _etag(value):
     return value.strip('"') if value else None
+
+
+def open_store(cfg, environ):
+    """storage.durable.backend s3 (danube.config_durable.REGISTRY)."""
+    return S3ObjectStore(cfg.bucket, cfg.prefix, endpoint=cfg.endpoint, region=cfg.region,
+                         access_key=cfg.access_key, secret_key=cfg.secret_key,
+                         session_token=cfg.session_token, profile=cfg.profile,
+                         role_arn=cfg.role_arn, anonymous=cfg.anonymous,
+                         path_style=cfg.path_style, **tuning(cfg))

@@ -50,13 +50,12 @@ from danube.metering import Summary
 from danube.storage.durable.base import ObjectStoreConfigError, ObjectStoreError
 from danube.storage.errors import TieredStartupError, UploadFailedError, WALClosedError
 from danube.storage.segment_files import parse_segment_name
-from danube.storage.tasks import TaskSet
 from danube.storage.tiered.catalog import (DEFAULT_METADATA_PREFIX, Catalog, CatalogKeys,
                                            SegmentDescriptor, parse_object_key, segment_id,
                                            topic_object_prefix)
 from danube.storage.tiered.segments import SegmentUploadError, upload_segment
 from danube.storage.tiered.upload_worker import IN_PROCESS_BACKENDS, ProcessUploader, run_idle
-from danube.tasks import cancel_and_wait
+from danube.tasks import TaskSet, cancel_and_wait
 
 log = logging.getLogger("danube.tiered")
 

@@ -1,11 +1,11 @@
-"""danube.storage.tasks.TaskSet: every background task of an owner ends with the owner."""
+"""danube.tasks.TaskSet: every background task of an owner ends with the owner."""
 
 import asyncio
 import logging
 
 import pytest
 
-from danube.storage.tasks import TaskSet
+from danube.tasks import TaskSet
 
 
 async def test_close_cancels_and_awaits_every_task():
@@ -40,7 +40,7 @@ async def test_a_failed_task_is_logged_when_it_ends(caplog):
     async def boom():
         raise RuntimeError("store on fire")
 
-    with caplog.at_level(logging.ERROR, logger="danube.storage"):
+    with caplog.at_level(logging.ERROR, logger="danube.tasks"):
         task = tasks.spawn(boom(), name="export x")
         await asyncio.wait([task])
         await asyncio.sleep(0)
@@ -62,3 +62,24 @@ async def test_no_task_starts_after_close():
         tasks.spawn(coro)
     await asyncio.sleep(0)
     assert not ran and coro.cr_frame is None         # closed, never left pending
+
+
+async def test_wait_lets_the_running_tasks_finish():
+    """``wait`` ends when the tasks running now end by themselves; none is cancelled (a
+    dispatcher's last cursor writes land before its final one)."""
+    tasks = TaskSet("owner")
+    release, done = asyncio.Event(), []
+
+    async def write(i):
+        await release.wait()
+        done.append(i)
+
+    for i in range(3):
+        tasks.spawn(write(i))
+    waiting = asyncio.ensure_future(tasks.wait())
+    await asyncio.sleep(0)
+    assert not waiting.done() and done == []
+    release.set()
+    await asyncio.wait_for(waiting, 30)
+    assert sorted(done) == [0, 1, 2] and len(tasks) == 0
+    await tasks.close()

@@ -107,8 +107,11 @@ class Broker:
         if not keep_freed_heap():
             log.debug("malloc tuning not available (not glibc)")
         self.store = await self._open_store()
-        self.core = BrokerCore(cfg, self.store, self.registry,
-                               clustered=bool(cfg.etcd_endpoints))
+        placement = None
+        if cfg.etcd_endpoints:
+            from danube.cluster import ClusterNode
+            placement = ClusterNode(self.store, cfg, control_store=await self._open_store())
+        self.core = BrokerCore(cfg, self.store, self.registry, placement=placement)
         await self.core.start()
         # Roles and bindings are kept (SecurityAdmin) whatever the mode; enforced in tls mode.
         self.rbac = Rbac(self.store, cfg.super_admins)
@@ -158,14 +161,9 @@ class Broker:
             self.metrics = MetricsExporter(self, cfg.prom_host, cfg.prom_port)
             cfg.prom_port = port = self.metrics.start()
             log.info("prometheus exporter listening on http://%s:%d/metrics", cfg.prom_host, port)
-        if cfg.etcd_endpoints:
-            from danube.cluster import ClusterNode
-            control = await self._open_store()
-            self.cluster = self.core.cluster = ClusterNode(self.core, self.store, cfg,
-                                                           control_store=control)
-            await self.cluster.start()
-        else:
-            await self.core.register()
+        await self.core.register()
+        if placement is not None:
+            self.cluster = placement
         log.info("broker ready: mode=%s broker_url=%s connect_url=%s data_dir=%s", cfg.mode,
                  cfg.advertised_broker_url, cfg.advertised_connect_url, cfg.data_dir)
 
@@ -194,8 +192,6 @@ class Broker:
 
     async def stop(self, grace=10.0):
         log.info("broker stopping (grace %.0fs)", grace)
-        if self.cluster is not None:
-            await self.cluster.stop()
         if self.core is not None:
             await self.core.stop()
         await asyncio.gather(self.client_server.stop(grace), self.admin_server.stop(grace))

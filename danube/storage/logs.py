@@ -1,0 +1,192 @@
+"""LogManager: the one owner of the reliable topics' logs' lifecycle on a broker (as Kafka's
+LogManager). It holds what the logs share: the threads that do blocking WAL work, the
+tiered storage (uploads to the object store, when ``storage.durable`` is set), the write
+buffer (``storage.write_buffer``) and the local retention loop. The broker core asks it for
+a topic's ``TopicLog`` (``open``) and to delete one (``delete``); it never sees the tiers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import os
+import shutil
+from typing import Callable, Iterable
+
+from danube.storage.errors import TieredStartupError
+from danube.storage.topic_log import UPLOADED, TopicLog
+from danube.storage.wal import ALWAYS, WALConfig
+from danube.tasks import TaskSet
+
+log = logging.getLogger("danube.storage")
+
+#: What retention asks its owner for: (topic name, its log, the lowest offset a
+#: subscription still needs) for every open log.
+RetainedLogs = Callable[[], Iterable[tuple]]
+
+
+class LogManager:
+    """``cfg``: the broker's configuration (the ``wal_*``, ``durability_for``, ``durable``,
+    ``write_buffer`` and ``retention_*`` settings); ``metadata``: the metadata store (the
+    durable tier's catalogue)."""
+
+    def __init__(self, cfg, metadata):
+        self.cfg = cfg
+        self.metadata = metadata
+        self.root = cfg.wal_root or os.path.join(cfg.data_dir, "wal")
+        # Blocking WAL work (recovery, syncs) of every reliable topic shares these threads.
+        self.executor = None
+        self.tiered = None              # TieredStorage when storage.mode is not local
+        self.write_buffer = None        # WriteBuffer when storage.write_buffer is set
+        self._tasks = TaskSet("logs")      # the retention loop
+
+    async def start(self) -> None:
+        self.executor = concurrent.futures.ThreadPoolExecutor(
+            2, thread_name_prefix="danube-wal")
+        if self.cfg.durable is not None:
+            await self._start_tiered()
+        if self.cfg.write_buffer is not None:
+            await self._start_write_buffer()
+
+    async def _start_tiered(self) -> None:
+        # Imported here: a broker without tiered storage never loads the cloud SDKs.
+        from danube.storage.durable.config import open_object_store
+        from danube.storage.tiered.manager import TieredStorage
+
+        loop = asyncio.get_running_loop()
+        try:
+            objstore = await loop.run_in_executor(None, open_object_store, self.cfg.durable)
+        except Exception as exc:  # noqa: BLE001 - SDK constructors raise many kinds
+            raise TieredStartupError(f"storage.durable: {exc}") from exc
+        tiered = TieredStorage(self.cfg.durable, objstore, self.metadata,
+                               metadata_prefix=self.cfg.metadata_prefix)
+        try:
+            await tiered.check()
+        except BaseException:
+            await tiered.close()
+            raise
+        self.tiered = tiered
+        tiered.start()
+        log.info("tiered storage (%s): sealed WAL segments go to %s every %gs",
+                 self.cfg.storage_mode, objstore.describe(), tiered.interval)
+
+    async def _start_write_buffer(self) -> None:
+        # Imported here: a broker without a write buffer never loads the Redis client.
+        from danube.storage.writebuffer import WriteBuffer
+
+        buffer = WriteBuffer(self.cfg.write_buffer)
+        await buffer.start()
+        self.write_buffer = buffer
+
+    def directory(self, name: str) -> str:
+        """Where topic ``/ns/topic``'s WAL lives."""
+        ns, short = name.lstrip("/").split("/", 1)
+        return os.path.join(self.root, ns, short)
+
+    async def open(self, name: str) -> TopicLog:
+        """Open (recover) the log of reliable topic ``name``, with its durability from the
+        configuration (storage.wal.durability, topic_durability)."""
+        cfg = self.cfg
+        durability = cfg.durability_for(name)
+        hours = cfg.wal_segment_max_hours
+        wal_cfg = WALConfig(durability=ALWAYS if durability == UPLOADED else durability,
+                            sync_interval_ms=cfg.wal_sync_interval_ms,
+                            segment_max_bytes=cfg.wal_segment_max_bytes,
+                            max_age_seconds=hours * 3600 if hours else None,
+                            cache_capacity=cfg.wal_cache_capacity)
+        topic_log = await TopicLog.open(name, self.directory(name), wal_cfg,
+                                        executor=self.executor, tiered=self.tiered,
+                                        write_buffer=self.write_buffer,
+                                        ack_after_upload=durability == UPLOADED)
+        topic_log.durability = durability
+        return topic_log
+
+    async def discard(self, name: str) -> None:
+        """A topic created a moment ago is taken back: its local WAL and buffered entries go
+        (nothing of it reached the durable tier yet)."""
+        await self._remove_local(name)
+        if self.write_buffer is not None:
+            await self.write_buffer.delete_topic(name)
+
+    async def delete(self, name: str) -> None:
+        """A deleted topic: its WAL, its durable tier's objects and its buffered entries."""
+        await self._remove_local(name)
+        if self.tiered is not None:
+            await self.tiered.delete_topic(name)
+        if self.write_buffer is not None:
+            await self.write_buffer.delete_topic(name)
+
+    async def delete_released(self, name: str) -> None:
+        """A topic deleted while this broker was letting it go (a cluster's move): its WAL
+        and its durable tier's objects."""
+        await self._remove_local(name)
+        if self.tiered is not None:
+            await self.tiered.delete_topic(name)
+
+    async def _remove_local(self, name: str) -> None:
+        await asyncio.get_running_loop().run_in_executor(
+            self.executor, shutil.rmtree, self.directory(name), True)
+
+    @property
+    def has_durable_tier(self) -> bool:
+        return self.tiered is not None
+
+    # -- retention -----------------------------------------------------------------------
+
+    def start_retention(self, retained: RetainedLogs) -> None:
+        """Run the local retention loop (storage.local_retention) over what ``retained``
+        names, every retention_check_interval_minutes."""
+        self._tasks.spawn(self._enforce_retention(retained), name="retention")
+
+    async def _enforce_retention(self, retained: RetainedLogs) -> None:
+        """Delete old sealed WAL segments by age and total size, but never one holding an
+        offset a subscription still needs (from its ``keep_from`` on) unless
+        ``delete_unconsumed`` is set. By default a stuck subscription therefore keeps its
+        backlog on disk; with ``delete_unconsumed`` it loses what retention deleted and
+        resumes at the oldest message left."""
+        cfg = self.cfg
+        while True:
+            await asyncio.sleep(cfg.retention_check_interval_minutes * 60)
+            uploaded = {}
+            if self.tiered is not None:
+                try:
+                    uploaded = await self.tiered.durable_ends()
+                except Exception:  # noqa: BLE001 - tiered topics keep their WAL this pass
+                    log.exception("retention: cannot sync the segment catalogue")
+            for name, topic_log, keep_from in retained():
+                # A log with a durable tier keeps what is not uploaded instead (see
+                # TopicLog.retention).
+                try:
+                    deleted = await topic_log.retention(
+                        max_age_seconds=cfg.retention_time_minutes * 60,
+                        max_bytes=cfg.retention_size_mb * 1024 * 1024,
+                        keep_from_offset=keep_from, force=cfg.retention_delete_unconsumed,
+                        durable_ends=uploaded)
+                except Exception:  # noqa: BLE001 - retry on the next pass
+                    log.exception("retention on %s failed", name)
+                    continue
+                if deleted:
+                    log.info("retention deleted %d WAL segments of %s", len(deleted), name)
+
+    # -- closing -------------------------------------------------------------------------
+
+    async def stop_retention(self) -> None:
+        await self._tasks.close()
+
+    async def flush(self, timeout: float) -> bool:
+        """Upload every sealed and active segment (a graceful shutdown); True when every
+        reliable topic is in the durable tier. Without one, nothing to do."""
+        if self.tiered is None:
+            return False
+        return await self.tiered.flush(timeout)
+
+    async def close(self) -> None:
+        """After every log is closed: the durable tier, the write buffer, the threads."""
+        await self.stop_retention()
+        if self.tiered is not None:
+            await self.tiered.close()
+        if self.write_buffer is not None:
+            await self.write_buffer.close()
+        if self.executor is not None:
+            self.executor.shutdown(wait=True)
