@@ -1,7 +1,7 @@
 """The admin port's services (reference a.3): danube_admin's BrokerAdmin, NamespaceAdmin and
 TopicAdmin, one module each, SecurityAdmin (security.py: roles and bindings) and our
 danube_ext.TopicStatsService (stats.py). ClusterAdmin (cluster.py) is registered once the
-metadata store is known (services/app.py): etcd's Raft group, or the embedded store's group
+metadata store is known (process/app.py): etcd's Raft group, or the embedded store's group
 of one."""
 
 from danube.proto import DanubeAdmin_pb2 as pb
