@@ -17,7 +17,7 @@ import pytest
 
 from broker_process import BrokerProcess
 from connector_process import ConnectorProcess
-from postgres_process import Postgres
+from postgres_process import Postgres, pg, sql  # noqa: F401 - pg: a fixture
 from waiting import async_wait_for
 from danube.client import DanubeClient, fnv1a64
 
@@ -27,19 +27,6 @@ def broker(tmp_path_factory):
     b = BrokerProcess(data_dir=tmp_path_factory.mktemp("connect-pg")).start()
     yield b
     b.stop()
-
-
-@pytest.fixture(scope="module")
-def pg():
-    p = Postgres().start()
-    yield p
-    p.close()
-
-
-def sql(pg, *statements):
-    with psycopg.connect(pg.url, autocommit=True) as c:
-        for s in statements:
-            c.execute(s)
 
 
 def write_config(path, broker, pg, routes, *, name=None, extra="", batch_size=200):

@@ -18,6 +18,8 @@ import subprocess
 import tempfile
 import threading
 
+import pytest
+
 from waiting import wait_for
 
 
@@ -114,3 +116,20 @@ class Postgres:
 
     def log(self):
         return "".join(self.lines)
+
+
+@pytest.fixture(scope="module")
+def pg():
+    """A PostgreSQL for the test module (import the fixture: ``from postgres_process import
+    pg``)."""
+    p = Postgres().start()
+    yield p
+    p.close()
+
+
+def sql(pg, *statements):
+    """Run ``statements`` in autocommit mode."""
+    import psycopg
+    with psycopg.connect(pg.url, autocommit=True) as c:
+        for s in statements:
+            c.execute(s)
