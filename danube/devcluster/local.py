@@ -102,7 +102,19 @@ def _check_options(opts: Options) -> None:
 def _ports(opts: Options) -> dict:
     """Every port the cluster will listen on, by what listens; busy ones are an error
     naming the flag that moves them."""
-    pick = procs.free_port if opts.free_ports else None
+    chosen = set()
+
+    def unique_free_port():
+        # Nothing listens on the ports chosen so far yet: without this, two roles of one
+        # cluster could be given the same port (a broker then failed with "address already
+        # in use").
+        while True:
+            port = procs.free_port()
+            if port not in chosen:
+                chosen.add(port)
+                return port
+
+    pick = unique_free_port if opts.free_ports else None
     ports = {"brokers": [], "admin": [], "prom": []}
     for i in range(opts.brokers):
         ports["brokers"].append(pick() if pick else opts.broker_port + i)
@@ -110,14 +122,16 @@ def _ports(opts: Options) -> dict:
         ports["prom"].append(pick() if pick else opts.prom_port + i)
     if not opts.etcd_endpoints:
         ports["etcd"] = [pick(), pick()] if pick else [opts.etcd_port, opts.etcd_port + 1]
+    chosen.update(p for key in ("brokers", "admin", "prom", "etcd") for p in ports.get(key, []))
     if opts.s3 is None:
         ports["s3"] = pick() if pick else opts.s3_port
+        chosen.add(ports["s3"])
         # SeaweedFS's own ports (master, volume, filer, their gRPC): never fixed ones.
-        ports["weed"] = {name: procs.free_port() for name in
+        ports["weed"] = {name: unique_free_port() for name in
                          ("master", "master.grpc", "volume", "volume.grpc", "filer",
                           "filer.grpc", "s3.grpc")}
     if opts.ingress_port is not None:
-        ports["ingress"] = opts.ingress_port or procs.free_port()
+        ports["ingress"] = opts.ingress_port or unique_free_port()
     flags = {"brokers": "--broker-port", "admin": "--admin-port", "prom": "--prom-port",
              "etcd": "--etcd-port", "s3": "--s3-port", "ingress": "--ingress"}
     for what, flag in flags.items():
