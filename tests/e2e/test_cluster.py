@@ -36,10 +36,19 @@ def partitions(broker, topic):
 
 
 def owner_of(cluster, topic):
-    """The broker every lookup names for `topic` (they all agree)."""
-    answers = {lookup(b, topic).broker_url for b in cluster.live}
-    assert len(answers) == 1, answers
-    return cluster.by_url(answers.pop())
+    """The broker every lookup names for `topic` (they all agree), once every broker's view
+    of the metadata has the new topic (a broker that has not seen it yet answers NOT_FOUND:
+    the views follow etcd's watch, a moment behind on a loaded machine)."""
+    def answers():
+        try:
+            return {lookup(b, topic).broker_url for b in cluster.live}
+        except grpc.RpcError as exc:
+            if exc.code() != grpc.StatusCode.NOT_FOUND:
+                raise
+            return None
+    found = wait_for(answers, what=f"every broker to know {topic}")
+    assert len(found) == 1, found
+    return cluster.by_url(found.pop())
 
 
 def test_one_leader_and_every_broker_registered(cluster):
