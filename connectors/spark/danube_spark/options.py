@@ -72,7 +72,7 @@ def parse_offsets(option, text, default):
     return out
 
 
-def _positive_int(opts, name, default):
+def _positive_int(opts, name, default, what="a positive integer"):
     raw = opts.get(name.lower())
     if raw is None:
         return default
@@ -81,7 +81,7 @@ def _positive_int(opts, name, default):
     except (TypeError, ValueError):
         value = 0
     if value < 1:
-        raise OptionError(f"option {name} must be a positive integer, not {raw!r}")
+        raise OptionError(f"option {name} must be {what}, not {raw!r}")
     return value
 
 
@@ -98,17 +98,8 @@ def _bool(opts, name, default):
 
 
 def _millis(opts, name, default):
-    raw = opts.get(name.lower())
-    if raw is None:
-        return default
-    try:
-        value = int(raw)
-    except (TypeError, ValueError):
-        value = 0
-    if value < 1:
-        raise OptionError(f"option {name} must be a positive number of milliseconds, not "
-                          f"{raw!r}")
-    return value / 1000.0
+    value = _positive_int(opts, name, None, "a positive number of milliseconds")
+    return default if value is None else value / 1000.0
 
 
 # How long a task goes on looking for the owner of its partition after a call to it failed
