@@ -373,19 +373,36 @@ class Consumer:
     async def _receive_loop(self, consumer):
         """Read one partition's stream into the queue, recovering as upstream does: retry
         retryable errors with backoff, and subscribe again (fresh lookup) when the broker
-        closed the consumer, forgot it, or ended the stream."""
+        closed the consumer, forgot it, or ended the stream. A resubscribe that meets a
+        retryable error is tried again without end (a moving topic comes back); one that
+        meets any other error (the topic deleted, permission revoked) ends the partition
+        with that error, raised by receive()."""
         policy = self.client.retry
         attempt = 0
         resubscribe = False
+        unavailable = 0         # resubscribes in a row that found no broker serving the topic
         while True:
             if resubscribe:
                 try:
                     await consumer.subscribe()
                 except RpcError as exc:
-                    await self._put(_Failure(errors.from_rpc(
-                        exc, f"resubscribe {self.subscription!r} to {consumer.topic}")))
-                    return
-                resubscribe = False
+                    if not policy.retryable(exc):
+                        await self._put(_Failure(errors.from_rpc(
+                            exc, f"resubscribe {self.subscription!r} to {consumer.topic}")))
+                        return
+                    # A topic between owners (a drain, a failover, a broker restarting and
+                    # loading it) answers UNAVAILABLE for as long as that takes; giving up
+                    # would silently stop this partition for good while the others go on.
+                    unavailable += 1
+                    if unavailable == 1 or unavailable % 20 == 0:
+                        log.warning("resubscribing %r to %s: %s (attempt %d; retrying)",
+                                    self.subscription, consumer.topic, exc, unavailable)
+                    await asyncio.sleep(policy.backoff(min(unavailable, policy.max_retries)))
+                    continue
+                if unavailable:
+                    log.info("resubscribed %r to %s after %d attempts", self.subscription,
+                             consumer.topic, unavailable + 1)
+                resubscribe, unavailable = False, 0
             try:
                 call = await consumer.open_stream()
                 while True:

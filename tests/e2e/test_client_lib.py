@@ -7,6 +7,7 @@ import time
 import pytest
 
 from broker_process import BrokerProcess
+from etcd_process import free_port
 from waiting import async_wait_for
 from danube.client import (ClientClosed, DanubeClient, FailedPrecondition, InvalidArgument,
                            NoTopicsFound, NotFound, PermissionDenied, RetryPolicy, Unavailable,
@@ -169,6 +170,41 @@ async def test_health_close_recreates_producer_and_consumer_reports_loss(broker)
         # The next send creates the producer again (and with it the topic).
         assert await producer.send(b"after") >= 1
         assert producer.producers[0].producer_id != old_id
+
+
+async def test_consumer_waits_out_a_broker_down_longer_than_its_retries(tmp_path, caplog):
+    """A partition whose broker is gone for longer than the retry policy's budget (a restart,
+    a topic loading on its new owner) is resubscribed until it is back: nothing published
+    meanwhile is lost, and receive() never reports the outage (it once gave up after the
+    policy's retries, leaving that partition stopped for good while the others went on)."""
+    port = free_port()
+    data = tmp_path / "data"
+    addr = ("--broker-addr", f"127.0.0.1:{port}")
+    b = BrokerProcess(*addr, data_dir=data).start()
+    topic = "/default/lib_outage"
+    policy = RetryPolicy(max_retries=1, base_backoff_ms=20, max_backoff_ms=40)
+    try:
+        async with DanubeClient(b.client_addr, retry=policy) as client:
+            producer = await client.create_producer(topic, "p", reliable=True)
+            consumer = await client.subscribe(topic, "c", "s")
+            await producer.send(b"before")
+            first = await consumer.receive(timeout=10)
+            assert first.payload == b"before"
+            await consumer.ack(first)
+            await consumer.flush_acks()         # stored: not delivered again
+            b.stop()
+            await async_wait_for(
+                lambda: sum("resubscribing" in r.getMessage() for r in caplog.records) >= 1,
+                timeout=30, what="a resubscribe to fail while the broker is down")
+            b = BrokerProcess(*addr, data_dir=data).start()
+            async with DanubeClient(b.client_addr) as other:
+                again = await other.create_producer(topic, "p2", reliable=True)
+                await again.send(b"after")
+            message = await consumer.receive(timeout=30)
+            assert message.payload == b"after"
+            await consumer.ack(message)
+    finally:
+        b.stop()
 
 
 async def test_close_cancels_every_task(broker):
