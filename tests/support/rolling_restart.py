@@ -207,7 +207,7 @@ def roll_under_load(workdir: Path, topic: str, *, baseline: float = 5.0, pause: 
             before = [a[2] for a in acks if a[1] < roll_started]
             during = [a[2] for a in acks if roll_started <= a[1] <= roll_ended]
             figures["producers"][name] = {
-                "acked": len(acks),
+                "acked": len(acks), "last_ack": max(times, default=0.0),
                 "gaps": {r["name"]: longest_gap(times, r["started"], r["active"])
                          for r in records},
                 "p50_before_ms": 1000 * pct(before, 50), "p99_before_ms": 1000 * pct(before, 99),
