@@ -21,94 +21,18 @@ import asyncio
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 import uuid
 
+from bench.connect.connector import Connector, core
 from bench.e2e.runner import Broker
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(REPO, "tests", "support"))
 
 from postgres_process import Postgres  # noqa: E402 - tests/support, added above
-
-class Connector:
-    """`danube connect run` in a child process: its port (from its log), readiness and
-    processed counter."""
-
-    def __init__(self, workdir, text):
-        self.path = os.path.join(workdir, f"c-{uuid.uuid4().hex[:6]}.toml")
-        with open(self.path, "w") as fh:
-            fh.write(text)
-        self.log = open(self.path + ".log", "w+")
-        self.proc = subprocess.Popen([sys.executable, "-P", "-m", "danube", "connect", "run",
-                                      "--config", self.path], stdout=self.log,
-                                     stderr=subprocess.STDOUT)
-        self.port = self._port()
-
-    def _port(self, timeout=60):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            self.log.seek(0)
-            for line in self.log:
-                if '"metrics_port"' in line:
-                    return json.loads(line)["metrics_port"]
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.05)
-        self.log.seek(0)
-        raise RuntimeError(f"connector did not start:\n{self.log.read()}")
-
-    def _get(self, path):
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=5) as r:
-            return r.read().decode()
-
-    def ready(self):
-        try:
-            self._get("/health/ready")
-            return True
-        except OSError:
-            return False
-
-    def processed(self):
-        return sum(float(line.rsplit(" ", 1)[1]) for line in self._get("/metrics").splitlines()
-                   if line.startswith("danube_connector_messages_processed_total{"))
-
-    def timed_until(self, n, timeout=600):
-        """Seconds from the first processed record to the n-th (sampled every 50 ms),
-        scaled to all n when the first sample already saw some done."""
-        deadline = time.monotonic() + timeout
-        first = None
-        while time.monotonic() < deadline:
-            done = self.processed()
-            now = time.monotonic()
-            if done and first is None:
-                first = (now, done)
-            if done >= n:
-                return (now - first[0]) * n / max(1.0, n - first[1])
-            time.sleep(0.05)
-        raise RuntimeError(f"connector processed {self.processed()} of {n}")
-
-    def stop(self):
-        self.proc.terminate()
-        self.proc.wait(60)
-
-
-def core(broker, name, kind, batch):
-    return f'''connector = "{kind}"
-danube_service_url = "{broker.url}"
-connector_name = "{name}"
-[processing]
-batch_size = {batch}
-batch_timeout_ms = 50
-poll_interval_ms = 20
-metrics_port = 0
-metrics_host = "127.0.0.1"
-'''
-
 
 COLUMNS = "id bigint PRIMARY KEY, name text NOT NULL, qty int, meta jsonb"
 UPSERT = ("INSERT INTO {t} (id, name, qty, meta) VALUES (%s, %s, %s, %s) ON CONFLICT (id) "
