@@ -137,7 +137,8 @@ async def test_round_trip_qos1_with_attributes(tmp_path, broker, mosquitto):
         assert m.routing_key == "sensors/dev1/temp"
         pub.loop_stop()
         await got.stop()
-    assert conn.metric("danube_connector_messages_processed_total", topic=topic) == 300
+    assert conn.metric("danube_connector_messages_processed_total", topic=topic) == 300, \
+        conn.log()[-5000:]
     assert conn.stop() == 0
     assert any(r.get("msg", "").startswith("stopped") for r in conn.records())
 
@@ -179,8 +180,13 @@ async def test_sigkill_mid_stream_loses_nothing(tmp_path, broker, mosquitto):
         await asyncio.to_thread(feeder.join, 120)
         conn2 = ConnectorProcess(conn.config_path)
         await asyncio.to_thread(conn2.start)
-        await async_wait_for(lambda: set(got.payloads()) >= set(sent), 120,
-                             "every message after the restart")
+        try:
+            await async_wait_for(lambda: set(got.payloads()) >= set(sent), 120,
+                                 "every message after the restart")
+        except AssertionError:
+            missing = sorted(set(sent) - set(got.payloads()))
+            raise AssertionError(f"{len(missing)} missing (e.g. {missing[:3]}); the restarted "
+                                 f"connector's log:\n{conn2.log()[-6000:]}") from None
         pub.loop_stop()
         await got.stop()
     assert conn2.stop() == 0
