@@ -290,3 +290,34 @@ async def test_inflight_bound_stops_reading_until_acks():
     finally:
         await client.close()
         server.stop()
+
+
+async def test_keep_alive_pings_and_a_silent_server_is_left():
+    """keep_alive 1 s: PINGREQ when nothing was written for 3/4 of it; a server that stops
+    answering is given up after 1.5 x keep_alive, and the client connects again."""
+    async def first(conn):
+        await conn.handshake()
+        await conn.expect(12)
+        conn.write(b"\xd0\x00")
+        await conn.expect(12)                   # not answered: the server fell silent
+        await conn.until_closed()
+
+    async def second(conn):
+        await conn.handshake(session_present=True)
+        await conn.until_closed()
+    server = ScriptedMqttServer([first, second]).start()
+    reasons = []
+    client = MqttClient(
+        Options("127.0.0.1", server.port, "keepalive", level=5, keep_alive=1,
+                subscriptions=[("a/#", 1)]),
+        on_publish=lambda publishes, generation: None, on_disconnect=reasons.append,
+        backoff=Backoff(50, 200, 3))
+    try:
+        await client.start()
+        await async_wait_for(lambda: server.connections >= 2 and client.connected, 30,
+                             "a second connection")
+        assert reasons and "keep-alive" in reasons[0]
+        assert server.errors == []
+    finally:
+        await client.close()
+        server.stop()
