@@ -29,7 +29,7 @@ import time
 
 from danube.mqtt import client_codec as cc
 from danube.mqtt.codec import (DISCONNECT, MAXIMUM_PACKET_SIZE, PINGRESP, PROTOCOL_ERROR,
-                               PUBCOMP, PUBREL, RECEIVE_MAXIMUM,
+                               PUBCOMP, PUBLISH, PUBREL, RECEIVE_MAXIMUM,
                                SESSION_EXPIRY, SUBACK, UNSPECIFIED, ProtocolError)
 
 log = logging.getLogger("danube.connectors.mqtt")
@@ -92,6 +92,8 @@ class _Connection(asyncio.Protocol):
         self.generation = generation
         opts = client.options
         self.decoder = cc.ClientDecoder(opts.max_packet_size, opts.level)
+        # MQTT 5 announces the limit (Maximum Packet Size) and the server keeps to it.
+        self.decoder.skip_oversized = opts.level != 5
         self.transport = None
         self.connack = asyncio.get_running_loop().create_future()
         self.closed = asyncio.get_running_loop().create_future()
@@ -181,7 +183,17 @@ class _Connection(asyncio.Protocol):
             self.fail(PROTOCOL_ERROR, f"packet type {p.kind} from the MQTT broker before its CONNACK")
             return
         kind = p.kind
-        if kind == PUBREL:
+        if kind == PUBLISH:
+            # Larger than max_packet_size (MQTT 3.1.1): passed over, and acknowledged so
+            # that the server does not send it again on every connection.
+            topic, size = p.filters
+            log.error("a PUBLISH of %d bytes on %r exceeds max_packet_size (%d bytes): "
+                      "dropped", size, topic, self.client.options.max_packet_size)
+            if p.reason:
+                self.write(bytes((PUBACK_FIRST if p.reason == 1 else PUBREC_FIRST, 2,
+                                  p.packet_id >> 8, p.packet_id & 0xFF)))
+            self.client.on_oversized(topic, size)
+        elif kind == PUBREL:
             self.write(bytes((PUBCOMP << 4, 2, p.packet_id >> 8, p.packet_id & 0xFF)))
         elif kind == PINGRESP:
             self.ping_sent = None
@@ -220,13 +232,14 @@ class _Connection(asyncio.Protocol):
 
 class MqttClient:
     def __init__(self, options, *, on_publish, backoff, on_connect=None, on_disconnect=None,
-                 on_retry=None, on_refused=None):
+                 on_retry=None, on_refused=None, on_oversized=None):
         self.options = options
         self.on_publish = on_publish            # (list of PUBLISH tuples, generation)
         self.on_connect = on_connect or (lambda session_present, generation: None)
         self.on_disconnect = on_disconnect or (lambda reason: None)
         self.on_retry = on_retry or (lambda error: None)
         self.on_refused = on_refused or (lambda message: None)
+        self.on_oversized = on_oversized or (lambda topic, size: None)
         self.backoff = backoff
         self.generation = 0
         self.conn = None

@@ -173,6 +173,9 @@ class MqttSource(SourceConnector):
     def _on_refused(self, _message):
         self.context.metrics.error("mqtt_subscription_refused")
 
+    def _on_oversized(self, _topic, _size):
+        self.context.metrics.count(self.context.metrics.failed, "mqtt-oversized")
+
     # -- the connector ------------------------------------------------------------------
 
     def producer_configs(self):
@@ -200,7 +203,8 @@ class MqttSource(SourceConnector):
                             backoff=Backoff(retry.retry_backoff_ms, retry.max_backoff_ms,
                                             retry.max_retries),
                             on_connect=self._on_connect, on_disconnect=self._on_disconnect,
-                            on_retry=self._on_retry, on_refused=self._on_refused)
+                            on_retry=self._on_retry, on_refused=self._on_refused,
+                            on_oversized=self._on_oversized)
         self._client = client
         try:
             await client.start()

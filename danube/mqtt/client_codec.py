@@ -107,10 +107,22 @@ class ClientDecoder:
         #: its own over them).
         self.controls = 0
         self.acked_publishes = 0
+        #: A PUBLISH over max_packet_size comes out as ``Packet(PUBLISH, packet id, qos,
+        #: (topic, size))`` and its bytes are passed over, instead of ProtocolError: MQTT
+        #: 3.1.1 has no way to tell the server the limit, which would send it again on every
+        #: connection.
+        self.skip_oversized = False
+        self._skip = 0
 
     def feed(self, data):
         """The packets ``data`` completes, in order."""
         self.controls = self.acked_publishes = 0
+        if self._skip:
+            if len(data) <= self._skip:
+                self._skip -= len(data)
+                return []
+            data = data[self._skip:]
+            self._skip = 0
         if self._chunks is not None:
             self._chunks.append(data)
             self._have += len(data)
@@ -156,6 +168,17 @@ class ClientDecoder:
                     break
             end = i + length
             if end - pos > limit:
+                if self.skip_oversized and first >> 4 == PUBLISH:
+                    skipped = self._oversized(first, data, i, n, end - pos)
+                    if skipped is None:
+                        break                   # its variable header is not all here yet
+                    append(skipped)
+                    self.controls += 1
+                    if end > n:
+                        self._skip = end - n
+                        return out
+                    pos = end
+                    continue
                 raise ProtocolError(PACKET_TOO_LARGE,
                                     f"packet of {end - pos} bytes exceeds the maximum packet "
                                     f"size ({limit} bytes)")
@@ -215,6 +238,21 @@ class ClientDecoder:
         if pos < n:
             self._rest = data[pos:]
         return out
+
+    def _oversized(self, first, data, i, n, size):
+        qos = (first >> 1) & 0x03
+        if qos == 3:
+            raise ProtocolError(MALFORMED, "PUBLISH with QoS 3")
+        if n - i < 2:
+            return None
+        t = i + 2 + ((data[i] << 8) | data[i + 1])
+        if t + (2 if qos else 0) > n:
+            return None
+        topic = self._topic(data[i + 2:t])
+        packet_id = ((data[t] << 8) | data[t + 1]) if qos else None
+        if qos and not packet_id:
+            raise ProtocolError(PROTOCOL_ERROR, "PUBLISH with packet identifier 0")
+        return Packet(PUBLISH, packet_id, qos, (topic, size))
 
     def _topic(self, raw):
         try:

@@ -321,3 +321,29 @@ async def test_keep_alive_pings_and_a_silent_server_is_left():
     finally:
         await client.close()
         server.stop()
+
+
+@pytest.mark.parametrize("protocol", ["3.1.1", "5"])
+async def test_publish_over_max_packet_size(tmp_path, broker, mosquitto, protocol):
+    """max_packet_size 1024 and a 5,000-byte message between small ones. MQTT 5 announces
+    the limit and Mosquitto keeps the message back; MQTT 3.1.1 cannot, so the connector
+    passes it over, acknowledges it and counts it as failed, instead of disconnecting and
+    being sent it again on every connection. Either way the stream goes on."""
+    topic = f"/default/over_{uuid.uuid4().hex[:8]}"
+    conn = await started(tmp_path, broker, mosquitto, topic,
+                         extra=f'max_packet_size = 1024\nprotocol = "{protocol}"')
+    async with DanubeClient(f"http://{broker.client_addr}") as client:
+        got = await Collector(client, topic).start()
+        pub = publisher(mosquitto)
+        await asyncio.to_thread(publish_all, pub, "sensors/o/temp",
+                                [b"before", b"x" * 5000, b"after"])
+        await async_wait_for(lambda: len(got.messages) >= 2, 60, "the small messages")
+        assert got.payloads() == [b"before", b"after"]
+        pub.loop_stop()
+        await got.stop()
+    if protocol == "3.1.1":
+        assert conn.metric("danube_connector_messages_failed_total",
+                           topic="mqtt-oversized") == 1
+        assert "exceeds max_packet_size (1024 bytes): dropped" in conn.log()
+    assert not conn.metric("danube_connector_errors_total", kind="mqtt_disconnect")
+    assert conn.stop() == 0

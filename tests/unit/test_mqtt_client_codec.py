@@ -140,3 +140,22 @@ def test_too_large_is_refused_at_its_header():
 ])
 def test_filter_matches(topic_filter, topic, matches):
     assert cc.filter_matches(topic_filter, topic) is matches
+
+
+@pytest.mark.parametrize("piece", [7, 100, 1 << 20])
+def test_oversized_publish_passed_over_when_asked(piece):
+    """MQTT 3.1.1: a PUBLISH over the limit comes out as a Packet naming it (to be
+    acknowledged and counted) and its bytes are passed over, never held."""
+    stream = publish("s/a", b"one", 1, 1) + publish("s/big", b"b" * 5000, 2, 2) + \
+        publish("s/a", b"two", 0)
+    d = cc.ClientDecoder(1024, 4)
+    d.skip_oversized = True
+    out = []
+    for i in range(0, len(stream), piece):
+        out += d.feed(stream[i:i + piece])
+        assert len(d._rest) <= 1024
+    first, skipped, last = out
+    assert first == ("s/a", b"one", 1, 1, False, False)
+    assert (skipped.kind, skipped.packet_id, skipped.reason, skipped.filters) == \
+        (codec.PUBLISH, 2, 2, ("s/big", 5000 + 2 + 5 + 2 + 3))
+    assert last == ("s/a", b"two", 0, None, False, False)
