@@ -10,6 +10,9 @@ again when it reconnects, so a crash loses nothing (upstream acknowledges at rec
 crash loses what was in flight). QoS 0 is at most once: it is never acknowledged, and is
 dropped (and counted) when the connector's buffer is full.
 
+The client reads every PUBLISH of a socket read at once and hands them over in one call;
+a batch's acknowledgements leave in one write once the Danube broker acknowledged it.
+
 Unlike upstream, a payload goes to Danube as it came (upstream re-encodes a non-JSON
 payload as a base64 JSON object); attributes are upstream's (``mqtt.topic``, ``mqtt.qos``,
 ``mqtt.retain``, ``mqtt.dup``, ``source``) and the key is the MQTT topic, with
