@@ -150,6 +150,11 @@ async def test_mqtt_broker_down_30s(tmp_path, broker, mosquitto):
     ("", "[[mqtt.routes]]\nfrom = \"a/b\"\nto = \"/iot/x\"\nqos = \"Twice\"\n",
      "mqtt.routes[0].qos"),
     ("keep_alive_secs = \"60\"", None, "mqtt.keep_alive_secs: expected an integer"),
+    ("protocol = \"3.1.1\"\npassword = \"p\"", None,
+     "mqtt.password: MQTT 3.1.1 sends a password only with a user name"),
+    ("ca_file = \"/etc/hostname\"", None, "mqtt.ca_file: set only with use_tls = true"),
+    ("use_tls = true\nca_file = \"/nonexistent/ca.pem\"", None,
+     "mqtt.ca_file: cannot load '/nonexistent/ca.pem'"),
 ])
 def test_bad_configuration_names_the_key(tmp_path, broker, extra, routes, needle):
     class NoMqtt:
