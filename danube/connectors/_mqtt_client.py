@@ -175,6 +175,10 @@ class _Connection(asyncio.Protocol):
     def _control(self, p):
         if type(p) is cc.Connack:
             if not self.connack.done():
+                if not p.reason:
+                    # Current at once: PUBLISH packets may follow in this very read, and
+                    # their acks must find this connection.
+                    self.client.conn = self
                 self.connack.set_result(p)
             else:
                 self.fail(PROTOCOL_ERROR, "a second CONNACK from the MQTT broker")
@@ -207,7 +211,8 @@ class _Connection(asyncio.Protocol):
 
     def acked(self, n):
         self.inflight -= n
-        if self.paused and self.inflight < self.client.options.max_inflight:
+        if self.paused and self.inflight < self.client.options.max_inflight and \
+                not self.transport.is_closing():
             self.paused = False
             self.transport.resume_reading()
 
