@@ -58,10 +58,12 @@ async def test_round_trip_qos1_with_attributes(tmp_path, broker, mosquitto):
     assert any(r.get("msg", "").startswith("stopped") for r in conn.records())
 
 
-@pytest.mark.parametrize("qos,level", [("AtMostOnce", 0), ("ExactlyOnce", 2)])
-async def test_qos_0_and_2(tmp_path, broker, mosquitto, qos, level):
+@pytest.mark.parametrize("qos,level,protocol", [("AtMostOnce", 0, "5"), ("ExactlyOnce", 2, "5"),
+                                                ("ExactlyOnce", 2, "3.1.1")])
+async def test_qos_0_and_2(tmp_path, broker, mosquitto, qos, level, protocol):
     topic = f"/default/q{level}_{uuid.uuid4().hex[:8]}"
-    conn = await started(tmp_path, broker, mosquitto, topic, qos=qos)
+    conn = await started(tmp_path, broker, mosquitto, topic, qos=qos,
+                         extra=f'protocol = "{protocol}"')
     async with DanubeClient(f"http://{broker.client_addr}") as client:
         got = await Collector(client, topic).start()
         pub = publisher(mosquitto)

@@ -347,3 +347,34 @@ async def test_publish_over_max_packet_size(tmp_path, broker, mosquitto, protoco
         assert "exceeds max_packet_size (1024 bytes): dropped" in conn.log()
     assert not conn.metric("danube_connector_errors_total", kind="mqtt_disconnect")
     assert conn.stop() == 0
+
+
+async def test_qos2_handshake_after_the_ack():
+    """QoS 2: PUBREC only when the message is acknowledged (after the Danube ack, in the
+    connector), then the server's PUBREL is answered with PUBCOMP at once."""
+    async def script(conn):
+        await conn.handshake()
+        conn.write(conn.publish("a/b", b"once", 2, 42))
+        assert await conn.acks(5, 1) == [42]
+        conn.write(bytes([0x62, 2, 0, 42]))
+        assert await conn.acks(7, 1) == [42]
+        await conn.until_closed()
+    server = ScriptedMqttServer([script]).start()
+    got = []
+    client = MqttClient(
+        Options("127.0.0.1", server.port, "qos2", level=5, subscriptions=[("a/#", 2)]),
+        on_publish=lambda publishes, generation: got.extend(
+            (p, generation) for p in publishes),
+        backoff=Backoff(100, 1000, 3))
+    try:
+        await client.start()
+        await async_wait_for(lambda: got, 30, "the QoS 2 message")
+        (p, generation), = got
+        assert p == ("a/b", b"once", 2, 42, False, False)
+        assert server.acks(5) == []                 # nothing before the ack
+        assert client.ack([(2, 42, generation)]) == 1
+        await async_wait_for(lambda: server.acks(7) == [42], 30, "PUBCOMP")
+        assert server.errors == []
+    finally:
+        await client.close()
+        server.stop()
