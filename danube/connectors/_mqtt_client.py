@@ -29,7 +29,7 @@ import time
 
 from danube.mqtt import client_codec as cc
 from danube.mqtt.codec import (DISCONNECT, MAXIMUM_PACKET_SIZE, PINGRESP, PROTOCOL_ERROR,
-                               PUBCOMP, PUBLISH, PUBREL, RECEIVE_MAXIMUM,
+                               PUBCOMP, PUBLISH, PUBREL, REASON_STRING, RECEIVE_MAXIMUM,
                                SESSION_EXPIRY, SUBACK, UNSPECIFIED, ProtocolError)
 
 log = logging.getLogger("danube.connectors.mqtt")
@@ -99,7 +99,7 @@ class _Connection(asyncio.Protocol):
         self.closed = asyncio.get_running_loop().create_future()
         self.inflight = 0
         self.paused = False
-        self.last_write = self.last_read = time.monotonic()
+        self.last_write = time.monotonic()
         self.ping_sent = None
         self.reason = None              # why it ended, when we ended it
 
@@ -117,7 +117,6 @@ class _Connection(asyncio.Protocol):
     def data_received(self, data):
         if self.reason is not None:
             return
-        self.last_read = time.monotonic()
         try:
             self._received(data)
         except ProtocolError as exc:
@@ -184,13 +183,14 @@ class _Connection(asyncio.Protocol):
                 self.fail(PROTOCOL_ERROR, "a second CONNACK from the MQTT broker")
             return
         if not self.connack.done():
-            self.fail(PROTOCOL_ERROR, f"packet type {p.kind} from the MQTT broker before its CONNACK")
+            self.fail(PROTOCOL_ERROR,
+                      f"packet type {p.kind} from the MQTT broker before its CONNACK")
             return
         kind = p.kind
         if kind == PUBLISH:
             # Larger than max_packet_size (MQTT 3.1.1): passed over, and acknowledged so
             # that the server does not send it again on every connection.
-            topic, size = p.filters
+            topic, size = p.data
             log.error("a PUBLISH of %d bytes on %r exceeds max_packet_size (%d bytes): "
                       "dropped", size, topic, self.client.options.max_packet_size)
             if p.reason:
@@ -202,9 +202,9 @@ class _Connection(asyncio.Protocol):
         elif kind == PINGRESP:
             self.ping_sent = None
         elif kind == SUBACK:
-            self.client.on_suback(p.filters)
+            self.client.on_suback(p.data)
         elif kind == DISCONNECT:
-            text = next((v for k, v in p.filters if k == 0x1F), "")
+            text = next((v for k, v in p.data if k == REASON_STRING), "")
             self.reason = f"the MQTT broker disconnected (reason 0x{p.reason:02x}" \
                           f"{': ' + text if text else ''})"
             self.transport.close()

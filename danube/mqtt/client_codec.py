@@ -13,11 +13,11 @@ import struct
 
 from danube.mqtt.codec import (CONNACK, DISCONNECT, MALFORMED, PACKET_TOO_LARGE, PINGRESP,
                                PROTOCOL_ERROR, PUBLISH, PUBREL, SUBACK, TOPIC_ALIAS,
-                               TOPIC_ALIAS_INVALID, TOPIC_NAME_INVALID, Packet, ProtocolError,
+                               TOPIC_ALIAS_INVALID, TOPIC_NAME_INVALID, ProtocolError,
                                _encode_string, _encode_varint, _packet_bytes, _properties,
                                _u16, encode_ack, encode_properties)
 
-__all__ = ["ClientDecoder", "Connack", "encode_connect", "encode_subscribe", "encode_ack",
+__all__ = ["ClientDecoder", "Connack", "Packet", "encode_connect", "encode_subscribe", "encode_ack",
            "encode_disconnect", "PINGREQ_BYTES", "filter_matches"]
 
 PINGREQ_BYTES = b"\xc0\x00"
@@ -25,6 +25,20 @@ PINGREQ_BYTES = b"\xc0\x00"
 # Topic names decoded and checked, by their bytes: a subscriber sees few distinct topics
 # many times. Cleared when it holds this many (a fleet of devices may publish on many).
 TOPIC_CACHE = 10000
+
+
+class Packet:
+    """A packet from the server other than CONNACK and a PUBLISH: ``kind`` (its type
+    number), ``packet_id``, ``reason`` and ``data``: SUBACK's return codes (bytes),
+    DISCONNECT's properties, or for a PUBLISH over the limit passed over, (topic, size) with
+    its QoS as ``reason``."""
+    __slots__ = ("kind", "packet_id", "reason", "data")
+
+    def __init__(self, kind, packet_id=None, reason=0, data=()):
+        self.kind = kind
+        self.packet_id = packet_id
+        self.reason = reason
+        self.data = data
 
 
 class Connack:
@@ -307,9 +321,7 @@ class ClientDecoder:
             props = ()
             if length > 1:
                 props, _ = _properties(data, i + 1, end)
-            packet = Packet(kind, None, reason)
-            packet.filters = props
-            return packet
+            return Packet(kind, None, reason, props)
         # PUBACK, PUBREC, PUBCOMP answer a client's PUBLISH (this one publishes nothing);
         # CONNECT, SUBSCRIBE, UNSUBSCRIBE, PINGREQ are a client's; UNSUBACK answers an
         # UNSUBSCRIBE it never sends; AUTH needs an authentication method it never sets.

@@ -71,7 +71,7 @@ def test_server_packets_whole_and_byte_by_byte(level):
     for got in (whole, pieces):
         connack, suback, *publishes, pubrel, pingresp = got
         assert (connack.session_present, connack.reason) == (True, 0)
-        assert (suback.kind, suback.packet_id, suback.filters) == (codec.SUBACK, 7, b"\x01\x80")
+        assert (suback.kind, suback.packet_id, suback.data) == (codec.SUBACK, 7, b"\x01\x80")
         assert publishes == [("s/1", b"one", 1, 5, False, False),
                              ("s/1", b"two", 0, None, False, True),
                              ("s/2", b"", 2, 6, True, False)]
@@ -156,6 +156,6 @@ def test_oversized_publish_passed_over_when_asked(piece):
         assert len(d._rest) <= 1024
     first, skipped, last = out
     assert first == ("s/a", b"one", 1, 1, False, False)
-    assert (skipped.kind, skipped.packet_id, skipped.reason, skipped.filters) == \
+    assert (skipped.kind, skipped.packet_id, skipped.reason, skipped.data) == \
         (codec.PUBLISH, 2, 2, ("s/big", 5000 + 2 + 5 + 2 + 3))
     assert last == ("s/a", b"two", 0, None, False, False)
