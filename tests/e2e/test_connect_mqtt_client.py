@@ -378,3 +378,23 @@ async def test_qos2_handshake_after_the_ack():
     finally:
         await client.close()
         server.stop()
+
+
+@pytest.mark.parametrize("protocol", ["5", "3.1.1"])
+async def test_clean_session(tmp_path, broker, mosquitto, protocol):
+    """clean_session = true (upstream's default): a new session at every connection, and
+    the stream flows as with a kept one."""
+    topic = f"/default/clean_{uuid.uuid4().hex[:8]}"
+    conn = await started(tmp_path, broker, mosquitto, topic, clean=True,
+                         extra=f'protocol = "{protocol}"')
+    async with DanubeClient(f"http://{broker.client_addr}") as client:
+        got = await Collector(client, topic).start()
+        pub = publisher(mosquitto)
+        sent = [f"n{i}".encode() for i in range(500)]
+        await asyncio.to_thread(publish_all, pub, "sensors/n/temp", sent)
+        await async_wait_for(lambda: len(got.messages) >= 500, 60, "500 messages")
+        assert got.payloads() == sent
+        pub.loop_stop()
+        await got.stop()
+    assert any(r.get("session_present") is False for r in conn.records())
+    assert conn.stop() == 0

@@ -11,7 +11,7 @@ from connector_process import ConnectorProcess
 
 
 def write_config(path, broker, mosquitto, topic, *, qos="AtLeastOnce", extra="",
-                 routes=None, name=None):
+                 routes=None, name=None, clean=False):
     name = name or f"mqtt-{uuid.uuid4().hex[:8]}"
     routes = routes or f'[[mqtt.routes]]\nfrom = "sensors/+/temp"\nto = "{topic}"\n' \
                        f'qos = "{qos}"\n'
@@ -35,7 +35,7 @@ metrics_host = "127.0.0.1"
 broker_host = "127.0.0.1"
 broker_port = {mosquitto.port}
 client_id = "{name}"
-clean_session = false
+clean_session = {"true" if clean else "false"}
 {extra}
 
 {routes}
