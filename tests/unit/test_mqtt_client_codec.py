@@ -159,3 +159,35 @@ def test_oversized_publish_passed_over_when_asked(piece):
     assert (skipped.kind, skipped.packet_id, skipped.reason, skipped.data) == \
         (codec.PUBLISH, 2, 2, ("s/big", 5000 + 2 + 5 + 2 + 3))
     assert last == ("s/a", b"two", 0, None, False, False)
+
+
+@pytest.mark.parametrize("level", [4, 5])
+def test_mutated_streams_give_packets_or_protocol_error(level):
+    """Valid server streams with bytes flipped, cut and inserted (a fixed seed): the decoder
+    returns packets or raises ProtocolError, nothing else, whole or in pieces."""
+    import random
+    rng = random.Random(39)
+    props = b"\x00" if level == 5 else b""
+    base = (packet(0x20, b"\x00\x00" + props) + packet(0x90, b"\x00\x01" + props + b"\x01")
+            + publish("s/1", b"abc", 1, 5, level) + publish("s/2", b"x" * 300, 0, level=level)
+            + publish("s/3", b"q2", 2, 9, level, props=b"\x01\x01") + packet(0x62, b"\x00\x09")
+            + b"\xd0\x00")
+    for _ in range(3000):
+        data = bytearray(base)
+        for _ in range(rng.randint(1, 4)):
+            at = rng.randrange(len(data))
+            op = rng.random()
+            if op < 0.6:
+                data[at] = rng.randrange(256)
+            elif op < 0.8:
+                del data[at]
+            else:
+                data.insert(at, rng.randrange(256))
+        for piece in (len(data), rng.randint(1, 40)):
+            d = cc.ClientDecoder(512, level)
+            d.skip_oversized = rng.random() < 0.5
+            try:
+                for i in range(0, len(data), piece):
+                    d.feed(bytes(data[i:i + piece]))
+            except ProtocolError:
+                pass
