@@ -8,8 +8,9 @@ BENCH_CONNECT_PROFILE=DIR records each connector run with py-spy (collapsed stac
 
 1. MQTT source at QoS 1: N messages queued by Mosquitto for a persistent session, then
    drained. Peer: a paho subscriber (mosquitto_sub-style, acks at receipt) on its own
-   session. Connector: `danube connect run` source-mqtt (acks after the broker's ack),
-   timed from its first published message to its N-th (its processed counter).
+   session. Connector: `danube connect run` source-mqtt (its own MQTT client, acks after
+   the broker's ack), timed from its first published message to its N-th (its processed
+   counter, sampled every 10 ms).
    Target: connector >= 0.7x the direct subscriber.
 2. Delta Lake sink: N JSON records (id, name, amount) in a reliable topic, written in
    batches of 1,000. Peer: the same records as Arrow batches of 1,000 appended with
@@ -97,9 +98,11 @@ def publish(port, topic, n, size=200):
     c.connect("127.0.0.1", port, properties=props)
     c.loop_start()
     payload = b"x" * size
-    infos = [c.publish(topic, payload, qos=1) for _ in range(n)]
-    for info in infos:
-        info.wait_for_publish(120)
+    # In steps of 50,000: QoS 1 packet ids (65,535) must not run out.
+    for start in range(0, n, 50000):
+        infos = [c.publish(topic, payload, qos=1) for _ in range(min(50000, n - start))]
+        for info in infos:
+            info.wait_for_publish(120)
     c.disconnect()
     c.loop_stop()
 
@@ -151,7 +154,7 @@ qos = "AtLeastOnce"
         conn.stop()             # the session and its subscription exist now
         publish(port, topic, n)
         conn = Connector(workdir, text, profile=True)
-        connector = conn.timed_until(n)
+        connector = conn.timed_until(n, interval=0.01)
         conn.stop()
     finally:
         proc.terminate()

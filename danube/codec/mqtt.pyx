@@ -5,7 +5,7 @@ plus the PUBACKs they will get, with no Python object per message.
 
 ``publish_run`` only recognises; anything it does not vouch for (another packet type, a
 packet not complete yet, QoS 2, MQTT 5 properties, a malformed or oversized packet) ends the
-run, and danube.edge.mqtt.codec's general decoder reads that packet and says what is wrong
+run, and danube.mqtt.codec's general decoder reads that packet and says what is wrong
 with it."""
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize

@@ -1,5 +1,6 @@
 """source-mqtt: MQTT topic filters -> Danube topics (upstream danube-connectors/source-mqtt,
-same ``[mqtt]`` keys and ``[[mqtt.routes]]``), on paho-mqtt.
+same ``[mqtt]`` keys and ``[[mqtt.routes]]``), on its own asyncio MQTT client
+(_mqtt_client.py).
 
 Delivery, as each QoS promises: a QoS 1 or 2 message is acknowledged to the MQTT broker
 (PUBACK, or PUBREC for QoS 2) only after the Danube broker acknowledged its publish, in the
@@ -8,6 +9,9 @@ subscriptions and every unacknowledged message) while the connector is away and 
 again when it reconnects, so a crash loses nothing (upstream acknowledges at receipt: a
 crash loses what was in flight). QoS 0 is at most once: it is never acknowledged, and is
 dropped (and counted) when the connector's buffer is full.
+
+The client reads every PUBLISH of a socket read at once and hands them over in one call;
+a batch's acknowledgements leave in one write once the Danube broker acknowledged it.
 
 Unlike upstream, a payload goes to Danube as it came (upstream re-encodes a non-JSON
 payload as a base64 JSON object); attributes are upstream's (``mqtt.topic``, ``mqtt.qos``,
@@ -18,25 +22,21 @@ import asyncio
 import collections
 import logging
 import ssl
-import threading
 
 from danube.connect import (ConfigError, Field, ProducerConfig, SourceConnector,
                             SourceRecord, Table, Tables, Unavailable)
+from danube.connect.retry import Backoff
 from danube.connect.settings import topic_name
-
-try:
-    import paho.mqtt.client as paho
-    from paho.mqtt.enums import CallbackAPIVersion
-    from paho.mqtt.packettypes import PacketTypes
-    from paho.mqtt.properties import Properties
-except ImportError as exc:      # pragma: no cover - reported by the registry with the extra
-    raise ImportError(f"source-mqtt needs paho-mqtt: {exc}", name="paho-mqtt") from None
+from danube.connectors._mqtt_client import MqttClient, Options, Unreachable
+from danube.mqtt.client_codec import filter_matches
 
 log = logging.getLogger("danube.connectors.mqtt")
 
 QOS = {"AtMostOnce": 0, "AtLeastOnce": 1, "ExactlyOnce": 2}
 # Route lookups cached per MQTT topic (device fleets publish on many): at most this many.
 ROUTE_CACHE = 10000
+# The attributes of every record without metadata: one shared (never changed) empty dict.
+_NO_ATTRIBUTES = {}
 
 ROUTE = {
     "from": Field(str, check=lambda v: None if _valid_filter(v) else
@@ -84,86 +84,100 @@ def _valid_filter(f):
     return True
 
 
-class _Token:
-    __slots__ = ("mid", "qos", "generation")
-
-    def __init__(self, mid, qos, generation):
-        self.mid, self.qos, self.generation = mid, qos, generation
-
 
 class MqttSource(SourceConnector):
     CONFIG = {"mqtt": Table(MQTT)}
 
     def __init__(self, context):
         super().__init__(context)
-        self.mqtt = self.config.mqtt
-        for i, route in enumerate(self.mqtt.routes):
+        m = self.mqtt = self.config.mqtt
+        for route in m.routes:
             if route.reliable_dispatch is None:
                 route.reliable_dispatch = QOS[route.qos] > 0
-        if not self.mqtt.clean_session and any(QOS[r.qos] for r in self.mqtt.routes) \
-                and self.mqtt.protocol == "5" and self.mqtt.session_expiry_secs == 0:
+        if not m.clean_session and any(QOS[r.qos] for r in m.routes) \
+                and m.protocol == "5" and m.session_expiry_secs == 0:
             raise ConfigError("mqtt.session_expiry_secs: 0 ends the session at disconnect, "
                               "so clean_session = false keeps nothing")
+        if m.password is not None and m.username is None and m.protocol == "3.1.1":
+            raise ConfigError("mqtt.password: MQTT 3.1.1 sends a password only with a user "
+                              "name; set mqtt.username (or MQTT_USERNAME)")
+        if m.ca_file is not None and not m.use_tls:
+            raise ConfigError("mqtt.ca_file: set only with use_tls = true")
+        self._tls = None
+        if m.use_tls:
+            try:
+                self._tls = ssl.create_default_context(cafile=m.ca_file)
+            except (OSError, ssl.SSLError) as exc:
+                raise ConfigError(f"mqtt.ca_file: cannot load {m.ca_file!r}: {exc}") from None
         self._routes = {}
+        # Attributes dicts shared by every record of one (topic, qos, retain, dup): the
+        # runtime sends runs of records with equal attributes in one call, and the same
+        # object compares equal at once. Nothing changes them (the dead-letter path copies).
+        self._attributes = {}
         self._buffer = collections.deque()
         self._wake = None
-        self._loop = None
         self._client = None
-        self._generation = 0
-        self._connected = None
-        self._connect_error = None
         self._dropped = 0
 
-    # -- the paho thread ----------------------------------------------------------------
+    # -- what the MQTT client hands over ------------------------------------------------
 
     def _route(self, topic):
         route = self._routes.get(topic)
         if route is None:
             route = next((r for r in self.mqtt.routes
-                          if paho.topic_matches_sub(getattr(r, "from"), topic)), False)
+                          if filter_matches(getattr(r, "from"), topic)), False)
             if len(self._routes) >= ROUTE_CACHE:
                 self._routes.clear()
             self._routes[topic] = route
         return route
 
-    def _on_connect(self, client, _userdata, flags, reason_code, _properties):
-        if reason_code.is_failure:
-            self._connect_error = f"MQTT broker refused the connection: {reason_code}"
-            self._loop.call_soon_threadsafe(self._connected.set)
-            return
-        self._generation += 1
-        self._connect_error = None
-        client.subscribe([(getattr(r, "from"), QOS[r.qos]) for r in self.mqtt.routes])
-        log.info("connected to the MQTT broker", extra={
-            "session_present": bool(flags.session_present), "generation": self._generation})
-        self._loop.call_soon_threadsafe(self._connected.set)
-        self._loop.call_soon_threadsafe(self.context.health.set, "mqtt")
-
-    def _on_disconnect(self, _client, _userdata, _flags, reason_code, _properties):
-        self._loop.call_soon_threadsafe(self.context.metrics.error, "mqtt_disconnect")
-        log.warning("disconnected from the MQTT broker (%s); reconnecting", reason_code)
-        self._loop.call_soon_threadsafe(self.context.health.set, "mqtt",
-                                        f"MQTT broker disconnected: {reason_code}")
-
-    def _on_connect_fail(self, _client, _userdata):
-        # paho's reconnect loop (its delays from [retry]) failed once more.
-        self._loop.call_soon_threadsafe(self.context.metrics.retry, "external")
-
-    def _on_message(self, client, _userdata, msg):
-        route = self._route(msg.topic)
-        if not route:
-            # A subscription of an earlier configuration, kept by the persistent session.
-            if msg.qos:
-                client.ack(msg.mid, msg.qos)
-            return
+    def _on_publish(self, publishes, generation):
+        """Every PUBLISH of one socket read: (topic, payload, qos, packet id, dup, retain)."""
         buffer = self._buffer
-        if msg.qos == 0 and len(buffer) >= self.mqtt.max_buffered:
-            self._dropped += 1
-            return
         was_empty = not buffer
-        buffer.append((msg, route, self._generation))
-        if was_empty:
-            self._loop.call_soon_threadsafe(self._wake.set)
+        limit = self.mqtt.max_buffered
+        routes = self._routes
+        append = buffer.append
+        unrouted = None
+        for p in publishes:
+            route = routes.get(p[0])
+            if route is None:
+                route = self._route(p[0])
+            if not route:
+                # A subscription of an earlier configuration, kept by the persistent
+                # session: acknowledged (nothing will take it), not forwarded.
+                if p[2]:
+                    if unrouted is None:
+                        unrouted = []
+                    unrouted.append((p[2], p[3], generation))
+                continue
+            if not p[2] and len(buffer) >= limit:
+                self._dropped += 1
+                continue
+            append((p, route, generation))
+        if unrouted:
+            self._client.ack(unrouted)
+        if was_empty and buffer:
+            self._wake.set()
+
+    def _on_connect(self, session_present, generation):
+        log.info("connected to the MQTT broker", extra={
+            "session_present": session_present, "generation": generation})
+        self.context.health.set("mqtt")
+
+    def _on_disconnect(self, reason):
+        self.context.metrics.error("mqtt_disconnect")
+        log.warning("disconnected from the MQTT broker (%s); reconnecting", reason)
+        self.context.health.set("mqtt", f"MQTT broker disconnected: {reason}")
+
+    def _on_retry(self, _error):
+        self.context.metrics.retry("external")
+
+    def _on_refused(self, _message):
+        self.context.metrics.error("mqtt_subscription_refused")
+
+    def _on_oversized(self, _topic, _size):
+        self.context.metrics.count(self.context.metrics.failed, "mqtt-oversized")
 
     # -- the connector ------------------------------------------------------------------
 
@@ -173,58 +187,33 @@ class MqttSource(SourceConnector):
             seen.setdefault(r.to, ProducerConfig(r.to, r.partitions, r.reliable_dispatch))
         return list(seen.values())
 
-    async def initialize(self):
+    def _options(self):
         m = self.mqtt
-        self._loop = asyncio.get_running_loop()
-        self._wake = asyncio.Event()
-        self._connected = asyncio.Event()
-        v5 = m.protocol == "5"
-        kwargs = {"callback_api_version": CallbackAPIVersion.VERSION2,
-                  "client_id": m.client_id,
-                  "protocol": paho.MQTTv5 if v5 else paho.MQTTv311}
-        if not v5:
-            kwargs["clean_session"] = m.clean_session
-        client = paho.Client(**kwargs)
-        client.manual_ack_set(True)
-        client.max_inflight_messages_set(65535)
-        client.on_connect = self._on_connect
-        client.on_disconnect = self._on_disconnect
-        client.on_connect_fail = self._on_connect_fail
-        client.on_message = self._on_message
+        return Options(
+            m.broker_host, m.broker_port, m.client_id, level=5 if m.protocol == "5" else 4,
+            clean=m.clean_session, keep_alive=m.keep_alive_secs, username=m.username,
+            password=m.password, ssl=self._tls, connect_timeout=m.connection_timeout_secs,
+            max_packet_size=m.max_packet_size, session_expiry=m.session_expiry_secs,
+            max_inflight=m.receive_maximum or min(65535, 2 * self.core.processing.batch_size),
+            subscriptions=[(getattr(r, "from"), QOS[r.qos]) for r in m.routes],
+            tcp_nodelay=m.tcp_nodelay)
+
+    async def initialize(self):
+        if self._wake is None:
+            self._wake = asyncio.Event()
         retry = self.core.retry
-        client.reconnect_delay_set(max(1, retry.retry_backoff_ms // 1000),
-                                   max(1, retry.max_backoff_ms // 1000))
-        if m.username is not None:
-            client.username_pw_set(m.username, m.password)
-        if m.use_tls:
-            client.tls_set_context(ssl.create_default_context(cafile=m.ca_file))
-        client.connect_timeout = m.connection_timeout_secs
-        properties = None
-        if v5:
-            properties = Properties(PacketTypes.CONNECT)
-            properties.SessionExpiryInterval = 0 if m.clean_session else m.session_expiry_secs
-            properties.ReceiveMaximum = m.receive_maximum or min(
-                65535, 2 * self.core.processing.batch_size)
-            properties.MaximumPacketSize = m.max_packet_size
+        client = MqttClient(self._options(), on_publish=self._on_publish,
+                            backoff=Backoff(retry.retry_backoff_ms, retry.max_backoff_ms,
+                                            retry.max_retries),
+                            on_connect=self._on_connect, on_disconnect=self._on_disconnect,
+                            on_retry=self._on_retry, on_refused=self._on_refused,
+                            on_oversized=self._on_oversized)
         self._client = client
         try:
-            await self._loop.run_in_executor(None, lambda: client.connect(
-                m.broker_host, m.broker_port, m.keep_alive_secs,
-                **({"clean_start": m.clean_session, "properties": properties} if v5 else {})))
-        except OSError as exc:
-            raise Unavailable(f"cannot reach the MQTT broker at {m.broker_host}:"
-                              f"{m.broker_port}: {exc}") from None
-        client.loop_start()
-        try:
-            await asyncio.wait_for(self._connected.wait(), m.connection_timeout_secs)
-        except asyncio.TimeoutError:
-            await self._stop_client()
-            raise Unavailable(f"no CONNACK from {m.broker_host}:{m.broker_port} within "
-                              f"{m.connection_timeout_secs} s") from None
-        if self._connect_error:
-            error = self._connect_error
-            await self._stop_client()
-            raise Unavailable(error)
+            await client.start()
+        except Unreachable as exc:
+            self._client = None
+            raise Unavailable(str(exc)) from None
 
     async def poll(self, max_records):
         buffer = self._buffer
@@ -236,19 +225,32 @@ class MqttSource(SourceConnector):
             except asyncio.TimeoutError:
                 return []
         records = []
+        append = records.append
         include = self.mqtt.include_metadata
         pop = buffer.popleft
-        while buffer and len(records) < max_records:
-            msg, route, generation = pop()
-            record = SourceRecord(route.to, msg.payload,
-                                  token=_Token(msg.mid, msg.qos, generation))
-            if include:
-                record.attributes = {"mqtt.topic": msg.topic, "mqtt.qos": str(msg.qos),
-                                     "mqtt.retain": "true" if msg.retain else "false",
-                                     "mqtt.dup": "true" if msg.dup else "false",
-                                     "source": "mqtt"}
-                record.key = msg.topic
-            records.append(record)
+        n = min(len(buffer), max_records)
+        if include:
+            attributes = self._attributes
+            for _ in range(n):
+                p, route, generation = pop()
+                topic, payload, qos, packet_id, dup, retain = p
+                key = (topic, qos, retain, dup)
+                attrs = attributes.get(key)
+                if attrs is None:
+                    if len(attributes) >= ROUTE_CACHE:
+                        attributes.clear()
+                    attrs = attributes[key] = {
+                        "mqtt.topic": topic, "mqtt.qos": str(qos),
+                        "mqtt.retain": "true" if retain else "false",
+                        "mqtt.dup": "true" if dup else "false", "source": "mqtt"}
+                # Positional: one per message (keywords cost more here).
+                append(SourceRecord(route.to, payload, attrs, topic,
+                                    (qos, packet_id, generation)))
+        else:
+            for _ in range(n):
+                p, route, generation = pop()
+                append(SourceRecord(route.to, p[1], _NO_ATTRIBUTES, None,
+                                    (p[2], p[3], generation)))
         if self._dropped:
             self.context.metrics.count(self.context.metrics.failed, "mqtt-qos0-dropped",
                                        self._dropped)
@@ -257,38 +259,16 @@ class MqttSource(SourceConnector):
         return records
 
     async def commit(self, records):
-        client, current = self._client, self._generation
-        # paho wakes its network thread with a byte on a socket pair for every packet it
-        # queues; a batch's acknowledgements are queued without it and the thread woken
-        # once (one syscall instead of one per message; paho >= 2.1's private attribute,
-        # left alone if it is not there).
-        wake = getattr(client, "_sockpairW", None)
-        if wake is not None:
-            client._sockpairW = None
-        try:
-            for record in records:
-                token = record.token
-                # A message of an earlier connection is not acknowledged: its packet id
-                # may name another message now, and the broker sends it again on this one.
-                if token.qos and token.generation == current:
-                    client.ack(token.mid, token.qos)
-        finally:
-            if wake is not None:
-                client._sockpairW = wake
-                try:
-                    wake.send(b"0")
-                except (BlockingIOError, OSError):
-                    pass
-
-    async def _stop_client(self):
-        client, self._client = self._client, None
-        if client is not None:
-            client.disconnect()
-            await self._loop.run_in_executor(None, client.loop_stop)
+        # One write for the batch's acks, in receive order; QoS 0 and tokens of an earlier
+        # connection are skipped (the broker sends those again on this one).
+        if self._client is not None:
+            self._client.ack([r.token for r in records])
 
     async def shutdown(self):
-        await self._stop_client()
+        client, self._client = self._client, None
+        if client is not None:
+            await client.close()
 
     async def health_check(self):
-        return None if self._client is not None and self._client.is_connected() \
+        return None if self._client is not None and self._client.connected \
             else "not connected to the MQTT broker"

@@ -13,7 +13,7 @@ import logging
 import os
 import secrets
 
-from danube.edge.mqtt import codec
+from danube.mqtt import codec
 from danube.metadata import keys
 from danube.proto import DanubeApi_pb2 as pb
 from danube.schema import formats

@@ -11,13 +11,11 @@ import uuid
 
 import pytest
 
-import paho.mqtt.client as paho
-from paho.mqtt.enums import CallbackAPIVersion
-
 from broker_process import BrokerProcess
+from connect_mqtt import Collector, publish_all, publisher, started, write_config
 from connector_process import ConnectorProcess
 from mosquitto_process import Mosquitto
-from waiting import async_wait_for, wait_for
+from waiting import async_wait_for
 from danube.client import DanubeClient
 
 
@@ -33,89 +31,6 @@ def mosquitto(tmp_path):
     m = Mosquitto(tmp_path).start()
     yield m
     m.stop()
-
-
-def write_config(path, broker, mosquitto, topic, *, qos="AtLeastOnce", extra="",
-                 routes=None, name=None):
-    name = name or f"mqtt-{uuid.uuid4().hex[:8]}"
-    routes = routes or f'[[mqtt.routes]]\nfrom = "sensors/+/temp"\nto = "{topic}"\n' \
-                       f'qos = "{qos}"\n'
-    path.write_text(f'''
-connector = "source-mqtt"
-danube_service_url = "http://{broker.client_addr}"
-connector_name = "{name}"
-
-[retry]
-max_retries = 2
-retry_backoff_ms = 100
-max_backoff_ms = 1000
-
-[processing]
-batch_size = 500
-poll_interval_ms = 50
-metrics_port = 0
-metrics_host = "127.0.0.1"
-
-[mqtt]
-broker_host = "127.0.0.1"
-broker_port = {mosquitto.port}
-client_id = "{name}"
-clean_session = false
-{extra}
-
-{routes}
-''')
-    return path
-
-
-def publisher(mosquitto, client_id=None):
-    c = paho.Client(CallbackAPIVersion.VERSION2, client_id=client_id or uuid.uuid4().hex,
-                    protocol=paho.MQTTv5)
-    c.max_inflight_messages_set(1000)
-    c.connect("127.0.0.1", mosquitto.port)
-    c.loop_start()
-    return c
-
-
-def publish_all(client, topic, payloads, qos=1):
-    infos = [client.publish(topic, p, qos=qos) for p in payloads]
-    for info in infos:
-        info.wait_for_publish(60)
-
-
-class Collector:
-    """A Danube consumer in the test's loop, collecting payloads (and messages)."""
-
-    def __init__(self, client, topic):
-        self.client, self.topic = client, topic
-        self.messages = []
-        self._task = None
-
-    async def start(self):
-        self.consumer = await self.client.subscribe(self.topic, f"c-{uuid.uuid4().hex[:6]}",
-                                                    "test", "exclusive")
-        self._task = asyncio.ensure_future(self._run())
-        return self
-
-    async def _run(self):
-        async for msg in self.consumer.messages():
-            self.messages.append(msg)
-            await self.consumer.ack(msg)
-
-    def payloads(self):
-        return [m.payload for m in self.messages]
-
-    async def stop(self):
-        self._task.cancel()
-        await asyncio.gather(self._task, return_exceptions=True)
-        await self.consumer.close()
-
-
-async def started(tmp_path, broker, mosquitto, topic, **kw):
-    conn = ConnectorProcess(write_config(tmp_path / "mqtt.toml", broker, mosquitto, topic,
-                                         **kw))
-    await asyncio.to_thread(conn.start)
-    return conn
 
 
 async def test_round_trip_qos1_with_attributes(tmp_path, broker, mosquitto):
@@ -137,15 +52,18 @@ async def test_round_trip_qos1_with_attributes(tmp_path, broker, mosquitto):
         assert m.routing_key == "sensors/dev1/temp"
         pub.loop_stop()
         await got.stop()
-    assert conn.metric("danube_connector_messages_processed_total", topic=topic) == 300
+    assert conn.metric("danube_connector_messages_processed_total", topic=topic) == 300, \
+        conn.log()[-5000:]
     assert conn.stop() == 0
     assert any(r.get("msg", "").startswith("stopped") for r in conn.records())
 
 
-@pytest.mark.parametrize("qos,level", [("AtMostOnce", 0), ("ExactlyOnce", 2)])
-async def test_qos_0_and_2(tmp_path, broker, mosquitto, qos, level):
+@pytest.mark.parametrize("qos,level,protocol", [("AtMostOnce", 0, "5"), ("ExactlyOnce", 2, "5"),
+                                                ("ExactlyOnce", 2, "3.1.1")])
+async def test_qos_0_and_2(tmp_path, broker, mosquitto, qos, level, protocol):
     topic = f"/default/q{level}_{uuid.uuid4().hex[:8]}"
-    conn = await started(tmp_path, broker, mosquitto, topic, qos=qos)
+    conn = await started(tmp_path, broker, mosquitto, topic, qos=qos,
+                         extra=f'protocol = "{protocol}"')
     async with DanubeClient(f"http://{broker.client_addr}") as client:
         got = await Collector(client, topic).start()
         pub = publisher(mosquitto)
@@ -179,8 +97,13 @@ async def test_sigkill_mid_stream_loses_nothing(tmp_path, broker, mosquitto):
         await asyncio.to_thread(feeder.join, 120)
         conn2 = ConnectorProcess(conn.config_path)
         await asyncio.to_thread(conn2.start)
-        await async_wait_for(lambda: set(got.payloads()) >= set(sent), 120,
-                             "every message after the restart")
+        try:
+            await async_wait_for(lambda: set(got.payloads()) >= set(sent), 120,
+                                 "every message after the restart")
+        except AssertionError:
+            missing = sorted(set(sent) - set(got.payloads()))
+            raise AssertionError(f"{len(missing)} missing (e.g. {missing[:3]}); the restarted "
+                                 f"connector's log:\n{conn2.log()[-6000:]}") from None
         pub.loop_stop()
         await got.stop()
     assert conn2.stop() == 0
@@ -229,6 +152,11 @@ async def test_mqtt_broker_down_30s(tmp_path, broker, mosquitto):
     ("", "[[mqtt.routes]]\nfrom = \"a/b\"\nto = \"/iot/x\"\nqos = \"Twice\"\n",
      "mqtt.routes[0].qos"),
     ("keep_alive_secs = \"60\"", None, "mqtt.keep_alive_secs: expected an integer"),
+    ("protocol = \"3.1.1\"\npassword = \"p\"", None,
+     "mqtt.password: MQTT 3.1.1 sends a password only with a user name"),
+    ("ca_file = \"/etc/hostname\"", None, "mqtt.ca_file: set only with use_tls = true"),
+    ("use_tls = true\nca_file = \"/nonexistent/ca.pem\"", None,
+     "mqtt.ca_file: cannot load '/nonexistent/ca.pem'"),
 ])
 def test_bad_configuration_names_the_key(tmp_path, broker, extra, routes, needle):
     class NoMqtt:

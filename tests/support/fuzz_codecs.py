@@ -243,13 +243,13 @@ def wal_seeds():
 # -- MQTT (the edge) ----------------------------------------------------------------------
 
 def mqtt_packets(data: bytes):
-    """The edge's MQTT decoder (danube/edge/mqtt/codec.py, runs of PUBLISH packets found in
+    """The edge's MQTT decoder (danube/mqtt/codec.py, runs of PUBLISH packets found in
     C by danube/codec/mqtt.pyx), at 3.1.1 and 5.0, whole and in 7-byte pieces: packets, or
     ProtocolError. Every Run encodes (encode_run) into exactly its count of StreamMessages
     that protobuf parses, carrying the payloads the general decoder reads from the same
     bytes, and acks for exactly its QoS 1 packets."""
     from danube.codec.mqtt import encode_run
-    from danube.edge.mqtt import codec as mc
+    from danube.mqtt import codec as mc
     from danube.proto import DanubeApi_pb2 as pb
 
     prefix = pb.StreamMessage(msg_id=pb.MsgID(topic_name="/e/t")).SerializeToString()
@@ -288,7 +288,7 @@ def mqtt_packets(data: bytes):
 
 def _run_level(out, run, level):
     """The protocol level a Run was read at: the last CONNECT's before it, else ``level``."""
-    from danube.edge.mqtt import codec as mc
+    from danube.mqtt import codec as mc
     for packet in out:
         if packet is run:
             break

@@ -20,9 +20,13 @@ def _free_port():
 
 
 class Mosquitto:
-    def __init__(self, tmp_path, port=None):
+    def __init__(self, tmp_path, port=None, listener_extra="", anonymous=True):
         self.dir = tmp_path
         self.port = port or _free_port()
+        # Lines for the listener (TLS: certfile, keyfile) and whether anonymous clients
+        # are let in (else a password_file among listener_extra's lines).
+        self.listener_extra = listener_extra
+        self.anonymous = anonymous
         self.proc = None
         self.lines = []
 
@@ -33,7 +37,9 @@ class Mosquitto:
         conf = self.dir / "mosquitto.conf"
         # As root, mosquitto would switch to its own user, who cannot write here.
         user = "user root\n" if os.geteuid() == 0 else ""
-        conf.write_text(f"listener {self.port} 127.0.0.1\nallow_anonymous true\n{user}"
+        anonymous = "true" if self.anonymous else "false"
+        conf.write_text(f"listener {self.port} 127.0.0.1\n{self.listener_extra}"
+                        f"allow_anonymous {anonymous}\n{user}"
                         f"persistence true\npersistence_location {self.dir}/\n"
                         "autosave_interval 1\nmax_queued_messages 0\n"
                         "max_inflight_messages 0\nlog_dest stdout\nlog_type error\n"

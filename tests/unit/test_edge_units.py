@@ -12,7 +12,7 @@ from paho.mqtt.properties import Properties
 from danube.broker.edges import _unseen
 from danube.config_errors import ConfigError
 from danube.edge import config as edge_config
-from danube.edge.mqtt import codec
+from danube.mqtt import codec
 from danube.edge.router import Router
 from danube.proto import DanubeApi_pb2 as pb
 

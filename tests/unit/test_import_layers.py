@@ -37,7 +37,10 @@ ALLOWED = {
     # (metadata), payloads checked by the schema validators, replication over our gRPC
     # client (rpc); it never imports the broker core or the services.
     "danube.edge": {"danube.codec", "danube.rpc", "danube.client", "danube.storage",
-                    "danube.metadata", "danube.schema"},
+                    "danube.metadata", "danube.schema", "danube.mqtt"},
+    # MQTT packets, sans I/O: the edge's server and source-mqtt's client read and write
+    # them; C runs of PUBLISH packets from the codec.
+    "danube.mqtt": {"danube.codec"},
     # Schema formats, compatibility and payload validation: pure functions, used by the
     # registry, the publish path and the CLI alike.
     "danube.schema": {"danube.codec"},
@@ -81,7 +84,7 @@ ALLOWED["danube.cli"] = ALLOWED["danube.cli"] | {
 # Danube Connect: the connector runtime over the client; the shipped connectors over it.
 ALLOWED["danube.connect"] = {"danube.client", "danube.rpc", "danube.codec"}
 ALLOWED["danube.connectors"] = {"danube.connect", "danube.client", "danube.rpc",
-                                "danube.codec"}
+                                "danube.codec", "danube.mqtt"}
 ALLOWED["danube.cli"] = ALLOWED["danube.cli"] | {"danube.connect"}
 
 

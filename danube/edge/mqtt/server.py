@@ -8,7 +8,7 @@ import asyncio
 import collections
 import logging
 
-from danube.edge.mqtt import codec
+from danube.mqtt import codec
 from danube.edge.mqtt.session import Session
 
 log = logging.getLogger("danube.edge.mqtt")

@@ -23,8 +23,8 @@ import time
 
 from danube.codec.mqtt import encode_run
 from danube.edge.ingest import Invalid, NotReady
-from danube.edge.mqtt import codec
-from danube.edge.mqtt.codec import ProtocolError
+from danube.mqtt import codec
+from danube.mqtt.codec import ProtocolError
 
 log = logging.getLogger("danube.edge.mqtt")
 
