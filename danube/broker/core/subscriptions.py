@@ -319,7 +319,8 @@ class SubscriptionTable:
             dispatcher.notify()
 
     def subscription_for_ack(self, topic_name, sub_name):
-        topic = self.topic_table.served(topic_name)
+        # The table's dict read directly: every Ack comes through here.
+        topic = self.topic_table.topics.get(topic_name)
         if topic is None:
             raise TopicNotFound(f"Error acknowledging message: topic {topic_name} not found")
         sub = topic.subscriptions.get(sub_name)
