@@ -189,7 +189,7 @@ async def test_idle_non_reliable_subscriptions_are_reaped(tmp_path):
 
     store = await MemoryStore.open()
     core = BrokerCore(BrokerConfig(data_dir=str(tmp_path)), store, ClientRegistry())
-    core.subscription_table.idle_subscription_grace = 0.2
+    core.idle_subscription_grace = 0.2
     await core.start()
     try:
         await core.create_producer("/default/reap", "p", 0)

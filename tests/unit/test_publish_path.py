@@ -232,7 +232,7 @@ async def test_dead_letter_goes_through_the_publish_path(core):
         dlq = core.topics[target]
         policy = sub.dispatcher.policy
         policy.dead_letter_topic = target
-        await core.subscription_table.dead_letter(topic, sub, policy, delivery, 6, "why")
+        await core.dead_letter(topic, sub, policy, delivery, 6, "why")
         assert dlq.messages_in == 1
 
 

@@ -26,8 +26,8 @@ BrokerCore itself only wires and runs them. Its other members are a facade, each
 delegation or a read: the PlacementHost members a placement drives, what a Topic asks of its
 broker (``cfg``, ``consumer_removed``), the tables the exporter and permission checks read
 (``topics``, ``producers``, ``consumers``), the logs' owner's state the exporter reads, and
-the client-level calls the tests and benchmarks drive the core with. The services go to the
-components."""
+the client-level calls (and the reaper's grace) the tests drive the core with. The services
+go to the components."""
 
 import asyncio
 import logging
@@ -196,7 +196,7 @@ class BrokerCore:
     def wal_root(self):
         return self.logs.root
 
-    # -- the facade: client-level calls (the tests and benchmarks drive the core so) ------
+    # -- the facade: client-level calls (the tests drive the core so) ---------------------
 
     async def create_topic(self, name, delivery=NON_RELIABLE):
         return await self.topic_table.create_topic(name, delivery)
@@ -231,3 +231,16 @@ class BrokerCore:
 
     def consumer(self, consumer_id):
         return self.subscription_table.consumer(consumer_id)
+
+    async def dead_letter(self, topic, sub, policy, delivery, attempts, reason):
+        await self.subscription_table.dead_letter(topic, sub, policy, delivery, attempts,
+                                                  reason)
+
+    @property
+    def idle_subscription_grace(self):
+        """Seconds an idle consumer or non-reliable subscription is kept (the reaper's)."""
+        return self.subscription_table.idle_subscription_grace
+
+    @idle_subscription_grace.setter
+    def idle_subscription_grace(self, seconds):
+        self.subscription_table.idle_subscription_grace = seconds
