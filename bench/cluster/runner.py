@@ -301,12 +301,16 @@ def bench_ingress(workdir, runs, lease):
     return out
 
 
-def bench_roll(workdir, runs, pause):
+def bench_roll(workdir, runs, pause, official_backoff_ms=None):
+    retry = None
+    if official_backoff_ms:
+        retry = {"max_retries": 5, "base_backoff_ms": official_backoff_ms,
+                 "max_backoff_ms": 10 * official_backoff_ms}
     out = []
     for run in range(runs):
         (workdir / str(run)).mkdir(parents=True)
         figures = roll_under_load(workdir / str(run), f"/default/bench-roll-{run}",
-                                  pause=pause)
+                                  pause=pause, official_retry=retry)
         figures.pop("roll_output")
         for consumer in figures["consumers"].values():
             consumer["lost"] = len(consumer["lost"])
@@ -333,6 +337,9 @@ def main(argv=None):
     parser.add_argument("--roll-runs", type=int, default=3)
     parser.add_argument("--roll-pause", type=float, default=6,
                         help="seconds between a broker's drain and its stop (6)")
+    parser.add_argument("--official-backoff-ms", type=int, default=None,
+                        help="the official producer's base_backoff_ms in the roll (its "
+                             "ProducerOptions; default: the client's own, 200 ms)")
     parser.add_argument("--json", default=str(ROOT / "bench" / "results" / "cluster.json"))
     args = parser.parse_args(argv)
     sections = args.sections.split(",")
@@ -379,7 +386,8 @@ def main(argv=None):
         if "roll" in sections:
             print("rolling restart of 3 brokers under load (6 partitions, ours and the "
                   "official client):")
-            runs = results["roll"] = bench_roll(tmp / "roll", args.roll_runs, args.roll_pause)
+            runs = results["roll"] = bench_roll(tmp / "roll", args.roll_runs, args.roll_pause,
+                                                args.official_backoff_ms)
             for i, r in enumerate(runs):
                 for name, p in r["producers"].items():
                     gaps = ", ".join(f"{b} {g:.2f}s" for b, g in p["gaps"].items())

@@ -260,14 +260,29 @@ def delta_rows(n):
     return [{"id": i, "name": f"name-{i}", "amount": i * 0.25} for i in range(n)]
 
 
-def bench_delta(broker, workdir, n):
+# The sinks' route columns in the benchmark: the three fields of delta_rows, no metadata.
+SINK_ROUTE_COLUMNS = '''include_danube_metadata = false
+field_mappings = [
+  { json_path = "id", column = "id", data_type = "Int64", nullable = false },
+  { json_path = "name", column = "name", data_type = "Utf8" },
+  { json_path = "amount", column = "amount", data_type = "Float64" },
+]
+'''
+
+
+def arrow_batches(rows):
+    """The direct writers' input: ``rows`` as Arrow tables of 1,000 (the sinks' batch)."""
     import pyarrow as pa
-    from deltalake import write_deltalake
-    rows = delta_rows(n)
     schema = pa.schema([pa.field("id", pa.int64(), False), pa.field("name", pa.string()),
                         pa.field("amount", pa.float64())])
-    batches = [pa.Table.from_pylist(rows[i:i + 1000], schema=schema)
-               for i in range(0, n, 1000)]
+    return schema, [pa.Table.from_pylist(rows[i:i + 1000], schema=schema)
+                    for i in range(0, len(rows), 1000)]
+
+
+def bench_delta(broker, workdir, n):
+    from deltalake import write_deltalake
+    rows = delta_rows(n)
+    schema, batches = arrow_batches(rows)
     from deltalake import DeltaTable
 
     def direct_run(uri):
@@ -281,25 +296,21 @@ def bench_delta(broker, workdir, n):
 
     name = f"bench-delta-{uuid.uuid4().hex[:6]}"
     topic = f"/default/{name}"
-
-    async def produce():
-        from danube.client import DanubeClient
-        async with DanubeClient(broker.url) as client:
-            p = await client.create_producer(topic, "bench", reliable=True)
-            return p
     text = core(broker, name, "sink-deltalake", 1000) + f'''[deltalake]
 [[deltalake.routes]]
 from = "{topic}"
 subscription = "bench"
 to = "{os.path.join(workdir, 'connector')}"
-include_danube_metadata = false
-field_mappings = [
-  {{ json_path = "id", column = "id", data_type = "Int64", nullable = false }},
-  {{ json_path = "name", column = "name", data_type = "Utf8" }},
-  {{ json_path = "amount", column = "amount", data_type = "Float64" }},
-]
-'''
+{SINK_ROUTE_COLUMNS}'''
+    return sink_against_direct(broker, workdir, topic, text, rows, before,
+                               lambda: direct_run(os.path.join(workdir, "direct-after")))
 
+
+def sink_against_direct(broker, workdir, topic, text, rows, before, direct_again):
+    """The rows published to ``topic`` while the sink's subscription waits for them (its
+    connector started once to create it, then stopped), then the connector timed draining
+    them into its table; the peer, the direct write, timed again after it: the mean of its
+    two runs evens out load that moved."""
     async def fill():
         from danube.client import DanubeClient
         async with DanubeClient(broker.url) as client:
@@ -311,11 +322,11 @@ field_mappings = [
             payloads = [json.dumps(r, separators=(",", ":")).encode() for r in rows]
             await p.send_many(payloads)
     asyncio.run(fill())
+    n = len(rows)
     conn = Connector(workdir, text, profile=True)
     connector = conn.timed_until(n)
     conn.stop()
-    # The peer again after the connector: the mean of both runs evens out load that moved.
-    direct = (before + direct_run(os.path.join(workdir, "direct-after"))) / 2
+    direct = (before + direct_again()) / 2
     return {"rows": n, "direct_rows_per_s": round(n / direct),
             "connector_rows_per_s": round(n / connector), "ratio": round(direct / connector, 2)}
 
@@ -323,13 +334,9 @@ field_mappings = [
 # -- Iceberg ------------------------------------------------------------------------------
 
 def bench_iceberg(broker, workdir, n):
-    import pyarrow as pa
     from pyiceberg.catalog.sql import SqlCatalog
     rows = delta_rows(n)
-    schema = pa.schema([pa.field("id", pa.int64(), False), pa.field("name", pa.string()),
-                        pa.field("amount", pa.float64())])
-    batches = [pa.Table.from_pylist(rows[i:i + 1000], schema=schema)
-               for i in range(0, n, 1000)]
+    schema, batches = arrow_batches(rows)
     uri = f"sqlite:///{os.path.join(workdir, 'iceberg.db')}"
     warehouse = os.path.join(workdir, "warehouse")
     os.makedirs(warehouse, exist_ok=True)
@@ -355,31 +362,9 @@ warehouse = "{warehouse}"
 [[iceberg.routes]]
 from = "{topic}"
 subscription = "bench"
-include_danube_metadata = false
-field_mappings = [
-  {{ json_path = "id", column = "id", data_type = "Int64", nullable = false }},
-  {{ json_path = "name", column = "name", data_type = "Utf8" }},
-  {{ json_path = "amount", column = "amount", data_type = "Float64" }},
-]
-'''
-
-    async def fill():
-        from danube.client import DanubeClient
-        async with DanubeClient(broker.url) as client:
-            p = await client.create_producer(topic, "bench", reliable=True)
-            conn = Connector(workdir, text)
-            while not conn.ready():
-                await asyncio.sleep(0.05)
-            conn.stop()          # the subscription exists: the records wait for it
-            payloads = [json.dumps(r, separators=(",", ":")).encode() for r in rows]
-            await p.send_many(payloads)
-    asyncio.run(fill())
-    conn = Connector(workdir, text, profile=True)
-    connector = conn.timed_until(n)
-    conn.stop()
-    direct = (before + direct_run("after")) / 2     # as the Delta case
-    return {"rows": n, "direct_rows_per_s": round(n / direct),
-            "connector_rows_per_s": round(n / connector), "ratio": round(direct / connector, 2)}
+{SINK_ROUTE_COLUMNS}'''
+    return sink_against_direct(broker, workdir, topic, text, rows, before,
+                               lambda: direct_run("after"))
 
 
 # -- webhook ------------------------------------------------------------------------------

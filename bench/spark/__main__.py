@@ -39,7 +39,7 @@ import time
 
 from pathlib import Path
 
-from bench._proc import proc_cpu
+from bench._proc import proc_cpu, system_busy
 from bench.e2e.runner import Broker
 
 SUPPORT = Path(__file__).resolve().parents[2] / "tests" / "support"
@@ -260,19 +260,26 @@ def main(argv=None):
         for label, df in sources.items():
             print(f"[batch] warming up: {label} ...", flush=True)
             results[label] = {"rows": df().count(), "noop_s": [], "parquet_s": [],
-                              "broker_cpu_s": 0.0, "reads": 0}
+                              "broker_cpu_s": 0.0, "reads": 0, "cores": []}
             ways["noop_s"](df)
         for r in range(ROUNDS):
             print(f"[batch] round {r + 1} of {ROUNDS} ...", flush=True)
             for way, run in ways.items():
                 for label, df in sources.items():
-                    cpu0 = proc_cpu(broker.pid)
+                    cpu0, busy0 = proc_cpu(broker.pid), system_busy()
                     t0 = time.perf_counter()
                     run(df)
-                    results[label][way].append(time.perf_counter() - t0)
+                    took = time.perf_counter() - t0
+                    results[label][way].append(took)
                     results[label]["broker_cpu_s"] += proc_cpu(broker.pid) - cpu0
                     results[label]["reads"] += 1
+                    if way == "noop_s":
+                        # How many of the machine's cores the read kept busy: a source
+                        # that already fills both leaves no room for a broker's work.
+                        results[label]["cores"].append((system_busy() - busy0) / took)
         for r in results.values():
+            best = r["noop_s"].index(min(r["noop_s"]))
+            r["cores"] = r["cores"][best]           # of the best noop read
             r["noop_s"], r["parquet_s"] = min(r["noop_s"]), min(r["parquet_s"])
 
         print(f"[stream] {args.rate:,} msgs/s for {stream_s:g} s, default trigger, "
@@ -305,15 +312,17 @@ def main(argv=None):
 
     print()
     print(f"{'source':<26} {'rows':>10} {'noop s':>8} {'rows/s':>11} {'parquet s':>10} "
-          f"{'rows/s':>11}  broker us/msg")
+          f"{'rows/s':>11}  broker us/msg  cores busy")
     for label, r in results.items():
+        cores = f"{r['cores']:.2f}" if "cores" in r else "-"
         us = (f"{r['broker_cpu_s'] * 1e6 / (r['rows'] * r['reads']):.2f}"
               if label.startswith("danube") or label == "standalone" else "-")
         print(f"{label:<26} {r['rows']:>10,} {r['noop_s']:>8.2f} "
               f"{r['rows'] / r['noop_s']:>11,.0f} {r['parquet_s']:>10.2f} "
-              f"{r['rows'] / r['parquet_s']:>11,.0f}  {us}")
+              f"{r['rows'] / r['parquet_s']:>11,.0f}  {us:>13}  {cores}")
     print(f"(best of {ROUNDS} rounds, each timing every source in turn; broker CPU over the "
-          f"connector's timed reads)")
+          f"connector's timed reads; cores busy: the whole machine's busy CPU seconds over the "
+          f"best noop read's seconds, of {os.cpu_count()})")
     d = results["danube topic (connector)"]
     p, j = results["Parquet file"], results["JSON lines file"]
     ratio_p = p["noop_s"] / d["noop_s"]

@@ -95,6 +95,12 @@ class Placement:
     def check_elsewhere(self, name: str) -> None:
         """Raise TopicElsewhere if another broker serves ``name`` (or is about to)."""
 
+    async def catch_up(self, name: str) -> bool:
+        """``locate`` found no owner of ``name``: wait (bounded) until this broker's view of
+        where topics live has caught up with a topic the metadata store has or one being
+        placed; True if it now may know. A single broker's view never lags."""
+        return False
+
     async def create(self, name: str, delivery_name: str,
                      create_here: Callable[[], Awaitable]):
         """Create a new topic: here (``create_here()``), or wherever it is placed. Returns

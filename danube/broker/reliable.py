@@ -18,7 +18,8 @@ KeyShared only that message's key), Drop treats it as acked, DeadLetter republis
 the dead-letter topic and then treats it as acked.
 Messages are handed to consumers in offset order per subscription (per key on KeyShared).
 That holds through a consumer leaving too: what it had in flight goes to the next consumer
-before anything newer (as upstream's failover does), so while such messages wait to be sent
+before anything newer (as upstream's failover does), in offset order (all of it once the
+longest of its backoffs ends, see _resend_together), so while such messages wait to be sent
 again an Exclusive or Failover subscription delivers nothing new, and a KeyShared one nothing
 new of their keys; a consumer joining sends them again at once, without the backoff. A nack
 or an ack timeout does not hold newer messages back (upstream's, and Pulsar's, semantics).
@@ -191,7 +192,21 @@ class ReliableDispatcher(CursorPersistence):
             else:
                 self.stats["stream_ended"] += 1
                 self._failed(delivery, None, "the consumer's stream ended before an ack")
+        if unsent < len(mine) and self.sub.sub_type != SHARED:
+            self._resend_together({d.offset for d in mine})
         self.notify()
+
+    def _resend_together(self, offsets):
+        """A left consumer's messages go out again in offset order (the topic's on Exclusive
+        and Failover, each key's on KeyShared): all of them when the last of their backoffs
+        ends. Left to their own due times, the ones that never left the broker (due at once)
+        and the ones with fewer failed attempts (a shorter backoff) overtook older ones."""
+        latest = max((due for due, offset in self.retry if offset in offsets), default=None)
+        if latest is None:
+            return
+        self.retry = [(latest if offset in offsets else due, offset)
+                      for due, offset in self.retry]
+        heapq.heapify(self.retry)
 
     def consumer_joined(self):
         """A consumer joined: what a left one had in flight is sent again now rather than

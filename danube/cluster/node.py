@@ -39,6 +39,9 @@ SERVE_CONCURRENCY = 8
 #: A graceful release (unload, drain) waits this long for the topic's last segments to reach
 #: the durable tier.
 RELEASE_UPLOAD_TIMEOUT = 30.0
+#: How long a lookup of a topic this broker's view has no owner for waits for the view
+#: (catch_up): a placement or a move takes well under this on a loaded machine.
+LOOKUP_CATCH_UP = 5.0
 
 
 class ClusterNode(Placement):
@@ -183,6 +186,19 @@ class ClusterNode(Placement):
         if record is None or not record.get("broker_url"):
             return None
         return record["broker_url"], record.get("connect_url") or record["broker_url"]
+
+    async def catch_up(self, topic: str) -> bool:
+        # A topic created a moment ago through another broker, or one between owners (a
+        # drain, a failover): the watch that feeds the view may be behind the store. A
+        # lookup waits for it rather than answering NOT_FOUND for a topic that exists.
+        if topic not in self.view.unassigned:
+            try:
+                if await self.store.get_entry(keys.namespace_topic(topic)) is None:
+                    return False
+            except MetadataError:
+                return False            # the store is out of reach: answer from the view
+        return await self.view.until(lambda: self.locate(topic) is not None,
+                                     LOOKUP_CATCH_UP)
 
     def count_redirect(self, reason: str, topic: str) -> None:
         """A producer or consumer sent back to look the topic up again (upstream counts

@@ -163,7 +163,12 @@ class DiscoveryService:
     @maps_errors()
     async def TopicLookup(self, request, context):
         checks.lookup_request(request)
-        broker_url, connect_url = self.topics.lookup(request.topic)
+        try:
+            broker_url, connect_url = self.topics.lookup(request.topic)
+        except e.TopicNotFound:
+            if not await self.core.placement.catch_up(request.topic):
+                raise
+            broker_url, connect_url = self.topics.lookup(request.topic)
         here = broker_url == self.core.cfg.advertised_broker_url
         return pb.TopicLookupResponse(
             request_id=request.request_id,

@@ -13,7 +13,7 @@ import pytest
 from deltalake import DeltaTable
 
 from broker_process import BrokerProcess
-from connector_process import ConnectorProcess
+from connector_process import ConnectorProcess, runtime_toml
 from waiting import async_wait_for
 from danube.client import DanubeClient, register_schema
 
@@ -33,25 +33,10 @@ def broker(tmp_path_factory):
 
 def write_config(path, broker, topic, table_uri, *, route_extra=MAPPINGS, delta_extra="",
                  dlq=None, batch_size=200):
-    name = f"delta-{uuid.uuid4().hex[:8]}"
-    dlq_line = f'dead_letter_topic = "{dlq}"' if dlq else ""
-    path.write_text(f'''
-connector = "sink-deltalake"
-danube_service_url = "http://{broker.client_addr}"
-connector_name = "{name}"
-{dlq_line}
-
-[retry]
-max_retries = 2
-retry_backoff_ms = 100
-max_backoff_ms = 1000
-
-[processing]
-batch_size = {batch_size}
-batch_timeout_ms = 200
-metrics_port = 0
-metrics_host = "127.0.0.1"
-
+    head = runtime_toml("sink-deltalake", f"http://{broker.client_addr}",
+                        f"delta-{uuid.uuid4().hex[:8]}", dlq=dlq, batch_size=batch_size,
+                        batch_timeout_ms=200)
+    path.write_text(f'''{head}
 [deltalake]
 {delta_extra}
 

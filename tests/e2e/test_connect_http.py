@@ -18,7 +18,7 @@ import uuid
 import pytest
 
 from broker_process import BrokerProcess
-from connector_process import ConnectorProcess
+from connector_process import ConnectorProcess, runtime_toml
 from waiting import async_wait_for, wait_for
 from danube.client import DanubeClient
 
@@ -38,25 +38,9 @@ def broker(tmp_path_factory):
     b.stop()
 
 
-def core(broker_addr, name, kind, extra=""):
-    return f'''
-connector = "{kind}"
-danube_service_url = "http://{broker_addr}"
-connector_name = "{name}"
-{extra}
-
-[retry]
-max_retries = 2
-retry_backoff_ms = 100
-max_backoff_ms = 500
-
-[processing]
-batch_size = 100
-batch_timeout_ms = 100
-poll_interval_ms = 20
-metrics_port = 0
-metrics_host = "127.0.0.1"
-'''
+def core(broker_addr, name, kind, dlq=None):
+    return runtime_toml(kind, f"http://{broker_addr}", name, dlq=dlq, max_backoff_ms=500,
+                        batch_size=100, batch_timeout_ms=100, poll_interval_ms=20)
 
 
 def webhook_config(path, broker_addr, topic, *, max_pending=100, timeout=30):
@@ -238,8 +222,7 @@ def endpoint():
 
 def sink_config(path, broker, topic, url, dlq, mode="record"):
     name = f"hs-{uuid.uuid4().hex[:8]}"
-    path.write_text(core(broker.client_addr, name, "sink-http",
-                         f'dead_letter_topic = "{dlq}"') + f'''
+    path.write_text(core(broker.client_addr, name, "sink-http", dlq) + f'''
 [http]
 url = "{url}"
 mode = "{mode}"

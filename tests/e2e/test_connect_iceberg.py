@@ -16,7 +16,7 @@ import pytest
 from pyiceberg.catalog.sql import SqlCatalog
 
 from broker_process import BrokerProcess
-from connector_process import ConnectorProcess
+from connector_process import ConnectorProcess, runtime_toml
 from waiting import async_wait_for
 from danube.client import DanubeClient, register_schema
 from danube.client.schema import schema_reference
@@ -79,25 +79,10 @@ class Lake:
 
 def write_config(path, broker, topic, lake, *, route_extra=MAPPINGS, dlq=None,
                  batch_size=200):
-    name = f"ice-{uuid.uuid4().hex[:8]}"
-    dlq_line = f'dead_letter_topic = "{dlq}"' if dlq else ""
-    path.write_text(f'''
-connector = "sink-iceberg"
-danube_service_url = "http://{broker.client_addr}"
-connector_name = "{name}"
-{dlq_line}
-
-[retry]
-max_retries = 2
-retry_backoff_ms = 100
-max_backoff_ms = 1000
-
-[processing]
-batch_size = {batch_size}
-batch_timeout_ms = 200
-metrics_port = 0
-metrics_host = "127.0.0.1"
-
+    head = runtime_toml("sink-iceberg", f"http://{broker.client_addr}",
+                        f"ice-{uuid.uuid4().hex[:8]}", dlq=dlq, batch_size=batch_size,
+                        batch_timeout_ms=200)
+    path.write_text(f'''{head}
 {lake.toml()}
 
 [[iceberg.routes]]

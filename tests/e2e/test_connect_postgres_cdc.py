@@ -16,7 +16,7 @@ import psycopg
 import pytest
 
 from broker_process import BrokerProcess
-from connector_process import ConnectorProcess
+from connector_process import ConnectorProcess, runtime_toml
 from postgres_process import Postgres, pg, sql  # noqa: F401 - pg: a fixture
 from waiting import async_wait_for
 from danube.client import DanubeClient, fnv1a64
@@ -32,22 +32,9 @@ def broker(tmp_path_factory):
 def write_config(path, broker, pg, routes, *, name=None, extra="", batch_size=200):
     name = name or f"cdc-{uuid.uuid4().hex[:8]}"
     slot = name.replace("-", "_")
-    path.write_text(f'''
-connector = "source-postgres-cdc"
-danube_service_url = "http://{broker.client_addr}"
-connector_name = "{name}"
-
-[retry]
-max_retries = 2
-retry_backoff_ms = 100
-max_backoff_ms = 1000
-
-[processing]
-batch_size = {batch_size}
-poll_interval_ms = 20
-metrics_port = 0
-metrics_host = "127.0.0.1"
-
+    head = runtime_toml("source-postgres-cdc", f"http://{broker.client_addr}", name,
+                        batch_size=batch_size, poll_interval_ms=20)
+    path.write_text(f'''{head}
 [postgres]
 connection_url = "{pg.url}"
 publication_name = "{slot}"

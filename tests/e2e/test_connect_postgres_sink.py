@@ -15,7 +15,7 @@ import psycopg
 import pytest
 
 from broker_process import BrokerProcess
-from connector_process import ConnectorProcess
+from connector_process import ConnectorProcess, runtime_toml
 from postgres_process import Postgres, pg, sql  # noqa: F401 - pg: a fixture
 from waiting import async_wait_for
 from danube.client import DanubeClient
@@ -41,23 +41,10 @@ def count(pg, table):
 
 
 def write_config(path, broker, pg, topic, table, *, dlq="", batch_size=200, route_extra=""):
-    path.write_text(f'''
-connector = "sink-postgres"
-danube_service_url = "http://{broker.client_addr}"
-connector_name = "pgs-{uuid.uuid4().hex[:8]}"
-dead_letter_topic = "{dlq}"
-
-[retry]
-max_retries = 2
-retry_backoff_ms = 100
-max_backoff_ms = 1000
-
-[processing]
-batch_size = {batch_size}
-batch_timeout_ms = 100
-metrics_port = 0
-metrics_host = "127.0.0.1"
-
+    head = runtime_toml("sink-postgres", f"http://{broker.client_addr}",
+                        f"pgs-{uuid.uuid4().hex[:8]}", dlq=dlq, batch_size=batch_size,
+                        batch_timeout_ms=100)
+    path.write_text(f'''{head}
 [postgres]
 connection_url = "{pg.url}"
 

@@ -16,6 +16,22 @@ from waiting import wait_for
 LISTENING = re.compile(r"listening on http://[\d.]+:(\d+)")
 
 
+def runtime_toml(kind, service_url, name, *, dlq=None, max_backoff_ms=1000, **processing):
+    """The runtime's part of a connector's TOML, as the connector tests use it: the
+    connector, broker and name (and a dead-letter topic), fast retries (2, from 100 ms), and
+    ``[processing]`` with ``processing``'s keys (e.g. batch_size=200, batch_timeout_ms=200),
+    metrics on a free port of 127.0.0.1. The connector's own tables follow it."""
+    lines = [f'connector = "{kind}"', f'danube_service_url = "{service_url}"',
+             f'connector_name = "{name}"']
+    if dlq:
+        lines.append(f'dead_letter_topic = "{dlq}"')
+    lines += ["", "[retry]", "max_retries = 2", "retry_backoff_ms = 100",
+              f"max_backoff_ms = {max_backoff_ms}", "", "[processing]"]
+    lines += [f"{key} = {value}" for key, value in processing.items()]
+    lines += ["metrics_port = 0", 'metrics_host = "127.0.0.1"', ""]
+    return "\n".join(lines) + "\n"
+
+
 class ConnectorProcess:
     def __init__(self, config_path, env=None):
         self.config_path = config_path

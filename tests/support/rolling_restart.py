@@ -145,7 +145,9 @@ def _consumer_figures(received, acked):
 
 
 def roll_under_load(workdir: Path, topic: str, *, baseline: float = 5.0, pause: float = 6.0,
-                    brokers: int = 3) -> dict:
+                    brokers: int = 3, official_retry: dict | None = None) -> dict:
+    """``official_retry``: the official producer's retry options (ProducerOptions' fields),
+    else its defaults."""
     directory = workdir / "cluster"
     up = cluster_command("up", "--dir", str(directory), "--free-ports", "--brokers",
                          str(brokers), "--lease-ttl", "3")
@@ -167,7 +169,7 @@ def roll_under_load(workdir: Path, topic: str, *, baseline: float = 5.0, pause: 
         producer = spawn_scenario("proxy_producer.py", {
             "url": urls[0], "topic": topic, "go_file": str(go), "stop_file": str(stop),
             "interval": 0.005, "retry_pause": 0.05, "partitions": PARTITIONS,
-            "prefix": "o"}, timeout=620)
+            "prefix": "o", "retry": official_retry}, timeout=620)
         producer.wait_line("created", timeout=60)
         go.touch()
         ours.go.set()
@@ -205,7 +207,7 @@ def roll_under_load(workdir: Path, topic: str, *, baseline: float = 5.0, pause: 
             before = [a[2] for a in acks if a[1] < roll_started]
             during = [a[2] for a in acks if roll_started <= a[1] <= roll_ended]
             figures["producers"][name] = {
-                "acked": len(acks),
+                "acked": len(acks), "last_ack": max(times, default=0.0),
                 "gaps": {r["name"]: longest_gap(times, r["started"], r["active"])
                          for r in records},
                 "p50_before_ms": 1000 * pct(before, 50), "p99_before_ms": 1000 * pct(before, 99),

@@ -6,7 +6,7 @@ import base64
 import time
 
 import grpc
-from danube import DanubeClientBuilder, DispatchStrategy, SubType
+from danube import DanubeClientBuilder, DispatchStrategy, ProducerOptions, SubType
 from danube.proto import DanubeApi_pb2 as pb
 from danube.proto import DanubeApi_pb2_grpc as pb_grpc
 
@@ -19,8 +19,12 @@ def sub_type(name):
     return SubType[name.upper()]
 
 
-async def new_producer(client, topic, name, partitions=None, reliable=False):
+async def new_producer(client, topic, name, partitions=None, reliable=False, retry=None):
+    """``retry``: the producer's ProducerOptions as a dict (max_retries, base_backoff_ms,
+    max_backoff_ms), else the client's defaults."""
     builder = client.new_producer().with_topic(topic).with_name(name)
+    if retry:
+        builder = builder.with_options(ProducerOptions(**retry))
     if partitions:
         builder = builder.with_partitions(partitions)
     if reliable:

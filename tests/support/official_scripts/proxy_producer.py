@@ -5,7 +5,8 @@ at least once), after `retry_pause` seconds. Every acknowledged publish is print
 "acked <payload> <wall-clock time> <seconds the send took>", every failure as
 "error <kind>".
 
-args: url, topic, go_file, stop_file, interval, retry_pause; partitions, prefix (m).
+args: url, topic, go_file, stop_file, interval, retry_pause; partitions, prefix (m), retry
+(the producer's retry options: max_retries, base_backoff_ms, max_backoff_ms).
 Returns {"acked": n, "errors": n}.
 """
 
@@ -19,7 +20,8 @@ from _lib import new_client, new_producer
 async def main(args):
     client = await new_client(args["url"])
     producer = await new_producer(client, args["topic"], "proxy-producer",
-                                  partitions=args.get("partitions"), reliable=True)
+                                  partitions=args.get("partitions"), reliable=True,
+                                  retry=args.get("retry"))
     prefix = args.get("prefix", "m")
     print("created", flush=True)
     while not os.path.exists(args["go_file"]):
