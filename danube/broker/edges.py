@@ -106,7 +106,7 @@ class EdgeRegistry:
                                    f"{topic_name}")
                 continue
             try:
-                await self.core.create_topic(topic_name, RELIABLE)
+                await self.core.topic_table.create_topic(topic_name, RELIABLE)
                 result["topic_created"] = True
             except TopicAlreadyExists:
                 pass
@@ -191,7 +191,7 @@ class EdgeRegistry:
         return bool(changes), version, changes
 
     async def _topic_exists(self, name):
-        if name in self.core.topics:
+        if self.core.topic_table.serves(name):
             return True
         return await self.store.get_entry(keys.namespace_topic(name)) is not None
 
@@ -213,7 +213,7 @@ class EdgeRegistry:
         if lock is None:
             lock = self._locks[topic_name] = asyncio.Lock()
         async with lock:
-            topic = self.core.get_topic(topic_name)
+            topic = self.core.topic_table.get_topic(topic_name)
             key = keys.edge_replicated(topic_name)
             log_id = _log_of(messages)
             stored_log, marker = _marker(await self.store.get(key))

@@ -37,14 +37,14 @@ def _reliable(topic):
     return topic
 
 
-async def topic_offsets(core, name):
+async def topic_offsets(topic_table, name):
     """(partitioned, [(partition's topic name, N, earliest, latest)]) of ``name``: itself,
     or every partition of a partitioned topic. ``latest`` is one past the newest message."""
     names.validate_topic(name, "topic")
-    partitioned = name not in core.topics
+    partitioned = not topic_table.serves(name)
     out = []
-    for part_name in await core.partitions(name):
-        topic = _reliable(core.get_topic(part_name))
+    for part_name in await topic_table.partitions(name):
+        topic = _reliable(topic_table.get_topic(part_name))
         split = names.split_partition(names.validate_topic(part_name)[1])
         index = split[1] if split is not None else 0
         log = topic.log
@@ -54,7 +54,7 @@ async def topic_offsets(core, name):
     return partitioned, out
 
 
-async def open_range(core, name, start, end, max_messages=0, max_bytes=BATCH_BYTES,
+async def open_range(topic_table, name, start, end, max_messages=0, max_bytes=BATCH_BYTES,
                      columnar=False):
     """A ``RangeReader`` of [start, min(end, latest)) of one reliable topic or partition,
     whose batches are lists of messages, or serialized ReadRangeBatches when ``columnar``.
@@ -63,13 +63,13 @@ async def open_range(core, name, start, end, max_messages=0, max_bytes=BATCH_BYT
     offset kept)."""
     if end < start:
         raise InvalidArgument(f"end_offset {end} is below start_offset {start}")
-    topic = core.topics.get(name)
+    topic = topic_table.served(name)
     if topic is None:
-        parts = await core.partitions(name)
+        parts = await topic_table.partitions(name)
         if parts:
             raise InvalidArgument(f"topic: {name} is a partitioned topic; read its partitions "
                                   f"({parts[0]} .. {parts[-1]}) one at a time")
-        topic = core.get_topic(name)          # TopicNotFound
+        topic = topic_table.get_topic(name)          # TopicNotFound
     _reliable(topic)
     # Readers get what deliveries may carry: in mode `always`, only what a sync covers.
     end = min(end, topic.dispatchable_end)

@@ -9,7 +9,7 @@ as `/namespaces//topics//t` in the metadata. Such names get INVALID_ARGUMENT.
 
 Length limits come from where a name ends up. A reliable topic's WAL lives in the directory
 `{wal_root}/{namespace}/{topic}` (the segments are used as they are, no escaping), and a stale
-local WAL is moved aside to `{topic}.stale-{unix time}` (core._open_log), so each of the two
+local WAL is moved aside to `{topic}.stale-{unix time}` (storage/topic_log.py), so each of the two
 segments is limited to 255 - 17 = 238 bytes of UTF-8: the 255-byte file name limit of every
 common filesystem, less that suffix. The limit applies to non-reliable topics too, since the
 same name can become a reliable topic later. Partitions append `-part-N` to the topic
@@ -23,7 +23,7 @@ from danube.broker.errors import InvalidArgument, InvalidTopicName
 PARTITION_SEP = "-part-"
 _PARTITION_RE = re.compile(r"^(.*)-part-(\d+)$")
 NAME_MAX = 255                                   # bytes in one file name (ext4, xfs, btrfs)
-STALE_SUFFIX_BYTES = len(".stale-") + 10         # core._open_log's aside name, 10-digit time
+STALE_SUFFIX_BYTES = len(".stale-") + 10         # topic_log.py's aside name, 10-digit time
 MAX_SEGMENT_BYTES = NAME_MAX - STALE_SUFFIX_BYTES
 MAX_NAME = 1 + MAX_SEGMENT_BYTES + 1 + MAX_SEGMENT_BYTES
 # Producer, consumer and subscription names: metadata key segments, never file names, but

@@ -19,7 +19,7 @@ MAX_RANGES = 65536
 
 class BatchConsumerService:
     def __init__(self, core):
-        self.core = core
+        self.subscriptions = core.subscription_table
 
     async def ReceiveBatches(self, request, context):
         window = request.max_unacked_messages
@@ -28,7 +28,7 @@ class BatchConsumerService:
             raise RpcError(StatusCode.INVALID_ARGUMENT,
                            f"max_unacked_messages must be between {low} and {high} (or 0: "
                            f"the subscription's), not {window}")
-        await serve_stream(self.core, request.consumer_id, context, batched=True,
+        await serve_stream(self.subscriptions, request.consumer_id, context, batched=True,
                            window=window)
 
     @maps_errors({e.TopicNotFound: StatusCode.NOT_FOUND,
@@ -43,8 +43,8 @@ class BatchConsumerService:
             pairs = check_ranges(request.ranges)
         except ValueError as exc:
             raise e.InvalidArgument(f"ranges: {exc}") from None
-        dispatcher = self.core.subscription_for_ack(request.topic_name,
-                                                    request.subscription_name).dispatcher
+        dispatcher = self.subscriptions.subscription_for_ack(
+            request.topic_name, request.subscription_name).dispatcher
         acked = dispatcher.ack_ranges(pairs) if dispatcher is not None else 0
         if request.durable and dispatcher is not None:
             await dispatcher.flush_cursor()

@@ -19,22 +19,22 @@ log = logging.getLogger("danube.broker.services")
 UNLOADED_STREAM_PAUSE = 0.5
 
 
-async def serve_stream(core, consumer_id, context, *, batched=False, window=0):
+async def serve_stream(subscriptions, consumer_id, context, *, batched=False, window=0):
     """A consumer's delivery stream (ReceiveMessages, or danube_ext.BatchConsumer/
     ReceiveBatches when ``batched``: many messages per stream message); ``window``, when
     not 0, is the max_unacked_messages the consumer asks for while the stream lasts
-    (core.request_window)."""
+    (``subscriptions``, the core's SubscriptionTable: request_window)."""
     client = context.conn
     try:
-        consumer = core.consumer(consumer_id)
+        consumer = subscriptions.consumer(consumer_id)
         if consumer.must_wait(client):
             log.info("consumer %r was taken over by another connection; this "
                      "ReceiveMessages waits until that one lets it go", consumer.name)
         while consumer.must_wait(client):
             await consumer.turn()
-            consumer = core.consumer(consumer_id)   # removed meanwhile?
+            consumer = subscriptions.consumer(consumer_id)   # removed meanwhile?
         if window:
-            await core.request_window(consumer, window, context)
+            await subscriptions.request_window(consumer, window, context)
     except e.TopicUnloaded as exc:
         # The official clients reopen a failed stream at once, without backoff, until
         # their health check (every 5 s) tells them to subscribe again: answering after
@@ -52,7 +52,7 @@ async def serve_stream(core, consumer_id, context, *, batched=False, window=0):
         consumer.stream_ended(sink)
         await sink.close()
         if window:
-            await core.release_window(consumer, context)
+            await subscriptions.release_window(consumer, context)
     if reason is not None:
         raise to_rpc_error(reason)
 
@@ -66,13 +66,14 @@ def count_redirect(core, exc, topic):
 class ProducerService:
     def __init__(self, core):
         self.core = core
+        self.producers = core.producer_table
 
     @maps_errors()
     async def CreateProducer(self, request, context):
         checks.producer_request(request)
         subject = request.schema_ref.subject if request.HasField("schema_ref") else None
         try:
-            producer_id = await self.core.create_producer(
+            producer_id = await self.producers.create_producer(
                 request.topic_name, request.producer_name, request.dispatch_strategy,
                 request.producer_access_mode, subject)
         except e.TopicElsewhere as exc:
@@ -94,7 +95,7 @@ class ProducerService:
         started = time.perf_counter()
         topic = None
         try:
-            producer = self.core.producer(msg.msg_id.producer_id)
+            producer = self.producers.producer(msg.msg_id.producer_id)
             topic = producer.topic
             await topic.publish(msg, producer, raw)
         except e.BrokerError as exc:
@@ -109,12 +110,13 @@ class ProducerService:
 class ConsumerService:
     def __init__(self, core):
         self.core = core
+        self.subscriptions = core.subscription_table
 
     @maps_errors()
     async def Subscribe(self, request, context):
         checks.consumer_request(request)
         try:
-            consumer_id = await self.core.subscribe(
+            consumer_id = await self.subscriptions.subscribe(
                 request.topic_name, request.consumer_name, request.subscription,
                 request.subscription_type, list(request.key_filters), client=context.conn)
         except e.TopicElsewhere as exc:
@@ -124,7 +126,7 @@ class ConsumerService:
                                    consumer_name=request.consumer_name)
 
     async def ReceiveMessages(self, request, context):
-        await serve_stream(self.core, request.consumer_id, context)
+        await serve_stream(self.subscriptions, request.consumer_id, context)
 
     @maps_errors()
     async def Ack(self, request, context):
@@ -149,23 +151,24 @@ class ConsumerService:
         acks are no-ops once the subscription is known (upstream behaviour)."""
         if not request.HasField("msg_id"):
             raise RpcError(StatusCode.INVALID_ARGUMENT, f"Error {what} message: msg_id is required")
-        return self.core.subscription_for_ack(request.msg_id.topic_name,
-                                              request.subscription_name).dispatcher
+        return self.subscriptions.subscription_for_ack(request.msg_id.topic_name,
+                                                       request.subscription_name).dispatcher
 
 
 class DiscoveryService:
     def __init__(self, core):
         self.core = core
+        self.topics = core.topic_table
 
     @maps_errors()
     async def TopicLookup(self, request, context):
         checks.lookup_request(request)
         try:
-            broker_url, connect_url = self.core.lookup(request.topic)
+            broker_url, connect_url = self.topics.lookup(request.topic)
         except e.TopicNotFound:
             if not await self.core.placement.catch_up(request.topic):
                 raise
-            broker_url, connect_url = self.core.lookup(request.topic)
+            broker_url, connect_url = self.topics.lookup(request.topic)
         here = broker_url == self.core.cfg.advertised_broker_url
         return pb.TopicLookupResponse(
             request_id=request.request_id,
@@ -176,7 +179,7 @@ class DiscoveryService:
     @maps_errors()
     async def TopicPartitions(self, request, context):
         checks.lookup_request(request)
-        partitions = await self.core.partitions(request.topic)
+        partitions = await self.topics.partitions(request.topic)
         return pb.TopicPartitionsResponse(request_id=request.request_id, partitions=partitions)
 
 

@@ -17,13 +17,13 @@ from danube.services.limits import SEND_MESSAGES, limit_send_messages
 
 class BatchProducerService:
     def __init__(self, core):
-        self.core = core
+        self.producers = core.producer_table
 
     async def SendMessages(self, batch, context):
         started = time.perf_counter()
         topic = None
         try:
-            producer = self.core.producer(batch.producer_id)
+            producer = self.producers.producer(batch.producer_id)
             topic = producer.topic
             offsets = await topic.publish(batch, producer)
         except e.BrokerError as exc:

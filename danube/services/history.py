@@ -10,12 +10,12 @@ from danube.services.errors import maps_errors, to_rpc_error
 
 class TopicHistoryService:
     def __init__(self, core):
-        self.core = core
+        self.topics = core.topic_table
 
     @maps_errors()
     async def GetOffsets(self, request, context):
         checks.offsets_request(request)
-        partitioned, parts = await history.topic_offsets(self.core, request.topic)
+        partitioned, parts = await history.topic_offsets(self.topics, request.topic)
         return ext.OffsetsResponse(partitioned=partitioned, partitions=[
             ext.PartitionOffsets(topic=name, partition=index, earliest=earliest, latest=latest)
             for name, index, earliest, latest in parts])
@@ -26,7 +26,7 @@ class TopicHistoryService:
         # and the finally closes the reader at once when the call is cancelled.
         try:
             checks.read_range_request(request)
-            reader = await history.open_range(self.core, request.topic, request.start_offset,
+            reader = await history.open_range(self.topics, request.topic, request.start_offset,
                                               request.end_offset, request.max_messages,
                                               columnar=request.columnar)
         except e.BrokerError as exc:

@@ -49,7 +49,7 @@ def _topic_of(core, head):
     if producer_id is None:
         return None
     try:
-        return core.producer(producer_id).topic.name
+        return core.producer_table.producer(producer_id).topic.name
     except e.BrokerError:
         return None
 

@@ -14,8 +14,8 @@ from danube.services.errors import maps_errors
 
 class SchemaRegistryService:
     def __init__(self, core):
-        self.core = core
         self.registry = core.schemas
+        self.bindings = core.topic_schemas      # topics' bindings (TopicSchemas)
 
     def _schema_response(self, doc, entry):
         definition = self.registry.definition(entry)
@@ -79,20 +79,20 @@ class SchemaRegistryService:
 
     @maps_errors()
     async def ConfigureTopicSchema(self, request, context):
-        message = await self.core.configure_topic_schema(
+        message = await self.bindings.configure_topic_schema(
             request.topic_name, request.schema_subject, request.validation_policy,
             request.enable_payload_validation)
         return sr.ConfigureTopicSchemaResponse(success=True, message=message)
 
     @maps_errors()
     async def UpdateTopicValidationPolicy(self, request, context):
-        message = await self.core.update_validation_policy(
+        message = await self.bindings.update_validation_policy(
             request.topic_name, request.validation_policy, request.enable_payload_validation)
         return sr.UpdateTopicValidationPolicyResponse(success=True, message=message)
 
     @maps_errors()
     async def GetTopicSchemaConfig(self, request, context):
-        subject, policy, payloads, schema_id = await self.core.topic_schema_config(
+        subject, policy, payloads, schema_id = await self.bindings.topic_schema_config(
             request.topic_name)
         return sr.GetTopicSchemaConfigResponse(schema_subject=subject, validation_policy=policy,
                                                enable_payload_validation=payloads,

@@ -1,19 +1,18 @@
-"""What the admin API asks of the core beyond creating and deleting: brokers and their state,
-namespace policies, describing, unloading and listing topics, a subscription's removal and
-its failure policy and dispatch window (both applied to the live dispatcher), statistics,
-and the rate sampler behind them. A mixin of BrokerCore (see broker.py).
+"""What the admin API asks of the core beyond creating and deleting (the topic table's) and
+the namespaces (Namespaces'): brokers and their state, describing, unloading and listing
+topics, a subscription's removal and its failure policy and dispatch window (both applied to
+the live dispatcher), statistics, and the rate sampler behind them. Built on the topic
+table's public methods.
 
 What depends on other brokers (the leader, draining, the balance, where a topic not served
 here lives) is the placement's answer (danube.broker.placement)."""
 
 import asyncio
-import dataclasses
 import logging
 
 from danube.broker import names, stats
 from danube.broker.errors import (InvalidArgument, NamespaceNotFound, NotReliable,
-                                  SchemaNotFound, SubscriptionNotFound, TopicNotFound,
-                                  TopicUnloaded)
+                                  SchemaNotFound, SubscriptionNotFound, TopicNotFound)
 from danube.broker.subscription import TYPES_BY_NAME
 from danube.broker.topic import RELIABLE
 from danube.metadata import keys
@@ -24,6 +23,14 @@ MAX_UNACKED_RANGE = (1, 10_000)     # upstream's bounds for max_unacked_messages
 
 
 class Admin:
+    def __init__(self, store, schemas, *, placement, namespaces, topic_table, identity):
+        self.store = store
+        self.schemas = schemas              # SchemaRegistry (DescribeTopic's schema fields)
+        self.placement = placement
+        self.namespaces = namespaces
+        self.topic_table = topic_table
+        self.identity = identity            # BrokerIdentity
+
     # -- brokers -------------------------------------------------------------------------
 
     async def list_brokers(self):
@@ -36,9 +43,6 @@ class Admin:
 
     async def broker_status(self, broker_id):
         return await self.placement.broker_status(broker_id)
-
-    async def _registered(self, broker_id):
-        await self.placement.check_registered(broker_id)
 
     async def activate_broker(self, broker_id, reason):
         await self.placement.activate(broker_id, reason)
@@ -55,93 +59,52 @@ class Admin:
         """TriggerRebalance: move topics until the load is even (or propose the moves)."""
         return await self.placement.rebalance(dry_run, max_moves)
 
-    # -- namespaces ----------------------------------------------------------------------
-
-    async def namespace_policies(self, ns):
-        names.validate_namespace(ns)
-        value = await self.store.get(keys.namespace_policy(ns))
-        if value is None and not await self.namespace_exists(ns):
-            raise NamespaceNotFound(f"namespace {ns} does not exist")
-        policies = dataclasses.asdict(self.cfg.policies)
-        if isinstance(value, dict):
-            policies.update({k: v for k, v in value.items() if k in policies})
-        return policies
-
     # -- topics --------------------------------------------------------------------------
 
     async def broker_topics(self, broker_id):
-        await self._registered(broker_id)
+        await self.placement.check_registered(broker_id)
         return await self.placement.topics_of(broker_id)
 
     async def topic_infos(self, names_):
         """ListNamespaceTopics/ListBrokerTopics rows: name, serving broker, delivery."""
         out = []
         for name in names_:
-            topic = self.topics.get(name)
+            topic = self.topic_table.served(name)
             if topic is not None:
-                out.append({"name": name, "broker_id": str(self.broker_id),
+                out.append({"name": name, "broker_id": str(self.identity.value),
                             "delivery": topic.delivery_name})
             else:
                 out.append(await self.placement.unserved_row(name))
         return out
 
-    async def _targets(self, name):
-        """The topic, or each partition of a partitioned topic; NOT_FOUND if neither."""
-        targets = await self.partitions(name)
-        if not targets:
-            raise TopicNotFound(f"Unable to find the requested topic: {name}")
-        local = [self.topics[t] for t in targets if t in self.topics]
-        if not local:
-            error = self.placement.not_served_here(targets)
-            if error is not None:
-                raise error
-        return local
-
     async def unload_topic(self, name):
         """Close the topic (its producers and consumers are told to look it up again) and
         serve it anew from metadata: reliable subscriptions resume at their cursors."""
         names.validate_topic(name)
-        targets = await self.partitions(name)
+        targets = await self.topic_table.partitions(name)
         if not targets:
             raise TopicNotFound(f"Unable to find the requested topic: {name}")
-        await self.placement.unload(targets, lambda: self._unload_here(name))
-
-    async def _unload_here(self, name):
-        async with self._lock:
-            for topic in await self._targets(name):
-                del self.topics[topic.name]
-                self.unloaded.remember(topic)
-                reason = TopicUnloaded(f"topic {topic.name} was unloaded; look it up and "
-                                       "connect again")
-                topic.close_reason = reason
-                try:
-                    await self._unload(topic, reason)
-                finally:
-                    await self._load_topic(topic.name)
-                log.info("topic %s unloaded and loaded again", topic.name)
-
-    def check_unloaded(self, kind, client_id):
-        self.unloaded.check(kind, client_id)
+        await self.placement.unload(targets, lambda: self.topic_table.reload(name))
 
     async def subscription_names(self, name):
         names.validate_topic(name)
         out = []
-        for topic in await self._targets(name):
+        for topic in await self.topic_table.served_targets(name):
             out.extend(s for s in topic.subscriptions if s not in out)
         return out
 
     async def describe_topic(self, name):
         """Upstream's DescribeTopicResponse fields; a partitioned topic is described by its
         first partition's delivery and schema, with the subscriptions of all."""
-        targets = await self.partitions(name)
-        if not any(t in self.topics for t in targets):
+        targets = await self.topic_table.partitions(name)
+        if not any(self.topic_table.serves(t) for t in targets):
             remote = await self.placement.describe_elsewhere(name, targets)
             if remote is not None:
                 return remote
         subscriptions = await self.subscription_names(name)
-        topic = (await self._targets(name))[0]
+        topic = (await self.topic_table.served_targets(name))[0]
         info = {"name": name, "subscriptions": subscriptions,
-                "broker_id": str(self.broker_id), "delivery": topic.delivery_name}
+                "broker_id": str(self.identity.value), "delivery": topic.delivery_name}
         gate = topic.schema
         if gate is not None:
             info["schema_subject"] = gate.subject
@@ -157,16 +120,10 @@ class Admin:
                         compatibility_mode=doc["compatibility_mode"].upper())
         return info
 
-    def _subscription(self, topic, sub_name):
-        sub = topic.subscriptions.get(sub_name)
-        if sub is None:
-            raise SubscriptionNotFound(f"subscription {sub_name!r} not found on {topic.name}")
-        return sub
-
     async def _subscriptions(self, name, sub_name):
         names.validate_topic(name)
         names.validate_client_name(sub_name, "subscription")
-        topics = await self._targets(name)
+        topics = await self.topic_table.served_targets(name)
         found = [(t, t.subscriptions[sub_name]) for t in topics if sub_name in t.subscriptions]
         if not found:
             raise SubscriptionNotFound(f"subscription {sub_name!r} not found on {name}")
@@ -195,7 +152,7 @@ class Admin:
         subscription exists, as upstream's (which checks only the dispatch strategy)."""
         names.validate_topic(name)
         names.validate_client_name(sub_name, "subscription")
-        if any(t.delivery != RELIABLE for t in await self._targets(name)):
+        if any(t.delivery != RELIABLE for t in await self.topic_table.served_targets(name)):
             raise NotReliable("subscription failure policy can only be configured for "
                               "reliable topics")
         policy.validate()
@@ -240,21 +197,24 @@ class Admin:
 
     async def topic_stats(self, name):
         names.validate_topic(name)
-        return [stats.topic_stats(t, self.broker_id) for t in await self._targets(name)]
+        return [stats.topic_stats(t, self.identity.value)
+                for t in await self.topic_table.served_targets(name)]
 
     async def namespace_stats(self, ns):
         if ns:
             names.validate_namespace(ns)
-            if not await self.namespace_exists(ns):
+            if not await self.namespaces.namespace_exists(ns):
                 raise NamespaceNotFound(f"namespace {ns} does not exist")
             prefix = f"/{ns}/"
-            chosen = [t for n, t in self.topics.items() if n.startswith(prefix)]
+            chosen = [t for n, t in self.topic_table.topics.items() if n.startswith(prefix)]
         else:
-            chosen = list(self.topics.values())
+            chosen = list(self.topic_table.topics.values())
         chosen.sort(key=lambda t: t.name)
-        return [stats.topic_stats(t, self.broker_id, detail=False) for t in chosen]
+        return [stats.topic_stats(t, self.identity.value, detail=False) for t in chosen]
 
-    async def _sample_rates(self):
+    async def sample_rates(self):
+        """The rate sampler (run by BrokerCore while it lives): each topic's recent
+        counters, for the rates the statistics report."""
         while True:
-            stats.sample_all(list(self.topics.values()))
+            stats.sample_all(list(self.topic_table.topics.values()))
             await asyncio.sleep(stats.SAMPLE_INTERVAL)

@@ -1,5 +1,6 @@
-"""The core's producers: creating one (and the topic, when auto-creation is on), finding one
-by id. A mixin of BrokerCore (see broker.py)."""
+"""The core's producers: the table of those connected here (by id), creating one (and its
+topic, when auto-creation is on, through the topic table), finding one by id, and letting a
+closed topic's producers go."""
 
 from danube.broker import names
 from danube.broker.core.ids import random_id
@@ -9,7 +10,17 @@ from danube.broker.topic import DELIVERY_NAMES, Producer
 from danube.metadata import keys
 
 
-class Producers:
+class ProducerTable:
+    def __init__(self, cfg, store, registry, *, placement, topic_table, schemas, unloaded):
+        self.cfg = cfg
+        self.store = store
+        self.registry = registry            # ClientRegistry: the transport's view of ids
+        self.placement = placement
+        self.topic_table = topic_table      # TopicTable
+        self.schemas = schemas              # TopicSchemas
+        self.unloaded = unloaded            # UnloadedIds
+        self.producers = {}                 # producer_id -> Producer
+
     async def create_producer(self, topic_name, producer_name, delivery, access_mode=0,
                               schema_subject=None):
         names.validate_topic(topic_name)
@@ -18,27 +29,22 @@ class Producers:
             raise InvalidArgument(f"dispatch_strategy: unknown value {delivery}")
         if schema_subject:
             # Before the topic is auto-created: a refused producer creates nothing.
-            await self.check_producer_subject(schema_subject)
-        topic = self.topics.get(topic_name)
+            await self.schemas.check_producer_subject(schema_subject)
+        topic = self.topic_table.served(topic_name)
         created = None
         if topic is None:
             self.placement.check_elsewhere(topic_name)
-        if topic is None:
             if not self.cfg.auto_create_topics:
                 raise TopicNotFound(f"Unable to find the requested topic: {topic_name}")
-            async with self._lock:
-                topic = self.topics.get(topic_name)
-                if topic is None:
-                    await self._check_partition_conflict(topic_name)
-                    topic = created = await self._create_topic(topic_name, delivery)
+            topic, made = await self.topic_table.get_or_create(topic_name, delivery)
+            created = topic if made else None
         try:
             if schema_subject:
-                await self.bind_producer_subject(topic, schema_subject)
+                await self.schemas.bind_producer_subject(topic, schema_subject)
             return await self._add_producer(topic, producer_name, delivery, access_mode)
         except BaseException:
-            if created is not None and not created.producers and not created.subscriptions:
-                async with self._lock:
-                    await self._discard_topic(created)
+            if created is not None:
+                await self.topic_table.discard_unused(created)
             raise
 
     async def _add_producer(self, topic, producer_name, delivery, access_mode):
@@ -78,6 +84,20 @@ class Producers:
     def producer(self, producer_id):
         producer = self.producers.get(producer_id)
         if producer is None:
-            self.check_unloaded("producer", producer_id)
+            self.unloaded.check("producer", producer_id)
             raise ProducerNotFound(f"The producer with id {producer_id} does not exist")
         return producer
+
+    # -- told by the topic table ---------------------------------------------------------
+
+    async def topic_loaded(self, topic):
+        """A topic served again from metadata: the producers recorded for it are gone (their
+        clients create them again)."""
+        await self.store.delete_prefix(keys.topic_producers_prefix(topic.name))
+
+    def topic_closed(self, topic):
+        """A topic closes: its producers stop and their ids are forgotten."""
+        for producer in topic.producers.values():
+            producer.active = False
+            self.producers.pop(producer.producer_id, None)
+            self.registry.remove_producer(producer.producer_id)

@@ -1,8 +1,8 @@
 """The core's topic schema bindings: a topic bound to a registry subject (by its first
 producer with a schema_ref, or by ConfigureTopicSchema), its validation policy, and the
 SchemaGate each served topic applies on publish. Kept at ``keys.topic_schema_config`` (one
-key, upstream's value shape), so a restarted broker binds its topics again. A mixin of
-BrokerCore (see broker.py)."""
+key, upstream's value shape), so a restarted broker binds its topics again. Which served
+topics a name stands for is the topic table's answer."""
 
 from danube.broker import names
 from danube.broker.errors import DispatchMismatch, InvalidArgument, SchemaNotFound
@@ -21,7 +21,13 @@ def normalize_policy(policy, field="validation_policy"):
 
 
 class TopicSchemas:
-    async def _load_topic_schema(self, topic):
+    def __init__(self, store, schemas, *, topic_table):
+        self.store = store
+        self.schemas = schemas              # SchemaRegistry
+        self.topic_table = topic_table      # TopicTable
+
+    async def load_binding(self, topic):
+        """A topic served again from metadata takes its recorded binding back."""
         cfg = await self.store.get(keys.topic_schema_config(topic.name))
         if isinstance(cfg, dict) and cfg.get("subject"):
             policy = _POLICY_OF_STORED.get(str(cfg.get("validation_policy", "none")).lower(),
@@ -37,15 +43,6 @@ class TopicSchemas:
             # The counters are the topic's (Prometheus counters), not the configuration's.
             gate.checked, gate.failures = old.checked, old.failures
         topic.schema = gate
-
-    async def _schema_topics(self, name):
-        """The served topics ``name`` stands for: itself, or each partition."""
-        names.validate_topic(name, "topic_name")
-        parts = [name] if name in self.topics else await self.partitions(name)
-        topics = [self.topics[p] for p in parts if p in self.topics]
-        if not topics:
-            self.get_topic(name)                  # TopicNotFound, upstream's message
-        return topics
 
     async def check_producer_subject(self, subject):
         """A producer's schema_ref must name a registered subject (before anything is
@@ -69,7 +66,7 @@ class TopicSchemas:
         policy = normalize_policy(policy)
         if await self.schemas.find_subject(subject, "schema_subject") is None:
             raise SchemaNotFound(f"schema subject {subject!r} not found in the registry")
-        topics = await self._schema_topics(name)
+        topics = await self.topic_table.served_parts(name)
         for topic in topics:
             await self._save_topic_schema(
                 topic, SchemaGate(self.schemas, topic.name, subject, policy, payloads))
@@ -78,7 +75,7 @@ class TopicSchemas:
 
     async def update_validation_policy(self, name, policy, payloads):
         policy = normalize_policy(policy)
-        topics = await self._schema_topics(name)
+        topics = await self.topic_table.served_parts(name)
         unbound = [t.name for t in topics if t.schema is None]
         if unbound:
             raise DispatchMismatch(f"topic {unbound[0]} has no schema subject; bind one first "
@@ -93,7 +90,7 @@ class TopicSchemas:
     async def topic_schema_config(self, name):
         """(subject, policy, payload validation, schema_id) of a topic ("" / none / False / 0
         when unbound)."""
-        topic = (await self._schema_topics(name))[0]
+        topic = (await self.topic_table.served_parts(name))[0]
         gate = topic.schema
         if gate is None:
             return "", "none", False, 0

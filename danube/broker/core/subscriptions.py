@@ -1,7 +1,9 @@
 """The core's subscriptions and consumers: Subscribe (and undoing one that failed), consumer
 lookup, each reliable subscription's dispatcher with its cursor, window and failure policy
 (restored after a restart), dead-lettering, and the reaper of idle consumers and
-subscriptions. A mixin of BrokerCore (see broker.py)."""
+subscriptions. Owns the table of consumers connected here (by id); the topic table tells it
+when a topic is loaded (its reliable subscriptions come back at their cursors) and when one
+closes."""
 
 import asyncio
 import logging
@@ -46,7 +48,44 @@ def _acked_within(ranges, last):
     return kept
 
 
-class Subscriptions:
+class SubscriptionTable:
+    def __init__(self, cfg, store, registry, loop, *, topic_table, unloaded,
+                 default_failure_policy):
+        self.cfg = cfg
+        self.store = store
+        self.registry = registry            # ClientRegistry: the transport's view of ids
+        self.loop = loop
+        self.topic_table = topic_table      # TopicTable
+        self.unloaded = unloaded            # UnloadedIds
+        self.default_failure_policy = default_failure_policy
+        self.idle_subscription_grace = IDLE_SUBSCRIPTION_GRACE
+        self.consumers = {}                 # consumer_id -> Consumer
+
+    # -- told by the topic table ---------------------------------------------------------
+
+    async def topic_loaded(self, topic):
+        """A topic served again from metadata (its log open, if reliable): its reliable
+        subscriptions resume; a non-reliable topic's records are dropped (their clients
+        subscribe again)."""
+        if topic.delivery == RELIABLE:
+            await self._restore_subscriptions(topic)
+        else:
+            await self.store.delete_prefix(keys.topic_subscriptions_prefix(topic.name))
+
+    async def topic_closed(self, topic, reason, dispatcher_timeout=None):
+        """A topic closes: each subscription ends its consumers' streams with ``reason`` and
+        its dispatcher writes its cursor (given up after ``dispatcher_timeout``)."""
+        for sub in topic.subscriptions.values():
+            sub.close(reason)
+            if sub.dispatcher is not None:
+                try:
+                    await asyncio.wait_for(sub.dispatcher.close(), dispatcher_timeout)
+                except TimeoutError:
+                    log.warning("%s: cursor of %s not saved (metadata unreachable)",
+                                topic.name, sub.name)
+        topic.subscriptions.clear()
+        topic.subscriptions_changed()
+
     async def _restore_subscriptions(self, topic):
         """A reliable subscription outlives its consumers and broker restarts: it resumes
         at its persisted cursor + 1."""
@@ -94,7 +133,7 @@ class Subscriptions:
         names.validate_client_name(sub_name, "subscription")
         if sub_type not in TYPE_NAMES:
             raise InvalidArgument(f"subscription_type: unknown value {sub_type}")
-        topic = self.get_topic(topic_name)
+        topic = self.topic_table.get_topic(topic_name)
         sub = topic.subscriptions.get(sub_name)
         if sub is not None:
             existing = sub.by_name.get(consumer_name)
@@ -171,7 +210,7 @@ class Subscriptions:
     def consumer(self, consumer_id):
         consumer = self.consumers.get(consumer_id)
         if consumer is None or consumer.subscription.topic.closed:
-            self.check_unloaded("consumer", consumer_id)
+            self.unloaded.check("consumer", consumer_id)
             raise ConsumerNotFound(f"The consumer with id {consumer_id} does not exist")
         return consumer
 
@@ -239,10 +278,9 @@ class Subscriptions:
         target = policy.dead_letter_topic
         msg.msg_id.CopyFrom(pb.MsgID(producer_id=0, topic_name=target,
                                      broker_addr=original.broker_addr))
-        dlq = self.topics.get(target)
+        dlq = self.topic_table.served(target)
         if dlq is None:
-            async with self._lock:
-                dlq = self.topics.get(target) or await self._create_topic(target, RELIABLE)
+            dlq, _ = await self.topic_table.get_or_create(target, RELIABLE, check_conflict=False)
         await dlq.publish(msg)
 
     def consumer_removed(self, consumer):
@@ -281,7 +319,8 @@ class Subscriptions:
             dispatcher.notify()
 
     def subscription_for_ack(self, topic_name, sub_name):
-        topic = self.topics.get(topic_name)
+        # The table's dict read directly: every Ack comes through here.
+        topic = self.topic_table.topics.get(topic_name)
         if topic is None:
             raise TopicNotFound(f"Error acknowledging message: topic {topic_name} not found")
         sub = topic.subscriptions.get(sub_name)
@@ -290,7 +329,7 @@ class Subscriptions:
                 f"Error acknowledging message: subscription {sub_name!r} not found on {topic_name}")
         return sub
 
-    async def _reap_idle_subscriptions(self):
+    async def reap_idle(self):
         """Consumers whose stream ended and that did not come back within the grace are
         removed (their ids then answer CLOSE); a subscription left without consumers for the
         grace is removed too (upstream: non-reliable subscriptions, 60 s)."""
@@ -298,7 +337,7 @@ class Subscriptions:
             await asyncio.sleep(min(REAP_INTERVAL, self.idle_subscription_grace))
             now = time.monotonic()
             grace = self.idle_subscription_grace
-            for topic in list(self.topics.values()):
+            for topic in list(self.topic_table.topics.values()):
                 for sub in list(topic.subscriptions.values()):
                     for consumer in list(sub.consumers.values()):
                         if consumer.inactive_since is not None and \

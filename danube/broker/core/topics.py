@@ -1,33 +1,54 @@
-"""The core's namespaces and topics: creation (plain and partitioned, all or nothing),
-lookup, deletion and unloading, loading them back after a restart with each reliable topic's
-log, and the local retention sweep. A mixin of BrokerCore (see broker.py)."""
+"""The core's topics: the table of those served here and the lock that serialises their
+creation and deletion. Creation (plain and partitioned, all or nothing), lookup, deletion,
+unloading and reloading, loading them back after a restart with each reliable topic's log,
+what a placement drives (PlacementHost's members) and what the local retention sweep keeps.
+
+A topic's clients are the producer and subscription tables' (producers.py,
+subscriptions.py); this table tells them when a topic is loaded and when it closes, through
+the public methods ``attach`` names. Its schema binding is TopicSchemas' (schemas.py)."""
 
 import asyncio
-import dataclasses
 import logging
 
 from danube.broker import names, stats
-from danube.broker.errors import (InvalidTopicName, NamespaceNotEmpty, NamespaceNotFound,
-                                  TopicAlreadyExists, TopicElsewhere, TopicNotFound)
+from danube.broker.errors import (InvalidTopicName, NamespaceNotFound, TopicAlreadyExists,
+                                  TopicElsewhere, TopicNotFound, TopicUnloaded)
 from danube.broker.placement import SYSTEM_TOPIC
-from danube.broker.topic import DELIVERY_NAMES, NON_RELIABLE, RELIABLE, Topic
-from danube.config import Policies
+from danube.broker.topic import DELIVERY_NAMES, NON_RELIABLE, RELIABLE
 from danube.metadata import keys
 
 log = logging.getLogger("danube.broker")
 
-__all__ = ["SYSTEM_TOPIC", "Topics"]
+__all__ = ["SYSTEM_TOPIC", "TopicTable"]
 
 #: How long a fenced broker waits for a subscription's last cursor write before closing the
 #: topic's log anyway (seconds).
 FENCED_CLOSE = 0.2
 
 
-class Topics:
-    async def _ensure_namespace(self, ns):
-        key = keys.namespace_policy(ns)
-        if await self.store.get_entry(key) is None:
-            await self.store.put(key, dataclasses.asdict(self.cfg.policies))
+class TopicTable:
+    def __init__(self, cfg, store, *, namespaces, placement, logs, unloaded, identity,
+                 new_topic):
+        self.cfg = cfg
+        self.store = store
+        self.namespaces = namespaces
+        self.placement = placement
+        self.logs = logs
+        self.unloaded = unloaded            # UnloadedIds: an unloaded topic's clients
+        self.identity = identity            # BrokerIdentity: the id statistics name
+        self.new_topic = new_topic          # (name, delivery) -> Topic
+        self.topics = {}                    # name -> Topic served here
+        self._lock = asyncio.Lock()         # serialises topic creation and deletion
+        self._schemas = self._producers = self._subscriptions = None
+
+    def attach(self, schemas, producers, subscriptions):
+        """The components a topic's loading and closing involve (called once, by BrokerCore):
+        ``schemas.load_binding(topic)``, ``producers.topic_loaded(topic)`` and
+        ``producers.topic_closed(topic)``, ``subscriptions.topic_loaded(topic)`` and
+        ``subscriptions.topic_closed(topic, reason, dispatcher_timeout)``."""
+        self._schemas, self._producers, self._subscriptions = schemas, producers, subscriptions
+
+    # -- loading -------------------------------------------------------------------------
 
     async def load_recorded_topics(self):
         """Topics recorded in metadata are served again after a restart. Producers and
@@ -47,18 +68,25 @@ class Topics:
         subscriptions (at their cursors); its producers and non-reliable subscriptions are
         forgotten, their clients create them again."""
         delivery = await self.store.get(keys.topic_delivery(name))
-        topic = Topic(self, name, RELIABLE if delivery == "Reliable" else NON_RELIABLE)
-        topic.policies = await self.policies_for(name)
-        await self._load_topic_schema(topic)
-        await self.store.delete_prefix(keys.topic_producers_prefix(name))
+        topic = self.new_topic(name, RELIABLE if delivery == "Reliable" else NON_RELIABLE)
+        topic.policies = await self.namespaces.policies_for(name)
+        await self._schemas.load_binding(topic)
+        await self._producers.topic_loaded(topic)
         if topic.delivery == RELIABLE:
             await self._open_log(topic)
-            await self._restore_subscriptions(topic)
-        else:
-            await self.store.delete_prefix(keys.topic_subscriptions_prefix(name))
+        await self._subscriptions.topic_loaded(topic)
         self.topics[name] = topic
         await self.placement.record_served(name)
         return topic
+
+    async def _open_log(self, topic):
+        # Not validate_topic: a topic recorded before a name rule tightened is still served.
+        keys.split_topic(topic.name)
+        topic.log = await self.logs.open(topic.name)
+        topic.durability = topic.log.durability
+        if topic.log.buffer is not None:
+            # Appends whose publish failed are confirmed by a later pass: deliver them then.
+            topic.log.buffer.on_confirmed = lambda _offset: topic.wake_subscriptions()
 
     # -- what a placement drives (danube.broker.placement.PlacementHost) -----------------
 
@@ -72,7 +100,7 @@ class Topics:
         return self.topics.get(name)
 
     def topic_summaries(self):
-        return [stats.topic_stats(topic, self.broker_id, detail=False)
+        return [stats.topic_stats(topic, self.identity.value, detail=False)
                 for topic in list(self.topics.values())]
 
     async def serve_topic(self, name):
@@ -97,7 +125,7 @@ class Topics:
             del self.topics[name]
         self.unloaded.remember(topic)
         topic.close_reason = reason
-        await self._unload(topic, reason, dispatcher_timeout=FENCED_CLOSE if fenced else None)
+        await self._close(topic, reason, dispatcher_timeout=FENCED_CLOSE if fenced else None)
         return topic.log is not None
 
     async def upload_released(self, name, upload_timeout):
@@ -108,7 +136,7 @@ class Topics:
         if not self.logs.has_durable_tier or name in self.topics or \
                 await self.store.get(keys.topic_delivery(name)) != "Reliable":
             return
-        topic = Topic(self, name, RELIABLE)
+        topic = self.new_topic(name, RELIABLE)
         await self._open_log(topic)
         try:
             await topic.log.upload_all(upload_timeout)
@@ -122,60 +150,6 @@ class Topics:
     async def _topic_exists(self, name):
         """Served here, or recorded in metadata wherever another broker serves it."""
         return name in self.topics or await self.placement.known_elsewhere(name)
-
-    async def _open_log(self, topic):
-        # Not validate_topic: a topic recorded before a name rule tightened is still served.
-        keys.split_topic(topic.name)
-        topic.log = await self.logs.open(topic.name)
-        topic.durability = topic.log.durability
-        if topic.log.buffer is not None:
-            # Appends whose publish failed are confirmed by a later pass: deliver them then.
-            topic.log.buffer.on_confirmed = lambda _offset: topic.wake_subscriptions()
-
-    # -- namespaces ----------------------------------------------------------------------
-
-    async def namespace_exists(self, ns):
-        return await self.store.get_entry(keys.namespace_policy(ns)) is not None
-
-    async def list_namespaces(self):
-        out = []
-        for key in await self.store.keys(keys.NAMESPACES):
-            parts = key.split("/")
-            if len(parts) == 4 and parts[3] == "policy":
-                out.append(parts[2])
-        return out
-
-    async def create_namespace(self, ns):
-        names.validate_namespace(ns)
-        if await self.namespace_exists(ns):
-            raise TopicAlreadyExists(f"namespace {ns} already exists")
-        await self.store.put(keys.namespace_policy(ns), dataclasses.asdict(self.cfg.policies))
-
-    async def delete_namespace(self, ns):
-        if not await self.namespace_exists(ns):
-            raise NamespaceNotFound(f"namespace {ns} does not exist")
-        if await self.store.keys(keys.namespace_topics_prefix(ns)):
-            raise NamespaceNotEmpty(f"namespace {ns} still has topics")
-        await self.store.delete_prefix(keys.namespace_prefix(ns))
-
-    async def namespace_topics(self, ns):
-        if not await self.namespace_exists(ns):
-            raise NamespaceNotFound(f"namespace {ns} does not exist")
-        prefix = keys.namespace_topics_prefix(ns) + "/"
-        return [f"/{ns}/{k[len(prefix):].split('/', 1)[1]}"
-                for k in await self.store.keys(keys.namespace_topics_prefix(ns))
-                if k.startswith(prefix) and "/" in k[len(prefix):]]
-
-    async def policies_for(self, topic):
-        ns, _ = keys.split_topic(topic)
-        value = await self.store.get(keys.topic_policy(topic))
-        if value is None:
-            value = await self.store.get(keys.namespace_policy(ns))
-        policies = Policies()
-        for field in dataclasses.fields(Policies):
-            if isinstance(value, dict) and isinstance(value.get(field.name), int):
-                setattr(policies, field.name, value[field.name])
-        return policies
 
     # -- topics --------------------------------------------------------------------------
 
@@ -198,6 +172,26 @@ class Topics:
                 return await self._create_topic(name, delivery)
             except TopicElsewhere:
                 return None         # created, and served by another broker
+
+    async def get_or_create(self, name, delivery, *, check_conflict=True):
+        """(the topic served here, whether this call created it): a producer's
+        auto-creation (``check_conflict``: refused where a partitioned topic of that name, or
+        the plain topic of that partition, exists) and a dead-letter topic's."""
+        async with self._lock:
+            topic = self.topics.get(name)
+            if topic is not None:
+                return topic, False
+            if check_conflict:
+                await self._check_partition_conflict(name)
+            return await self._create_topic(name, delivery), True
+
+    async def discard_unused(self, topic):
+        """Take back a topic this broker created for a request that then failed, if no
+        client uses it (see _discard_topic)."""
+        if topic.producers or topic.subscriptions:
+            return
+        async with self._lock:
+            await self._discard_topic(topic)
 
     async def create_partitioned_topic(self, base, partitions, delivery=NON_RELIABLE):
         names.validate_topic(base, "base_name")
@@ -234,9 +228,14 @@ class Topics:
             raise TopicAlreadyExists(
                 f"cannot create {name}: a partitioned topic with that name exists")
 
+    async def create_system_topic(self):
+        """Each broker's own non-reliable system topic, unless served already."""
+        if SYSTEM_TOPIC not in self.topics:
+            await self._create_topic(SYSTEM_TOPIC, NON_RELIABLE)
+
     async def _create_topic(self, name, delivery):
         ns, _ = names.validate_topic(name)
-        if not await self.namespace_exists(ns):
+        if not await self.namespaces.namespace_exists(ns):
             raise NamespaceNotFound(f"Unable to find the namespace {ns}")
         delivery_name = DELIVERY_NAMES[delivery]     # a KeyError here, before any write
         if name == SYSTEM_TOPIC:        # every broker has its own
@@ -245,8 +244,8 @@ class Topics:
             name, delivery_name, lambda: self._create_here(name, delivery, delivery_name))
 
     async def _create_here(self, name, delivery, delivery_name):
-        topic = Topic(self, name, delivery)
-        topic.policies = await self.policies_for(name)
+        topic = self.new_topic(name, delivery)
+        topic.policies = await self.namespaces.policies_for(name)
         try:
             if delivery == RELIABLE:
                 await self._open_log(topic)
@@ -269,7 +268,7 @@ class Topics:
         if self.topics.get(name) is topic:
             del self.topics[name]
         try:
-            await self._unload(topic, TopicNotFound(f"topic {name} was not created"))
+            await self._close(topic, TopicNotFound(f"topic {name} was not created"))
             if topic.log is not None:
                 await self.logs.discard(name)
             await self.store.delete(keys.namespace_topic(name))
@@ -295,34 +294,49 @@ class Topics:
             for target in targets:
                 topic = self.topics.pop(target, None)
                 if topic is not None:
-                    await self._unload(topic, TopicNotFound(f"topic {target} was deleted"))
+                    await self._close(topic, TopicNotFound(f"topic {target} was deleted"))
                     await self.logs.delete(target)
                 await self.store.delete(keys.namespace_topic(target))
                 await self.store.delete_prefix(keys.topic_root(target))
                 await self.placement.forget(target)
                 log.info("topic %s deleted", target)
 
-    async def _unload(self, topic, reason, dispatcher_timeout=None):
+    async def reload(self, name):
+        """Unload the topic (each partition served here) and serve it anew from metadata:
+        its clients are told to look it up again; reliable subscriptions resume at their
+        cursors."""
+        async with self._lock:
+            for topic in await self.served_targets(name):
+                del self.topics[topic.name]
+                self.unloaded.remember(topic)
+                reason = TopicUnloaded(f"topic {topic.name} was unloaded; look it up and "
+                                       "connect again")
+                topic.close_reason = reason
+                try:
+                    await self._close(topic, reason)
+                finally:
+                    await self._load_topic(topic.name)
+                log.info("topic %s unloaded and loaded again", topic.name)
+
+    def stop_publishing(self):
+        """Every topic refuses publishes from now on (a shutdown: the segments sealed now
+        are the last ones uploaded)."""
+        for topic in self.topics.values():
+            topic.closed = True
+
+    async def close_all(self, reason):
+        for topic in list(self.topics.values()):
+            await self._close(topic, reason)
+
+    async def _close(self, topic, reason, dispatcher_timeout=None):
         """Close the topic. ``dispatcher_timeout``: give up waiting for the subscriptions'
         last cursor writes after that long (a fenced broker cannot reach its metadata, and
         its log must be let go for the next owner; a lost cursor write only redelivers)."""
         topic.closed = True
         if topic.log is not None:
             topic.log.stop_uploads()
-        for producer in topic.producers.values():
-            producer.active = False
-            self.producers.pop(producer.producer_id, None)
-            self.registry.remove_producer(producer.producer_id)
-        for sub in topic.subscriptions.values():
-            sub.close(reason)
-            if sub.dispatcher is not None:
-                try:
-                    await asyncio.wait_for(sub.dispatcher.close(), dispatcher_timeout)
-                except TimeoutError:
-                    log.warning("%s: cursor of %s not saved (metadata unreachable)",
-                                topic.name, sub.name)
-        topic.subscriptions.clear()
-        topic.subscriptions_changed()
+        self._producers.topic_closed(topic)
+        await self._subscriptions.topic_closed(topic, reason, dispatcher_timeout)
         if topic.log is not None:
             await topic.log.close()
 
@@ -341,6 +355,29 @@ class Topics:
                 return found
             found.append(candidate)
 
+    async def served_targets(self, name):
+        """The topic, or each partition of a partitioned topic, served here; NOT_FOUND if
+        neither exists, the placement's error if none is served here."""
+        targets = await self.partitions(name)
+        if not targets:
+            raise TopicNotFound(f"Unable to find the requested topic: {name}")
+        local = [self.topics[t] for t in targets if t in self.topics]
+        if not local:
+            error = self.placement.not_served_here(targets)
+            if error is not None:
+                raise error
+        return local
+
+    async def served_parts(self, name, field="topic_name"):
+        """The served topics ``name`` stands for (itself, or each partition served here);
+        TopicNotFound, upstream's message, if none."""
+        names.validate_topic(name, field)
+        parts = [name] if name in self.topics else await self.partitions(name)
+        topics = [self.topics[p] for p in parts if p in self.topics]
+        if not topics:
+            self.get_topic(name)
+        return topics
+
     def lookup(self, name):
         """(broker_url, connect_url) of the broker serving the topic: this one, or the
         owner its placement knows."""
@@ -354,7 +391,7 @@ class Topics:
 
     # -- retention (run by the logs' owner, danube.storage.logs) -------------------------
 
-    def _retained_logs(self):
+    def retained_logs(self):
         """(name, log, the lowest offset a subscription still needs) of every open log: by
         default retention keeps what is above the slowest cursor."""
         for topic in list(self.topics.values()):

@@ -1,8 +1,8 @@
 """The producer and consumer ids of topics unloaded a moment ago (by an admin's unload or a
 move to another broker): for a while such an id is answered UNAVAILABLE ("look it up
 again"), which clients retry with a new lookup, instead of NOT_FOUND, which the official
-clients give up on. Owned by BrokerCore; topics.py and admin.py remember, producers.py and
-subscriptions.py check."""
+clients give up on. One instance, made by BrokerCore and handed to the components: the topic
+table remembers (a release, a reload), the producer and subscription tables check."""
 
 import time
 

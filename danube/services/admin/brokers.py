@@ -16,19 +16,19 @@ class BrokerAdmin:
     @maps_errors(ADMIN_CODES)
     async def ListBrokers(self, request, context):
         return pb.BrokerListResponse(brokers=[pb.BrokerInfo(**b)
-                                              for b in await self.core.list_brokers()])
+                                              for b in await self.core.admin.list_brokers()])
 
     async def GetLeaderBroker(self, request, context):
-        return pb.BrokerResponse(leader=self.core.leader_id)
+        return pb.BrokerResponse(leader=self.core.admin.leader_id)
 
     @maps_errors(ADMIN_CODES)
     async def ListNamespaces(self, request, context):
-        return pb.NamespaceListResponse(namespaces=await self.core.list_namespaces())
+        return pb.NamespaceListResponse(namespaces=await self.core.namespaces.list_namespaces())
 
     @maps_errors(ADMIN_CODES)
     async def UnloadBroker(self, request, context):
         checks.broker_id(request.broker_id)
-        result = await self.core.unload_broker(
+        result = await self.core.admin.unload_broker(
             request.broker_id, dry_run=request.dry_run,
             include=tuple(request.namespaces_include), exclude=tuple(request.namespaces_exclude),
             max_parallel=request.max_parallel or 1,
@@ -38,18 +38,18 @@ class BrokerAdmin:
     @maps_errors(ADMIN_CODES)
     async def ActivateBroker(self, request, context):
         checks.broker_id(request.broker_id)
-        await self.core.activate_broker(request.broker_id, request.reason)
+        await self.core.admin.activate_broker(request.broker_id, request.reason)
         return pb.ActivateBrokerResponse(success=True)
 
     @maps_errors(ADMIN_CODES)
     async def GetClusterBalance(self, request, context):
-        balance = self.core.balance()
+        balance = self.core.admin.balance()
         brokers = [pb.BrokerLoadInfo(**b) for b in balance.pop("brokers")]
         return pb.ClusterBalanceResponse(brokers=brokers, **balance)
 
     @maps_errors(ADMIN_CODES)
     async def TriggerRebalance(self, request, context):
-        result = await self.core.rebalance(
+        result = await self.core.admin.rebalance(
             request.dry_run, request.max_moves if request.HasField("max_moves") else None)
         moves = [pb.ProposedMove(**m) for m in result.pop("proposed_moves")]
         return pb.RebalanceResponse(proposed_moves=moves, **result)

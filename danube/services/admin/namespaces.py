@@ -15,23 +15,24 @@ class NamespaceAdmin:
     @maps_errors(ADMIN_CODES)
     async def GetNamespaceTopics(self, request, context):
         checks.namespace_request(request)
-        return pb.TopicListResponse(topics=await self.core.namespace_topics(request.name))
+        topics = await self.core.namespaces.namespace_topics(request.name)
+        return pb.TopicListResponse(topics=topics)
 
     @maps_errors(ADMIN_CODES)
     async def GetNamespacePolicies(self, request, context):
         checks.namespace_request(request)
         # Upstream's serde_json of its Policies struct: the seven fields, compact.
-        policies = await self.core.namespace_policies(request.name)
+        policies = await self.core.namespaces.namespace_policies(request.name)
         return pb.PolicyResponse(policies=json.dumps(policies, separators=(",", ":")))
 
     @maps_errors(ADMIN_CODES)
     async def CreateNamespace(self, request, context):
         checks.namespace_request(request)
-        await self.core.create_namespace(request.name)
+        await self.core.namespaces.create_namespace(request.name)
         return pb.NamespaceResponse(success=True)
 
     @maps_errors(ADMIN_CODES)
     async def DeleteNamespace(self, request, context):
         checks.namespace_request(request)
-        await self.core.delete_namespace(request.name)
+        await self.core.namespaces.delete_namespace(request.name)
         return pb.NamespaceResponse(success=True)

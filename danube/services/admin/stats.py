@@ -33,12 +33,12 @@ class TopicStatsService:
     async def GetTopicStats(self, request, context):
         checks.topic_request(request)
         return ext.TopicStatsResponse(topics=[_topic(t) for t in
-                                              await self.core.topic_stats(request.name)])
+                                              await self.core.admin.topic_stats(request.name)])
 
     @maps_errors(ADMIN_CODES)
     async def ListTopicStats(self, request, context):
         if request.namespace:
             names.validate_namespace(request.namespace, "namespace")
-        return ext.TopicStatsResponse(topics=[_topic(t) for t in
-                                              await self.core.namespace_stats(request.namespace)])
+        found = await self.core.admin.namespace_stats(request.namespace)
+        return ext.TopicStatsResponse(topics=[_topic(t) for t in found])
 

@@ -53,25 +53,26 @@ class TopicAdmin:
 
     async def _topic_infos(self, names):
         return pb.TopicInfoListResponse(topics=[pb.TopicInfo(**info) for info in
-                                                await self.core.topic_infos(names)])
+                                                await self.core.admin.topic_infos(names)])
 
     @maps_errors(ADMIN_CODES)
     async def ListNamespaceTopics(self, request, context):
         checks.namespace_request(request)
-        return await self._topic_infos(await self.core.namespace_topics(request.name))
+        return await self._topic_infos(await self.core.namespaces.namespace_topics(request.name))
 
     @maps_errors(ADMIN_CODES)
     async def ListBrokerTopics(self, request, context):
         checks.broker_id(request.broker_id)
-        return await self._topic_infos(await self.core.broker_topics(request.broker_id))
+        return await self._topic_infos(await self.core.admin.broker_topics(request.broker_id))
 
     @maps_errors(ADMIN_CODES)
     async def CreateTopic(self, request, context):
         checks.new_topic_request(request)
         subject = await self._schema_subject(request)
-        await self.core.create_topic(request.name, _delivery(request.dispatch_strategy))
+        await self.core.topic_table.create_topic(request.name, _delivery(request.dispatch_strategy))
         if subject:
-            await self.core.configure_topic_schema(request.name, subject, "none", False)
+            await self.core.topic_schemas.configure_topic_schema(request.name, subject, "none",
+                                                                 False)
         return pb.TopicResponse(success=True)
 
     async def _schema_subject(self, request):
@@ -85,22 +86,23 @@ class TopicAdmin:
     async def CreatePartitionedTopic(self, request, context):
         checks.partitioned_topic_request(request)
         subject = await self._schema_subject(request)
-        await self.core.create_partitioned_topic(request.base_name, request.partitions,
-                                                 _delivery(request.dispatch_strategy))
+        await self.core.topic_table.create_partitioned_topic(
+            request.base_name, request.partitions, _delivery(request.dispatch_strategy))
         if subject:
-            await self.core.configure_topic_schema(request.base_name, subject, "none", False)
+            await self.core.topic_schemas.configure_topic_schema(request.base_name, subject,
+                                                                 "none", False)
         return pb.TopicResponse(success=True)
 
     @maps_errors(ADMIN_CODES)
     async def DeleteTopic(self, request, context):
         checks.topic_request(request)
-        await self.core.delete_topic(request.name)
+        await self.core.topic_table.delete_topic(request.name)
         return pb.TopicResponse(success=True)
 
     @maps_errors(ADMIN_CODES)
     async def UnloadTopic(self, request, context):
         checks.topic_request(request)
-        await self.core.unload_topic(request.name)
+        await self.core.admin.unload_topic(request.name)
         return pb.TopicResponse(success=True)
 
     @maps_errors(ADMIN_CODES)
@@ -108,25 +110,25 @@ class TopicAdmin:
     async def ListSubscriptions(self, request, context):
         checks.topic_request(request)
         return pb.SubscriptionListResponse(
-            subscriptions=await self.core.subscription_names(request.name))
+            subscriptions=await self.core.admin.subscription_names(request.name))
 
     @maps_errors(ADMIN_CODES)
     async def DescribeTopic(self, request, context):
         checks.topic_request(request)
-        return pb.DescribeTopicResponse(**await self.core.describe_topic(request.name))
+        return pb.DescribeTopicResponse(**await self.core.admin.describe_topic(request.name))
 
     @maps_errors(ADMIN_CODES)
     @forwarded(pb.SubscriptionResponse)
     async def Unsubscribe(self, request, context):
         checks.subscription_request(request)
-        await self.core.unsubscribe(request.topic, request.subscription)
+        await self.core.admin.unsubscribe(request.topic, request.subscription)
         return pb.SubscriptionResponse(success=True)
 
     @maps_errors(ADMIN_CODES)
     @forwarded(pb.SubscriptionResponse)
     async def SetSubscriptionFailurePolicy(self, request, context):
         checks.failure_policy_request(request)
-        await self.core.set_failure_policy(request.topic, request.subscription,
+        await self.core.admin.set_failure_policy(request.topic, request.subscription,
                                            policy_from_pb(request.failure_policy))
         return pb.SubscriptionResponse(success=True)
 
@@ -134,7 +136,7 @@ class TopicAdmin:
     @forwarded(pb.GetSubscriptionFailurePolicyResponse)
     async def GetSubscriptionFailurePolicy(self, request, context):
         checks.subscription_request(request)
-        policy, sub_type = await self.core.failure_policy(request.topic, request.subscription)
+        policy, sub_type = await self.core.admin.failure_policy(request.topic, request.subscription)
         response = pb.GetSubscriptionFailurePolicyResponse(subscription_type=sub_type)
         if policy is not None:
             response.failure_policy.CopyFrom(policy_to_pb(policy))
@@ -144,7 +146,7 @@ class TopicAdmin:
     @forwarded(pb.SubscriptionResponse)
     async def SetSubscriptionDispatchConfig(self, request, context):
         checks.dispatch_config_request(request)
-        await self.core.set_dispatch_config(request.topic, request.subscription,
+        await self.core.admin.set_dispatch_config(request.topic, request.subscription,
                                             request.dispatch_config.max_unacked_messages)
         return pb.SubscriptionResponse(success=True)
 
@@ -152,7 +154,7 @@ class TopicAdmin:
     @forwarded(pb.GetSubscriptionDispatchConfigResponse)
     async def GetSubscriptionDispatchConfig(self, request, context):
         checks.subscription_request(request)
-        value = await self.core.dispatch_config(request.topic, request.subscription)
+        value = await self.core.admin.dispatch_config(request.topic, request.subscription)
         response = pb.GetSubscriptionDispatchConfigResponse()
         if value is not None:
             response.dispatch_config.max_unacked_messages = value

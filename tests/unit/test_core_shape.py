@@ -1,0 +1,119 @@
+"""The broker core is composed, not mixed (docs/architecture.md, "The broker core"):
+BrokerCore inherits from nothing, and neither does any class under danube/broker/core; no
+module there touches a ``_name`` of an object other than ``self``, or imports a private name
+from a sibling (a component reaches another only through its public methods); each mutable
+table or lock belongs to one component; and BrokerCore's members beyond wiring and lifecycle
+are one-statement delegations or reads (the facade)."""
+
+import ast
+import asyncio
+import importlib
+import inspect
+import pathlib
+import textwrap
+
+from danube.broker.core import BrokerCore
+from danube.broker.registry import ClientRegistry
+from danube.config import BrokerConfig
+from danube.metadata.memory import MemoryStore
+
+CORE = pathlib.Path(__file__).resolve().parents[2] / "danube" / "broker" / "core"
+
+#: BrokerCore's own work: wiring the components and running their lifecycle.
+LIFECYCLE = {"__init__", "start", "stop", "register", "registration_record"}
+
+#: The components BrokerCore composes, by attribute.
+COMPONENTS = ("namespaces", "topic_table", "producer_table", "subscription_table",
+              "topic_schemas", "admin")
+
+
+def private_reaches(source):
+    """[(line, text)] of every ``x._name`` whose ``x`` is not ``self`` (or ``cls``), and of
+    every private name imported from a danube module."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and \
+                not node.attr.startswith("__") and \
+                not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+            found.append((node.lineno, ast.unparse(node)))
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("danube."):
+            found.extend((node.lineno, f"{node.module}.{alias.name}") for alias in node.names
+                         if alias.name.startswith("_") and not alias.name.startswith("__"))
+    return sorted(found)
+
+
+def core_modules():
+    return [importlib.import_module(f"danube.broker.core.{path.stem}")
+            for path in sorted(CORE.glob("*.py")) if path.stem != "__init__"]
+
+
+def test_broker_core_inherits_nothing():
+    assert BrokerCore.__mro__ == (BrokerCore, object)
+
+
+def test_no_class_of_the_core_is_a_mixin():
+    classes = [cls for module in core_modules() for cls in vars(module).values()
+               if inspect.isclass(cls) and cls.__module__ == module.__name__]
+    assert len(classes) >= len(COMPONENTS) + 1
+    assert [cls for cls in classes if cls.__mro__ != (cls, object)] == []
+
+
+def test_no_component_reaches_into_another():
+    wrong = {path.name: private_reaches(path.read_text()) for path in CORE.glob("*.py")}
+    assert {name: found for name, found in wrong.items() if found} == {}
+
+
+def test_the_private_reach_check_can_fail():
+    assert private_reaches("class A:\n"
+                           "    def f(self):\n"
+                           "        return self.topic_table._lock, self._mine\n") == [
+        (3, "self.topic_table._lock")]
+    assert private_reaches("from danube.broker.core.topics import _open, TopicTable\n") == [
+        (1, "danube.broker.core.topics._open")]
+    assert private_reaches("def f(self):\n    return self._x, cls._y, a.__class__\n") == []
+
+
+def statements(function):
+    """The statements of ``function``'s body, its docstring left out."""
+    body = ast.parse(textwrap.dedent(inspect.getsource(function))).body[0].body
+    return [s for s in body
+            if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+
+
+def test_the_facade_only_delegates():
+    """What BrokerCore offers besides wiring and lifecycle is one statement each: a call to
+    a component, or a read of one."""
+    long = []
+    for name, member in vars(BrokerCore).items():
+        functions = [member.fget, member.fset] if isinstance(member, property) else [member]
+        for function in functions:
+            if name in LIFECYCLE or not inspect.isfunction(function):
+                continue
+            if len(statements(function)) != 1:
+                long.append(name)
+    assert long == []
+
+
+def test_the_facade_check_can_fail():
+    def two(self):
+        """A docstring is not a statement."""
+        self.a.b()
+        return self.c
+    assert len(statements(two)) == 2
+
+
+async def test_each_table_and_lock_has_one_owner(tmp_path):
+    """A component's dicts, sets, lists and locks are its own: no two components hold the
+    same one (the mixins shared one object's), and the facade's tables are the owners'."""
+    core = BrokerCore(BrokerConfig(data_dir=str(tmp_path)), await MemoryStore.open(),
+                      ClientRegistry())
+    owners = {}
+    for attr in COMPONENTS:
+        component = getattr(core, attr)
+        for name, value in vars(component).items():
+            if isinstance(value, (dict, set, list, asyncio.Lock)):
+                owners.setdefault(id(value), []).append(f"{attr}.{name}")
+    assert [names for names in owners.values() if len(names) > 1] == []
+    assert core.topics is core.topic_table.topics
+    assert core.producers is core.producer_table.producers
+    assert core.consumers is core.subscription_table.consumers
