@@ -80,14 +80,16 @@ class Runtime:
         await self._wait(self.backoff.delay(attempt))
         return attempt + 1
 
-    async def external_failed(self, exc, attempt, forever):
+    async def external_failed(self, exc, attempt, forever, what=None):
+        """``what``: the call that failed, said before the error in the log line."""
+        text = f"{what}: {exc}" if what else str(exc)
         if self.stopping():
-            raise FatalError(f"stopping with a batch the external system did not take: {exc}")
+            raise FatalError(f"stopping with a batch the external system did not take: {text}")
         self.metrics.retry("external")
         self.metrics.error(type(exc).__name__)
         if forever and attempt >= self.backoff.max_retries:
-            self.health.set("external", f"external system unavailable: {exc}")
-        log.warning("external system failed (attempt %d), retrying: %s", attempt + 1, exc,
+            self.health.set("external", f"external system unavailable: {text}")
+        log.warning("external system failed (attempt %d), retrying: %s", attempt + 1, text,
                     extra={"target": "external", "attempt": attempt + 1,
                            "error_kind": type(exc).__name__})
         await self._wait(self.backoff.delay(attempt))
@@ -114,7 +116,7 @@ class Runtime:
                 self.health.set("external")
                 return result
             except Unavailable as exc:
-                attempt = await self.external_failed(f"{what}: {exc}", attempt, forever=True)
+                attempt = await self.external_failed(exc, attempt, forever=True, what=what)
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -149,7 +151,9 @@ class Runtime:
         loop_runtime = (SourceRuntime if connector.kind == "source" else SinkRuntime)(
             self, connector)
         try:
-            await self.external_retry(connector.initialize, "initialize")
+            if not await self._initialized(connector):
+                log.info("stopped before the external system was reached: nothing to commit")
+                return
             await loop_runtime.start()
             self.health.set("starting")
             log.info("connector running", extra={"kind": connector.kind,
@@ -165,6 +169,25 @@ class Runtime:
                 await server.close()
                 for signum in (signal.SIGTERM, signal.SIGINT):
                     loop.remove_signal_handler(signum)
+
+
+    async def _initialized(self, connector):
+        """``connector.initialize()`` retried until it succeeds (True) or a stop signal
+        comes first (False): with no batch taken yet, a stop does not wait out the retries
+        (it waited shutdown_timeout_ms, then exited 1)."""
+        init = asyncio.ensure_future(self.external_retry(connector.initialize, "initialize"))
+        stopped = asyncio.ensure_future(self.stop.wait())
+        try:
+            await asyncio.wait({init, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopped.cancel()
+            if not init.done():
+                init.cancel()
+                await asyncio.gather(init, return_exceptions=True)
+        if init.cancelled():
+            return False
+        init.result()
+        return True
 
 
 def main(path=None, connector=None):

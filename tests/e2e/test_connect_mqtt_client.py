@@ -156,7 +156,12 @@ async def test_wrong_password_is_a_clear_error(tmp_path, broker, tls_mosquitto, 
     await async_wait_for(lambda: conn.metric("danube_connector_messages_retried_total",
                                              target="external") >= 2, 60, "retries counted")
     assert not conn.ready()
-    conn.sigkill()      # SIGTERM would wait shutdown_timeout_ms for the retries to end
+    retries = [r for r in conn.records() if r.get("target") == "external"]
+    assert retries and all(r.get("error_kind") not in (None, "str") for r in retries), retries
+    assert all(r["msg"].count("initialize: ") == 1 for r in retries), retries
+    # Nothing taken yet: SIGTERM stops it at once, cleanly (it waited out
+    # shutdown_timeout_ms for the retries, then exited 1).
+    assert conn.stop() == 0
 
 
 async def test_untrusted_certificate_is_a_clear_error(tmp_path, broker, tls_mosquitto):
@@ -167,7 +172,7 @@ async def test_untrusted_certificate_is_a_clear_error(tmp_path, broker, tls_mosq
     await async_wait_for(lambda: "CERTIFICATE_VERIFY_FAILED" in conn.log(), 60,
                          "the certificate failure in the log")
     assert not conn.ready()
-    conn.sigkill()      # SIGTERM would wait shutdown_timeout_ms for the retries to end
+    assert conn.stop() == 0
 
 
 async def test_malformed_packet_from_the_server_reconnects(tmp_path, broker):
