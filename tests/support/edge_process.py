@@ -55,25 +55,28 @@ class EdgeProcess:
         self._ready = threading.Event()
 
     def start(self, timeout=30):
-        self.lines = []
-        self._ready.clear()
+        # A restart gets its own lines and readiness: the previous process's reader may
+        # still be finishing, and its end once made a restart look ready on the old port.
+        lines, ready = [], threading.Event()
+        self.lines, self._ready, self.mqtt_port = lines, ready, None
         self.proc = subprocess.Popen(self.command, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True,
                                      env=dict(os.environ, **(self.env or {})))
-        threading.Thread(target=self._pump, args=(self.proc,), daemon=True).start()
-        if not self._ready.wait(timeout) or self.proc.poll() is not None:
+        threading.Thread(target=self._pump, args=(self.proc, lines, ready),
+                         daemon=True).start()
+        if not ready.wait(timeout) or self.proc.poll() is not None or self.mqtt_port is None:
             self.stop()
             raise RuntimeError("edge did not become ready:\n" + self.log())
         return self
 
-    def _pump(self, proc):
+    def _pump(self, proc, lines, ready):
         for line in proc.stdout:
-            self.lines.append(line)
+            lines.append(line)
             m = READY.search(line)
-            if m:
+            if m and ready is self._ready:
                 self.mqtt_port = int(m.group(2))
-                self._ready.set()
-        self._ready.set()
+                ready.set()
+        ready.set()
 
     def log(self):
         return "".join(self.lines)
