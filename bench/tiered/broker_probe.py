@@ -38,10 +38,10 @@ TARGETS = (
     ("danube.metadata.embedded", "EmbeddedStore._row"),        # skipped)
     ("danube.metadata._local", "LocalStore.put"),
     ("danube.metadata._local", "LocalStore.put_many"),
-    ("danube.storage.wal", "WAL._rotate"),
-    ("danube.storage.wal", "WAL._write_pending_now"),
+    ("danube.storage.wal.append", "Appender._rotate"),
+    ("danube.storage.wal.group_commit", "GroupCommit.write_all_pending"),
     ("danube.storage.wal", "WAL.segments"),
-    ("danube.storage.wal", "WAL._make_job"),
+    ("danube.storage.wal.group_commit", "GroupCommit._make_job"),
     ("danube.storage.segment", "Segment.create"),
     ("danube.storage.segment", "Segment.seal"),
     ("danube.storage.segment", "Segment.grow_to"),
@@ -54,7 +54,7 @@ TARGETS = (
 
 #: Calls of these are all kept with their time (from any thread), for correlating with
 #: the latency samples.
-EVENTS = ("fdatasync", "EmbeddedStore._commit", "WAL._rotate", "ProcessUploader.submit",
+EVENTS = ("fdatasync", "EmbeddedStore._commit", "Appender._rotate", "ProcessUploader.submit",
           "upload done", "TopicTier.export")          # (and every THREAD_TARGETS call)
 
 _main = threading.main_thread().ident
@@ -164,7 +164,7 @@ def _install_upload_events():
 #: Blocking work of the WAL's executor threads, kept as events from any thread.
 THREAD_TARGETS = (
     ("danube.metadata._writer", "Writer._process"),
-    ("danube.storage.wal", "_Job.run"),
+    ("danube.storage.wal.group_commit", "_Job.run"),
     ("danube.storage.checkpoint", "write_checkpoint"),
     ("danube.storage.checkpoint", "fsync_dir"),
 )

@@ -134,7 +134,7 @@ async def test_durable_across_rotations(tmp_path, fdatasyncs):
             wal.append([b"z" * 100] * 10)          # rotates every few batches
         await wal.sync_to()
         assert wal.durable_offset == 199
-        assert all(s.synced_pos == s.write_pos for s in wal._segments)
+        assert all(s.synced_pos == s.write_pos for s in wal._state.segments)
         assert len(wal.segments()) > 5
     finally:
         await wal.close()
@@ -180,7 +180,7 @@ async def test_none_mode(tmp_path, fdatasyncs):
         assert len(wal.segments()) > 5                   # rotated without syncing
         # Asked explicitly, it syncs everything, sealed segments included.
         assert await wal.sync_to(150) == 199
-        assert all(s.synced_pos == s.write_pos for s in wal._segments)
+        assert all(s.synced_pos == s.write_pos for s in wal._state.segments)
         assert len(fdatasyncs) - n0 == len(wal.segments())
     finally:
         await wal.close()
@@ -363,14 +363,14 @@ async def test_always_mode_writes_in_the_sync_job_and_reads_pending_frames(tmp_p
     try:
         first = wal.append([b"a%d" % i for i in range(5)])
         await wal.sync_to(4)
-        seg = wal._active
+        seg = wal._state.active
         assert _file_frames(seg.path) == [0, 1, 2, 3, 4]
         monkeypatch.setattr(wal_module, "_fdatasync", held)
         big = [bytes([i]) * 70000 for i in range(3)]     # pooled buffers (>= 64 KiB)
         wal.append(big)
         wal.append([b"b%d" % i for i in range(3)])      # small, but after pending frames
         assert first == (0, 4) and wal.next_offset == 11
-        assert [(p.first_offset, p.count) for p in wal._pending] == [(5, 3), (8, 3)]
+        assert [(p.first_offset, p.count) for p in wal._state.pending] == [(5, 3), (8, 3)]
         want = [b"a%d" % i for i in range(5)] + big + [b"b%d" % i for i in range(3)]
         assert wal.read(0, 100) == list(enumerate(want))
         assert wal.read(3, 4) == list(enumerate(want[3:7], 3))
@@ -384,7 +384,7 @@ async def test_always_mode_writes_in_the_sync_job_and_reads_pending_frames(tmp_p
         release.set()
         await wal.sync_to(10)
         assert _file_frames(seg.path) == list(range(11))
-        assert not wal._pending and seg.file_end == seg.write_pos
+        assert not wal._state.pending and seg.file_end == seg.write_pos
         assert wal.read(0, 100) == list(enumerate(want))
     finally:
         release.set()
@@ -409,7 +409,7 @@ async def test_always_mode_rotation_writes_the_sealed_segment_first(tmp_path, mo
         payloads = [bytes([i % 256]) * 300 for i in range(40)]
         for i in range(0, 40, 4):
             wal.append(payloads[i:i + 4])
-            assert wal._pending
+            assert wal._state.pending
             segs = wal.segments()
             for info in segs[:-1]:          # every sealed segment is complete on disk
                 assert _file_frames(info.path) == list(range(info.first_offset,
@@ -475,16 +475,16 @@ async def test_always_mode_writes_ahead_while_a_sync_runs(tmp_path, monkeypatch)
         for batch in batches:
             wal.append(batch)
         # Written while the fdatasync is still held.
-        await async_wait_for(lambda: _file_frames(wal._active.path) == list(range(151)),
+        await async_wait_for(lambda: _file_frames(wal._state.active.path) == list(range(151)),
                              what="the 151 frames in the file")
         assert wal.durable_offset == -1
         release.set()
         await first
         await wal.sync_to(150)
-        assert not wal._pending and wal._active.file_end == wal._active.write_pos
+        assert not wal._state.pending and wal._state.active.file_end == wal._state.active.write_pos
         want = [b"first"] + [p for batch in batches for p in batch]
         assert wal.read(0, 1000) == list(enumerate(want))
     finally:
         release.set()
         await wal.close()
-    assert _file_frames(tmp_path / wal._active.name) == list(range(151))
+    assert _file_frames(tmp_path / wal._state.active.name) == list(range(151))

@@ -57,7 +57,7 @@ async def test_rotate_does_not_block_the_loop_on_a_sync_in_flight(tmp_path, monk
         monkeypatch.setattr(wal_module, "_fdatasync", held)
         wal.append([b"a" * 1000] * 10)                    # a job takes these, then waits
         assert await asyncio.to_thread(entered.wait, 15), "the sync job never started"
-        assert wal._inflight is not None
+        assert wal._commit._inflight is not None
         wal.append([b"b" * 1000] * 10)                    # pending behind it
         stop = asyncio.Event()
         ticker = asyncio.create_task(_ticks_while(lambda: not returned.is_set(), stop))

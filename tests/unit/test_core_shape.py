@@ -5,12 +5,12 @@ from a sibling (a component reaches another only through its public methods); ea
 table or lock belongs to one component; and BrokerCore's members beyond wiring and lifecycle
 are one-statement delegations or reads (the facade)."""
 
-import ast
 import asyncio
 import importlib
 import inspect
 import pathlib
-import textwrap
+
+from code_shape import private_reaches, statements
 
 from danube.broker.core import BrokerCore
 from danube.broker.registry import ClientRegistry
@@ -25,21 +25,6 @@ LIFECYCLE = {"__init__", "start", "stop", "register", "registration_record"}
 #: The components BrokerCore composes, by attribute.
 COMPONENTS = ("namespaces", "topic_table", "producer_table", "subscription_table",
               "topic_schemas", "admin")
-
-
-def private_reaches(source):
-    """[(line, text)] of every ``x._name`` whose ``x`` is not ``self`` (or ``cls``), and of
-    every private name imported from a danube module."""
-    found = []
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and \
-                not node.attr.startswith("__") and \
-                not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
-            found.append((node.lineno, ast.unparse(node)))
-        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("danube."):
-            found.extend((node.lineno, f"{node.module}.{alias.name}") for alias in node.names
-                         if alias.name.startswith("_") and not alias.name.startswith("__"))
-    return sorted(found)
 
 
 def core_modules():
@@ -71,13 +56,6 @@ def test_the_private_reach_check_can_fail():
     assert private_reaches("from danube.broker.core.topics import _open, TopicTable\n") == [
         (1, "danube.broker.core.topics._open")]
     assert private_reaches("def f(self):\n    return self._x, cls._y, a.__class__\n") == []
-
-
-def statements(function):
-    """The statements of ``function``'s body, its docstring left out."""
-    body = ast.parse(textwrap.dedent(inspect.getsource(function))).body[0].body
-    return [s for s in body
-            if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
 
 
 def test_the_facade_only_delegates():

@@ -96,7 +96,7 @@ async def test_cache_and_segment_reads_agree(tmp_path, opened):
         batch = [payload(a.next_offset + i) for i in range(rnd.randint(1, 10))]
         assert a.append(batch) == b.append(batch)
     n = a.next_offset
-    assert b._cache.first_offset == n - 200        # b serves the newest 200 from memory
+    assert b._state.cache.first_offset == n - 200        # b serves the newest 200 from memory
     for _ in range(300):
         off = rnd.randrange(n)
         mm = rnd.randint(1, 50)
@@ -131,7 +131,7 @@ async def test_non_bytes_payloads(tmp_path, opened):
     ba[0:1] = b"M"                       # changing the source afterwards changes nothing
     want = [(0, b"mutable"), (1, b"view"), (2, bytes([0, 1, 2, 3])), (3, b"")]
     assert wal.read(0) == want
-    wal._cache.reset(wal.next_offset)    # and the same from the segment
+    wal._state.cache.reset(wal.next_offset)    # and the same from the segment
     assert wal.read(0) == want
 
 
@@ -275,7 +275,7 @@ async def test_errors(tmp_path, opened):
         await wal.append_durable([b"y"])
     with pytest.raises(WALClosedError):
         await wal.wait_for(10)
-    assert wal._worker.done()
+    assert wal._commit.worker.done()
     # The directory is free again.
     wal2 = await opened(tmp_path)
     assert wal2.read(0) == [(0, b"x")]
@@ -384,7 +384,7 @@ async def test_lru_of_mapped_sealed_segments(tmp_path, opened):
     for _ in range(3):
         for off in range(0, len(expect), 7):
             assert wal.read(off, 1) == [(off, expect[off])]
-            assert sum(s.mm is not None for s in wal._segments[:-1]) <= 2
+            assert sum(s.mm is not None for s in wal._state.segments[:-1]) <= 2
 
 
 async def test_active_segment_grows_ahead_of_the_writes(tmp_path, opened):
@@ -392,7 +392,7 @@ async def test_active_segment_grows_ahead_of_the_writes(tmp_path, opened):
     end, every frame lands where the index says, and on close the file ends at the data."""
     wal = await opened(tmp_path, WALConfig(durability="none", segment_initial_bytes=1 << 16,
                                            cache_capacity=0))
-    seg = wal._active
+    seg = wal._state.active
     batch = [b"p" * 1000] * 100                      # ~100 KB
     sizes = set()
     for i in range(40):

@@ -102,18 +102,21 @@ only a hint that recovery checks against the files, and a new segment's director
 made durable by the sync job itself. ``close()`` stops the task and waits for work in the
 executors.
 
-The package, by job (one ``WAL`` object; each module holds the methods of one job, as a
-mixin of the ``WAL`` class, so the append path calls them with no extra indirection):
+The package, by job (one ``WAL`` facade composing one object per job; each is given the
+shared state and the other parts it calls at construction, and calls them only through
+their public methods):
 
 * ``config``        -- the durability modes and ``WALConfig``
-* ``log``           -- the ``WAL`` class: opening (recovery), state, closing
-* ``append``        -- appends, and rotation of the active segment
-* ``read``          -- reads (hot-tail cache, segments, pending buffers); mappings of sealed
-  segments
-* ``group_commit``  -- the sync worker: group commit, write-ahead, interval syncs,
-  checkpoints
-* ``retention``     -- deleting old sealed segments
-* ``state``         -- the lifecycle states the modules share
+* ``state``         -- ``WalState``: the segments, the active one, the offsets, the pending
+  writes and the lifecycle, shared by the parts below
+* ``log``           -- the ``WAL`` facade: opening (recovery), closing, and one-statement
+  delegations (the hot ones bound on the instance, see log.py)
+* ``append``        -- ``Appender``: appends, and rotation of the active segment
+* ``read``          -- ``Reader``: reads (hot-tail cache, segments, pending buffers), the
+  readers waiting at the head, mappings of sealed segments
+* ``group_commit``  -- ``GroupCommit``: the sync worker: group commit, write-ahead, interval
+  syncs, checkpoints
+* ``retention``     -- ``Retention``: deleting old sealed segments
 """
 
 from danube.storage.recovery import RecoveryReport

@@ -1,6 +1,7 @@
 """Group commit: the WAL's sync worker and what it runs in the executor.
 
-One background task per WAL (``_run_worker``) makes every sync: it gathers the pending
+``GroupCommit`` owns the sync worker and what it works from. One background task per WAL
+(``_run_worker``) makes every sync: it gathers the pending
 writes and the segments with unsynced data into one job (``_Job``), runs it in the executor
 (one ``pwritev`` per run of pending buffers, then one ``fdatasync`` per segment), and then
 answers every ``sync_to`` caller the job covers. While a job runs, new appends queue for the
@@ -8,7 +9,10 @@ next one, so the number of fdatasync calls tracks the disk's speed, not the requ
 what is appended meanwhile is written ahead in another executor thread (``_write_ahead``) so
 the next sync finds it written. The worker also serves ``rotate()`` between two syncs, closes
 the descriptors of sealed segments, makes interval-mode syncs, and writes checkpoints in a
-thread shared by every WAL, after the job whose state they record.
+thread shared by every WAL, after the job whose state they record. Besides the pending
+writes (in the shared ``WalState``) it owns the bookkeeping of syncs: the sealed segments
+still to sync and close, the ``sync_to`` callers, the jobs in flight, the checkpoint's
+dirtiness, the ``rotate()`` requests.
 """
 
 from __future__ import annotations
@@ -21,13 +25,15 @@ import os
 import sys
 import threading
 import time
-from typing import Sequence
+from typing import Callable
 
 from danube.storage.checkpoint import build_checkpoint, fsync_dir, write_checkpoint
-from danube.storage.errors import WALFailedError
+from danube.metering import Summary
+from danube.storage.errors import WALClosedError, WALFailedError
+from danube.storage.segment import Segment
 from danube.storage.segment_writes import PendingWrite, write_pending
 from danube.storage.wal.config import ALWAYS, INTERVAL, NONE
-from danube.storage.wal.state import OPEN as _OPEN
+from danube.storage.wal.state import OPEN, WalState
 
 _LINUX = sys.platform.startswith("linux")
 #: The syscall a sync makes per segment; tests wrap it to count and order calls.
@@ -79,53 +85,93 @@ class _Job:
                 os.close(fd)
 
 
-class _GroupCommit:
-    """The ``WAL``'s sync worker and durability calls (a mixin of ``WAL``, see log.py)."""
+class GroupCommit:
+    """The WAL's sync worker and durability calls (see the module docstring)."""
+
+    def __init__(self, state: WalState):
+        self._s = state
+        # In mode always appends are written by the sync job, just before its fdatasync
+        # (see "Writes" in the package docstring).
+        self._defer = state.mode == ALWAYS
+        self._sync_requested = False
+        self._tick = False
+        self._retiring: list[Segment] = []           # sealed, writable fd still open
+        self._unsynced_sealed: list[Segment] = []    # sealed, fd closed, never synced (none)
+        self._dir_dirty = False
+        self._ckpt_dirty = False
+        self._sync_waiters: list = []                # heap of (offset, seq, future)
+        self._waiter_seq = 0
+        self._pass_waiters: list[asyncio.Future] = []
+        self._inflight: concurrent.futures.Future | None = None
+        self._writing: tuple | None = None     # (concurrent future, future) of a write job
+        self._ckpt_job: tuple | None = None    # (concurrent future, future) of a checkpoint
+        self._rotate_waiters: list = []        # (future, seal) of rotate() calls to serve
+        self._unclaimed = 0                    # bytes pending and not taken by any job
+        #: The worker task (``start``).
+        self.worker: asyncio.Task | None = None
+        #: Called on the loop with the covered offset after every completed sync (tests).
+        self.on_sync: Callable[[int], None] | None = None
+        #: Completed syncs (groups) and fdatasync calls.
+        self.sync_count = 0
+        self.fdatasync_count = 0
+        #: For upstream's danube_wal_* metrics: flush passes (a pass that wrote or synced)
+        #: and their wall time.
+        self.flush_latency_ms = Summary()
+
+    def start(self) -> None:
+        self.worker = self._s.loop.create_task(self._run_worker(),
+                                               name=f"wal-sync {self._s.directory}")
 
     async def sync_to(self, offset: int | None = None) -> int:
         """Return once a sync covers ``offset`` (default: everything appended so far), in
         any mode; returns ``durable_offset``. Concurrent callers share syncs. Raises
         ValueError for an offset not appended yet, ``WALFailedError`` if the sync fails,
         ``WALClosedError`` if the WAL closes first."""
+        s = self._s
         if offset is None:
-            offset = self._next_offset - 1
-        if offset <= self._durable:
-            return self._durable
-        self._check_usable()
-        if offset >= self._next_offset:
+            offset = s.next_offset - 1
+        if offset <= s.durable:
+            return s.durable
+        s.check_usable()
+        if offset >= s.next_offset:
             raise ValueError(f"offset {offset} has not been appended (next offset "
-                             f"{self._next_offset})")
-        fut = asyncio.get_running_loop().create_future()
+                             f"{s.next_offset})")
+        fut = s.loop.create_future()
         self._waiter_seq += 1
         heapq.heappush(self._sync_waiters, (offset, self._waiter_seq, fut))
         self._sync_requested = True
-        self._kick.set()
+        s.kick.set()
         return await fut
 
-    async def append_durable(self, payloads: Sequence) -> tuple[int, int]:
-        """``append``, then in ``always`` mode wait for a sync covering the batch (shared
-        with concurrent callers). In ``interval`` and ``none`` modes it returns after the
-        write, like ``append``."""
-        first, last = self.append(payloads)
-        if self._mode == ALWAYS and last >= first and last > self._durable:
-            await self.sync_to(last)
-        return first, last
+    # ------------------------------------------------------------------ pending writes
 
-    def _deferred(self, nbytes: int) -> bool:
+    def deferred(self, nbytes: int) -> bool:
         """Whether an append of ``nbytes`` of frames is left to the sync job. A small one
         (a single message, say) costs less written at once, which keeps the file in order
         only while nothing is pending."""
-        return self._defer and (nbytes >= _DEFER_MIN or bool(self._pending))
+        return self._defer and (nbytes >= _DEFER_MIN or bool(self._s.pending))
 
-    def _queue(self, pending: PendingWrite | None) -> None:
+    def queue(self, pending: PendingWrite | None) -> None:
+        """Take an append's pending write (None: it was written at once)."""
         if pending is not None:
-            self._pending.append(pending)
+            self._s.pending.append(pending)
             self._unclaimed += pending.nbytes
             self._write_ahead()
 
+    def write_all_pending(self) -> None:
+        """Write every appended frame to its file now, on the loop (rotation, once per
+        segment): a segment is sealed, and the next one created, only once the sealed one
+        holds all its frames, so a process crash never leaves a gap between segments. Jobs
+        writing some of them are waited for; what they wrote is not written twice."""
+        running = [f for f in (self._inflight, self._writing and self._writing[0]) if f]
+        if running:
+            concurrent.futures.wait(running)
+        write_pending(list(self._s.pending))
+        self._unclaimed = 0
+
     def _claim_unwritten(self) -> list:
         """The pending writes no job has written or taken, now taken by the caller's."""
-        todo = [p for p in self._pending if not p.written and not p.claimed]
+        todo = [p for p in self._s.pending if not p.written and not p.claimed]
         for pending in todo:
             pending.claimed = True
         self._unclaimed = 0
@@ -137,14 +183,14 @@ class _GroupCommit:
         overlaps the fdatasync instead of following it. One such write job at a time, and
         only for enough bytes to be worth a trip to the executor (small appends, such as
         single messages, are left to the sync job)."""
-        if (self._writing is not None or self._inflight is None or self._failed is not None
+        if (self._writing is not None or self._inflight is None or self._s.failed is not None
                 or self._unclaimed < _WRITE_AHEAD_MIN):
             return
         todo = self._claim_unwritten()
         if not todo:
             return
-        cf = self._executor.submit(write_pending, todo)
-        fut = asyncio.wrap_future(cf, loop=self._loop)
+        cf = self._s.executor.submit(write_pending, todo)
+        fut = asyncio.wrap_future(cf, loop=self._s.loop)
         self._writing = (cf, fut)
 
         def done(_):
@@ -157,21 +203,99 @@ class _GroupCommit:
 
         fut.add_done_callback(done)
 
+    # ------------------------------------------------------------------ sealed segments
+
+    def retire(self, seg: Segment) -> None:
+        """A segment was just sealed: sync it (as the mode says), close its descriptor,
+        make the new segment's directory entry durable and record it in a checkpoint."""
+        self._retiring.append(seg)
+        self._dir_dirty = self._ckpt_dirty = True
+        self._s.kick.set()
+
+    def forget_sealed(self, seg: Segment) -> None:
+        """A sealed segment is being deleted: it needs no sync any more."""
+        if seg in self._unsynced_sealed:
+            self._unsynced_sealed.remove(seg)
+
+    def checkpoint_soon(self) -> None:
+        """The segment list changed: the next pass writes a checkpoint."""
+        self._ckpt_dirty = True
+
+    async def settle_retiring(self) -> None:
+        """Wait for the worker to sync (as the mode says) and close the descriptors of
+        just-sealed segments."""
+        s = self._s
+        while (s.status == OPEN and s.failed is None
+               and any(seg.fd is not None for seg in s.segments[:-1])):
+            fut = s.loop.create_future()
+            self._pass_waiters.append(fut)
+            s.kick.set()
+            await fut
+
+    def rotate_between_syncs(self, seal: Callable[[], Segment | None]) -> asyncio.Future:
+        """A future for ``rotate()``: the worker, between two syncs and with every pending
+        frame written (in the executor), calls ``seal`` (which seals the active segment and
+        returns it, or None) and resolves the future with what it returned."""
+        fut = self._s.loop.create_future()
+        self._rotate_waiters.append((fut, seal))
+        self._s.kick.set()
+        return fut
+
+    async def _rotate_for_waiters(self) -> None:
+        """In the sync worker, no sync job in flight: serve the ``rotate()`` calls. Appends
+        still pending are written in the executor first (they are claimed, so no other job
+        writes them), then the rotation runs on the loop with nothing left to wait for and
+        only what was appended meanwhile to write."""
+        waiters, self._rotate_waiters = self._rotate_waiters, []
+        s = self._s
+        sealed = error = None
+        try:
+            if self._writing is not None:
+                await asyncio.wait([self._writing[1]])
+            s.check_usable()
+            todo = self._claim_unwritten()
+            if todo:
+                try:
+                    await asyncio.wrap_future(s.executor.submit(write_pending, todo))
+                except asyncio.CancelledError:
+                    raise
+                except BaseException as exc:  # noqa: BLE001 - as a failed write-ahead
+                    self._fail(exc)
+                    raise
+            s.check_usable()
+            sealed = waiters[0][1]()
+        except asyncio.CancelledError:
+            error = WALClosedError(f"WAL {s.directory} is closed")
+            raise
+        except BaseException as exc:  # noqa: BLE001 - reported to the callers
+            error = exc
+        finally:
+            for fut, _ in waiters:
+                if not fut.done():
+                    if error is None:
+                        fut.set_result(sealed)
+                    else:
+                        fut.set_exception(error)
+
+    # ------------------------------------------------------------------ the worker
+
     async def _run_worker(self) -> None:
-        interval = self._config.sync_interval_ms / 1000 if self._mode == INTERVAL else None
+        s = self._s
+        kick = s.kick
+        interval = s.config.sync_interval_ms / 1000 if s.mode == INTERVAL else None
         while True:
-            if not self._kick.is_set():
-                if self._state != _OPEN:
+            if not kick.is_set():
+                if s.status != OPEN:
                     break
                 if interval is None:
-                    await self._kick.wait()
+                    await kick.wait()
                 else:
                     try:
                         async with asyncio.timeout(interval):
-                            await self._kick.wait()
+                            await kick.wait()
                     except TimeoutError:
                         self._tick = True
-            self._kick.clear()
+            kick.clear()
             if self._rotate_waiters:
                 await self._rotate_for_waiters()
             job = self._make_job()
@@ -185,7 +309,7 @@ class _GroupCommit:
                     # come after them (and nothing is written twice at once).
                     await asyncio.wait([self._writing[1]])
                 started = time.perf_counter()
-                self._inflight = self._executor.submit(job.run, self._dir)
+                self._inflight = s.executor.submit(job.run, s.directory)
                 self._write_ahead()
                 try:
                     await asyncio.wrap_future(self._inflight)
@@ -210,8 +334,8 @@ class _GroupCommit:
         waits for the next pass. They run in a thread of their own, shared by every WAL of
         the process, so that checkpoints (a rotation makes one for each topic uploaded at
         the same time) never occupy the threads that syncs wait for."""
-        cf = _checkpoint_executor().submit(write_checkpoint, self._dir, body)
-        fut = asyncio.wrap_future(cf, loop=self._loop)
+        cf = _checkpoint_executor().submit(write_checkpoint, self._s.directory, body)
+        fut = asyncio.wrap_future(cf, loop=self._s.loop)
         self._ckpt_job = (cf, fut)
 
         def done(_):
@@ -219,31 +343,32 @@ class _GroupCommit:
             exc = None if cf.cancelled() else cf.exception()
             if exc is not None:
                 self._fail(exc)
-            elif self._ckpt_dirty and self._state == _OPEN:
-                self._kick.set()
+            elif self._ckpt_dirty and self._s.status == OPEN:
+                self._s.kick.set()
 
         fut.add_done_callback(done)
 
     def _make_job(self) -> _Job | None:
+        s = self._s
         job = _Job()
-        active = self._active
-        want = self._sync_requested or self._state != _OPEN
-        if self._mode == ALWAYS and self._durable < self._next_offset - 1:
+        active = s.active
+        want = self._sync_requested or s.status != OPEN
+        if s.mode == ALWAYS and s.durable < s.next_offset - 1:
             want = True         # plain appends are synced too, just not waited for
         if self._tick:
-            want = want or self._durable < self._next_offset - 1
+            want = want or s.durable < s.next_offset - 1
             self._tick = False
-        if self._mode != NONE and any(s.synced_pos < s.write_pos for s in self._retiring):
+        if s.mode != NONE and any(seg.synced_pos < seg.write_pos for seg in self._retiring):
             want = True         # sync sealed segments as they are sealed
         self._sync_requested = False
-        if self._failed is not None:
+        if s.failed is not None:
             want = False
         if want:
-            job.writes = list(self._pending)
+            job.writes = list(s.pending)
             for pending in job.writes:
                 pending.claimed = True          # the write-ahead leaves them to this job
             self._unclaimed = 0
-            job.target = self._next_offset - 1
+            job.target = s.next_offset - 1
             for seg in self._retiring:
                 if seg.synced_pos < seg.write_pos:
                     job.sync.append((seg, seg.fd, seg.write_pos))
@@ -255,46 +380,48 @@ class _GroupCommit:
                 job.sync.append((active, active.fd, active.write_pos))
             job.dir_fsync = self._dir_dirty
             self._dir_dirty = False
-        job.retire = [(s, s.fd) for s in self._retiring]
+        job.retire = [(seg, seg.fd) for seg in self._retiring]
         self._retiring = []
-        if self._ckpt_dirty and self._failed is None and self._ckpt_job is None:
-            durable = self._durable if job.target is None else job.target
-            job.ckpt = build_checkpoint(self._segments, self._next_offset, durable,
-                                        self._clock(), {s for s, _, _ in job.sync})
+        if self._ckpt_dirty and s.failed is None and self._ckpt_job is None:
+            durable = s.durable if job.target is None else job.target
+            job.ckpt = build_checkpoint(s.segments, s.next_offset, durable,
+                                        s.clock(), {seg for seg, _, _ in job.sync})
             self._ckpt_dirty = False
         if job.target is None and not job.needs_thread() and job.ckpt is None:
             return None
         return job
 
     def _finish_job(self, job: _Job, exc: BaseException | None) -> None:
+        s = self._s
         for seg, _ in job.retire:
             seg.fd = None
-            if seg.synced_pos < seg.write_pos and not any(s is seg for s, _, _ in job.sync):
+            if seg.synced_pos < seg.write_pos and not any(x is seg for x, _, _ in job.sync):
                 self._unsynced_sealed.append(seg)
         self.fdatasync_count += job.fdatasyncs
         if exc is not None:
             self._fail(exc)
             self._finish_pass()
             return
+        pending_writes = s.pending
         for pending in job.writes:
-            assert self._pending[0] is pending
-            self._pending.popleft()
+            assert pending_writes[0] is pending
+            pending_writes.popleft()
             pending.done()
         for seg, _, pos in job.sync:
             seg.synced_pos = max(seg.synced_pos, pos)
         if job.sync:
-            synced = {id(s) for s, _, _ in job.sync}
-            self._unsynced_sealed = [s for s in self._unsynced_sealed if id(s) not in synced]
+            synced = {id(seg) for seg, _, _ in job.sync}
+            self._unsynced_sealed = [x for x in self._unsynced_sealed if id(x) not in synced]
         if job.target is not None:
-            self._durable = max(self._durable, job.target)
+            s.durable = max(s.durable, job.target)
             self.sync_count += 1
             if self.on_sync is not None:
-                self.on_sync(self._durable)
+                self.on_sync(s.durable)
             waiters = self._sync_waiters
-            while waiters and waiters[0][0] <= self._durable:
+            while waiters and waiters[0][0] <= s.durable:
                 fut = heapq.heappop(waiters)[2]
                 if not fut.done():
-                    fut.set_result(self._durable)
+                    fut.set_result(s.durable)
         self._finish_pass()
 
     def _finish_pass(self) -> None:
@@ -304,15 +431,62 @@ class _GroupCommit:
                 fut.set_result(None)
 
     def _fail(self, exc: BaseException) -> None:
-        if self._failed is None:
-            self._failed = exc
-            log.error("WAL %s: sync failed, refusing further appends: %r", self._dir, exc)
-        err = WALFailedError(f"WAL {self._dir}: sync failed: {exc!r}")
+        s = self._s
+        if s.failed is None:
+            s.failed = exc
+            log.error("WAL %s: sync failed, refusing further appends: %r", s.directory, exc)
+        err = WALFailedError(f"WAL {s.directory}: sync failed: {exc!r}")
         err.__cause__ = exc
         for _, _, fut in self._sync_waiters:
             if not fut.done():
                 fut.set_exception(err)
         self._sync_waiters = []
+
+    # ------------------------------------------------------------------ closing
+
+    async def stop(self) -> None:
+        """Closing (the state says so already): let the worker make its last sync and
+        checkpoint, and wait for the write and checkpoint jobs still running."""
+        self._s.kick.set()
+        if self.worker is not None:
+            await asyncio.shield(self.worker)
+        if self._writing is not None:
+            await asyncio.wait([self._writing[1]])
+        if self._ckpt_job is not None:
+            await asyncio.wait([self._ckpt_job[1]])
+
+    def final_checkpoint(self) -> dict | None:
+        """The checkpoint ``close`` writes (None after a failure: recovery checks the
+        files then)."""
+        s = self._s
+        if s.failed is not None:
+            return None
+        self._ckpt_dirty = False
+        return build_checkpoint(s.segments, s.next_offset, s.durable, s.clock())
+
+    def release(self, exc: BaseException) -> None:
+        """Closing, or a cancelled close: stop the worker, wait for the executor jobs, fail
+        every caller still waiting with ``exc`` and close the descriptors of segments sealed
+        since the last pass."""
+        if self.worker is not None and not self.worker.done():
+            self.worker.cancel()
+        running = [f for f in (self._inflight, self._writing and self._writing[0],
+                               self._ckpt_job and self._ckpt_job[0]) if f]
+        if running:
+            concurrent.futures.wait(running)
+        waiters, self._rotate_waiters = self._rotate_waiters, []
+        for fut, _ in waiters:
+            if not fut.done():
+                fut.set_exception(exc)
+        for _, _, fut in self._sync_waiters:
+            if not fut.done():
+                fut.set_exception(exc)
+        self._sync_waiters = []
+        self._finish_pass()
+        for seg in self._retiring:
+            if seg.fd is not None:
+                os.close(seg.fd)
+                seg.fd = None
 
 
 _ckpt_pool: concurrent.futures.ThreadPoolExecutor | None = None
@@ -320,7 +494,7 @@ _ckpt_pool_lock = threading.Lock()
 
 
 def _checkpoint_executor() -> concurrent.futures.ThreadPoolExecutor:
-    """The one thread that writes every WAL's checkpoints (see ``WAL._write_checkpoint``)."""
+    """The one thread that writes every WAL's checkpoints (see ``GroupCommit._write_checkpoint``)."""
     global _ckpt_pool
     with _ckpt_pool_lock:
         if _ckpt_pool is None:
@@ -329,7 +503,7 @@ def _checkpoint_executor() -> concurrent.futures.ThreadPoolExecutor:
         return _ckpt_pool
 
 
-def _close_active(directory: str, fd: int, write_pos: int, ckpt: dict | None) -> None:
+def close_active(directory: str, fd: int, write_pos: int, ckpt: dict | None) -> None:
     """Trim the active segment's preallocated tail, make that durable, close it, and write the
     final checkpoint."""
     try:

@@ -1,100 +1,56 @@
 """The ``WAL`` class: one topic's write-ahead log (see the package docstring for what it
-promises). Opening (recovery), its state and closing are here; each other job is a mixin
-in a module of its own: appends and rotation (append.py), reads (read.py), the sync worker
-(group_commit.py) and retention (retention.py). One object, because the jobs share one
-state (segments, offsets, pending writes) and the append path must not pay for a call
-between objects.
+promises). It is a facade over composed parts, each given what it needs at construction:
+the shared state (``WalState``: segments, offsets, pending writes, lifecycle; state.py),
+appends and rotation (``Appender``, append.py), reads (``Reader``, read.py), the sync worker
+(``GroupCommit``, group_commit.py) and retention (``Retention``, retention.py). ``WAL``
+itself opens (recovery) and closes; everything else is a one-statement delegation, and the
+hot calls (append, append_packed, sync_to, read) are the parts' bound methods, set on the
+instance at construction, so the publish path pays no extra call.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import concurrent.futures
 import logging
 import os
 import time
-from typing import Callable
+from typing import Callable, Sequence
 
 from danube.metering import Summary
-from danube.storage._tailcache import TailCache
-from danube.storage.checkpoint import build_checkpoint
-from danube.storage.errors import WALClosedError, WALFailedError
+from danube.storage.errors import WALClosedError
 from danube.storage.recovery import RecoveryReport, recover, release
-from danube.storage.segment import Segment, SegmentInfo
-from danube.storage.segment_writes import PendingWrite
-from danube.storage.wal.append import _Appending
-from danube.storage.wal.config import ALWAYS, WALConfig
-from danube.storage.wal.group_commit import _close_active, _GroupCommit
-from danube.storage.wal.read import _Reading
-from danube.storage.wal.retention import _Retention
-from danube.storage.wal.state import CLOSED as _CLOSED, CLOSING as _CLOSING, OPEN as _OPEN
+from danube.storage.segment import SegmentInfo
+from danube.storage.wal.append import Appender
+from danube.storage.wal.config import WALConfig
+from danube.storage.wal.group_commit import GroupCommit, close_active
+from danube.storage.wal.read import Reader
+from danube.storage.wal.retention import Retention
+from danube.storage.wal.state import CLOSED, CLOSING, OPEN, WalState
 
 log = logging.getLogger("danube.storage.wal")
 
 
-class WAL(_Appending, _Reading, _GroupCommit, _Retention):
+class WAL:
     """A topic's write-ahead log. Create it with ``await WAL.open(directory, config)``."""
 
     def __init__(self, directory: str, config: WALConfig, recovered, executor, own_executor,
                  clock):
-        self._dir = directory
-        self._config = config
-        self._mode = config.durability
-        self._executor = executor
         self._own_executor = own_executor
-        self._clock = clock
         self._lock_fd = recovered.lock_fd
-        self._segments: list[Segment] = recovered.segments
-        self._bases = [s.base for s in self._segments]
-        self._active = self._segments[-1]
-        self._next_offset = self._active.end_offset
-        self._first_offset = self._segments[0].base
-        self._durable = self._next_offset - 1
-        self._cache = TailCache(config.cache_capacity, self._next_offset)
-        self._mapped: collections.OrderedDict[Segment, None] = collections.OrderedDict()
-        for seg in self._segments[:-1]:
-            if seg.mm is not None:
-                self._touch(seg)
-        self.recovery: RecoveryReport = recovered.report
-        # sync worker state
-        self._kick = asyncio.Event()
-        self._kick_on_append = self._mode == ALWAYS
-        # In mode always appends are written by the sync job, just before its fdatasync
-        # (see "Writes" in the package docstring); these are the ones not written yet.
-        self._defer = self._mode == ALWAYS
-        self._pending: collections.deque[PendingWrite] = collections.deque()
-        self._sync_requested = False
-        self._tick = False
-        self._retiring: list[Segment] = []           # sealed, writable fd still open
-        self._unsynced_sealed: list[Segment] = []    # sealed, fd closed, never synced (none)
-        self._dir_dirty = False
-        self._ckpt_dirty = False
-        self._sync_waiters: list = []                # heap of (offset, seq, future)
-        self._waiter_seq = 0
-        self._readers: list[asyncio.Future] = []
-        self._pass_waiters: list[asyncio.Future] = []
-        self._inflight: concurrent.futures.Future | None = None
-        self._writing: tuple | None = None     # (concurrent future, future) of a write job
-        self._ckpt_job: tuple | None = None    # (concurrent future, future) of a checkpoint
-        self._rotate_waiters: list[asyncio.Future] = []     # rotate() calls to serve
-        self._unclaimed = 0                    # bytes pending and not taken by any job
-        self._loop = asyncio.get_running_loop()
-        self._worker: asyncio.Task | None = None
-        self._state = _OPEN
-        self._failed: BaseException | None = None
         self._close_done: asyncio.Future | None = None
-        #: Called on the loop with the covered offset after every completed sync (tests).
-        self.on_sync: Callable[[int], None] | None = None
-        #: Completed syncs (groups), fdatasync calls, segment rotations.
-        self.sync_count = 0
-        self.fdatasync_count = 0
-        self.rotation_count = 0
-        # For upstream's danube_wal_* metrics: flush passes (a pass that wrote or synced)
-        # and their wall time, rotations by reason, segments deleted by retention.
-        self.flush_latency_ms = Summary()
-        self.rotations = {"size": 0, "time": 0, "export": 0}
-        self.deleted_segments = 0
+        self._state = state = WalState(directory, config, recovered.segments, executor, clock)
+        self._reader = Reader(state)
+        self._commit = GroupCommit(state)
+        self._appender = Appender(state, self._reader, self._commit)
+        self._retention = Retention(state, self._reader, self._commit)
+        self.recovery: RecoveryReport = recovered.report
+        # The hot calls, bound once: an instance attribute shadows the class's delegation.
+        self.append = self._appender.append
+        self.append_packed = self._appender.append_packed
+        self.sync_to = self._commit.sync_to
+        self.read = self._reader.read
+        self._commit.start()
 
     # ------------------------------------------------------------------ opening
 
@@ -118,7 +74,6 @@ class WAL(_Appending, _Reading, _GroupCommit, _Retention):
         if start_offset < 0:
             raise ValueError("start_offset must be >= 0")
         directory = os.fspath(directory)
-        loop = asyncio.get_running_loop()
         own = executor is None
         if own:
             # Two threads: a sync and a deletion can run at once (syncs themselves
@@ -137,54 +92,133 @@ class WAL(_Appending, _Reading, _GroupCommit, _Retention):
                 executor.shutdown(wait=False)
             raise
         wal = cls(directory, config, recovered, executor, own, clock)
-        wal._worker = loop.create_task(wal._run_worker(), name=f"wal-sync {directory}")
         if recovered.report.dropped_bytes or recovered.report.segments:
             log.debug("WAL %s opened: %s", directory, recovered.report)
         return wal
+
+    # ------------------------------------------------------------------ delegations
+
+    def append(self, payloads: Sequence) -> tuple[int, int]:
+        """See ``Appender.append`` (bound on the instance at construction)."""
+        return self._appender.append(payloads)
+
+    def append_packed(self, data: bytes, ends) -> tuple[int, int]:
+        """See ``Appender.append_packed`` (bound on the instance at construction)."""
+        return self._appender.append_packed(data, ends)
+
+    async def append_durable(self, payloads: Sequence) -> tuple[int, int]:
+        """See ``Appender.append_durable``."""
+        return await self._appender.append_durable(payloads)
+
+    async def rotate(self) -> SegmentInfo | None:
+        """See ``Appender.rotate``."""
+        return await self._appender.rotate()
+
+    async def sync_to(self, offset: int | None = None) -> int:
+        """See ``GroupCommit.sync_to`` (bound on the instance at construction)."""
+        return await self._commit.sync_to(offset)
+
+    def read(self, from_offset: int, max_messages: int = 1024,
+             max_bytes: int | None = None) -> list[tuple[int, bytes]]:
+        """See ``Reader.read`` (bound on the instance at construction)."""
+        return self._reader.read(from_offset, max_messages, max_bytes)
+
+    async def wait_for(self, offset: int) -> int:
+        """See ``Reader.wait_for``."""
+        return await self._reader.wait_for(offset)
+
+    async def truncate_before(self, offset: int) -> list[SegmentInfo]:
+        """See ``Retention.truncate_before``."""
+        return await self._retention.truncate_before(offset)
+
+    async def retention(self, max_age_seconds: float | None = None,
+                        max_bytes: int | None = None, keep_from_offset: int | None = None,
+                        *, force: bool = False) -> list[SegmentInfo]:
+        """See ``Retention.retention``."""
+        return await self._retention.retention(max_age_seconds, max_bytes, keep_from_offset,
+                                               force=force)
 
     # ------------------------------------------------------------------ properties
 
     @property
     def mode(self) -> str:
         """The durability mode: ALWAYS, INTERVAL or NONE."""
-        return self._mode
+        return self._state.mode
 
     @property
     def directory(self) -> str:
-        return self._dir
+        return self._state.directory
 
     @property
     def config(self) -> WALConfig:
-        return self._config
+        return self._state.config
 
     @property
     def next_offset(self) -> int:
         """The offset the next appended message gets."""
-        return self._next_offset
+        return self._state.next_offset
 
     @property
     def last_offset(self) -> int:
         """The newest appended offset (``next_offset - 1``; -1 before any message)."""
-        return self._next_offset - 1
+        return self._state.next_offset - 1
 
     @property
     def first_offset(self) -> int:
         """The oldest offset still held (== next_offset when the log holds nothing)."""
-        return self._first_offset
+        return self._state.first_offset
 
     @property
     def durable_offset(self) -> int:
         """The newest offset covered by a completed sync (everything recovered at open
         counts: open syncs it)."""
-        return self._durable
+        return self._state.durable
 
     @property
     def closed(self) -> bool:
-        return self._state != _OPEN
+        return self._state.status != OPEN
 
     def segments(self) -> list[SegmentInfo]:
         """Every segment, oldest first; the last one is the active segment."""
-        return [s.info() for s in self._segments]
+        return [s.info() for s in self._state.segments]
+
+    @property
+    def on_sync(self) -> Callable[[int], None] | None:
+        """Called on the loop with the covered offset after every completed sync (tests)."""
+        return self._commit.on_sync
+
+    @on_sync.setter
+    def on_sync(self, callback: Callable[[int], None] | None) -> None:
+        self._commit.on_sync = callback
+
+    @property
+    def sync_count(self) -> int:
+        """Completed syncs (groups)."""
+        return self._commit.sync_count
+
+    @property
+    def fdatasync_count(self) -> int:
+        return self._commit.fdatasync_count
+
+    @property
+    def flush_latency_ms(self) -> Summary:
+        """Flush passes (a pass that wrote or synced) and their wall time (upstream's
+        danube_wal_flush_* metrics)."""
+        return self._commit.flush_latency_ms
+
+    @property
+    def rotation_count(self) -> int:
+        return self._appender.rotation_count
+
+    @property
+    def rotations(self) -> dict[str, int]:
+        """Segment rotations by reason: size, time, export."""
+        return self._appender.rotations
+
+    @property
+    def deleted_segments(self) -> int:
+        """Segments deleted by retention."""
+        return self._retention.deleted_segments
 
     # ------------------------------------------------------------------ closing
 
@@ -192,80 +226,45 @@ class WAL(_Appending, _Reading, _GroupCommit, _Retention):
         """Sync everything, write the checkpoint, trim the active segment to its data, unmap
         and close every file, stop the worker and (if the WAL made it) the executor.
         Idempotent; concurrent callers all wait for the same close."""
-        if self._state == _CLOSED:
+        state = self._state
+        if state.status == CLOSED:
             return
         if self._close_done is not None:
             await asyncio.shield(self._close_done)
             return
-        loop = asyncio.get_running_loop()
-        self._close_done = loop.create_future()
-        self._state = _CLOSING
-        self._wake_readers(WALClosedError(f"WAL {self._dir} is closed"))
+        self._close_done = state.loop.create_future()
+        state.status = CLOSING
+        self._reader.wake(WALClosedError(f"WAL {state.directory} is closed"))
         try:
-            self._kick.set()
-            if self._worker is not None:
-                await asyncio.shield(self._worker)     # runs a last sync + checkpoint
-            if self._writing is not None:
-                await asyncio.wait([self._writing[1]])
-            if self._ckpt_job is not None:
-                await asyncio.wait([self._ckpt_job[1]])
-            active = self._active
+            await self._commit.stop()       # the worker runs a last sync + checkpoint
+            active = state.active
             active.unmap()
-            final = None
-            if self._failed is None:
-                self._ckpt_dirty = False
-                final = build_checkpoint(self._segments, self._next_offset, self._durable,
-                                         self._clock())
+            final = self._commit.final_checkpoint()
             fd, active.fd = active.fd, None     # the job below closes it
-            await asyncio.wrap_future(self._executor.submit(
-                _close_active, self._dir, fd, active.write_pos, final))
+            await asyncio.wrap_future(state.executor.submit(
+                close_active, state.directory, fd, active.write_pos, final))
         except BaseException as exc:
             if not isinstance(exc, asyncio.CancelledError):
-                log.exception("WAL %s: error while closing", self._dir)
+                log.exception("WAL %s: error while closing", state.directory)
             raise
         finally:
             self._release()
-            self._state = _CLOSED
+            state.status = CLOSED
             if not self._close_done.done():
                 self._close_done.set_result(None)
 
     def _release(self) -> None:
         """Free everything left, synchronously (also on a cancelled close)."""
-        if self._worker is not None and not self._worker.done():
-            self._worker.cancel()
-        running = [f for f in (self._inflight, self._writing and self._writing[0],
-                               self._ckpt_job and self._ckpt_job[0]) if f]
-        if running:
-            concurrent.futures.wait(running)
-        err = WALClosedError(f"WAL {self._dir} is closed")
-        waiters, self._rotate_waiters = self._rotate_waiters, []
-        for fut in waiters:
-            if not fut.done():
-                fut.set_exception(err)
-        for _, _, fut in self._sync_waiters:
-            if not fut.done():
-                fut.set_exception(err)
-        self._sync_waiters = []
-        self._wake_readers(err)
-        self._finish_pass()
-        for seg in self._segments:
-            seg.unmap()
-            if seg.fd is not None:
-                try:
-                    os.close(seg.fd)
-                except OSError:
-                    pass
-                seg.fd = None
-        for seg in self._retiring:
-            if seg.fd is not None:
-                os.close(seg.fd)
-                seg.fd = None
-        self._mapped.clear()
+        state = self._state
+        err = WALClosedError(f"WAL {state.directory} is closed")
+        self._commit.release(err)
+        self._reader.release(err)
+        state.close_segments()
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
         if self._own_executor:
-            self._executor.shutdown(wait=False)
+            state.executor.shutdown(wait=False)
 
     async def __aenter__(self) -> WAL:
         return self
@@ -273,18 +272,8 @@ class WAL(_Appending, _Reading, _GroupCommit, _Retention):
     async def __aexit__(self, *exc) -> None:
         await self.close()
 
-    # ------------------------------------------------------------------ helpers
-
-    def _check_usable(self) -> None:
-        if self._state != _OPEN or self._failed is not None:
-            self._raise_unusable()
-
-    def _raise_unusable(self):
-        if self._state != _OPEN:
-            raise WALClosedError(f"WAL {self._dir} is closed")
-        raise WALFailedError(f"WAL {self._dir} failed: {self._failed!r}") from self._failed
-
     def __repr__(self) -> str:
-        return (f"<WAL {self._dir} {self._mode} offsets {self._first_offset}.."
-                f"{self._next_offset - 1} durable {self._durable} "
-                f"segments {len(self._segments)}{' closed' if self.closed else ''}>")
+        s = self._state
+        return (f"<WAL {s.directory} {s.mode} offsets {s.first_offset}.."
+                f"{s.next_offset - 1} durable {s.durable} "
+                f"segments {len(s.segments)}{' closed' if self.closed else ''}>")

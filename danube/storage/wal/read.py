@@ -2,21 +2,36 @@
 written yet (pending buffers, in mode ``always``). Readers see data as soon as it is
 appended; one that must not see what a machine crash could take back bounds its reads by
 ``durable_offset``.
+
+``Reader`` owns the readers waiting at the head of the log and the mappings of sealed
+segments kept open (least recently used first).
 """
 
 from __future__ import annotations
 
 import asyncio
 import bisect
+import collections
 
 from danube.storage._walframes import read_frames_into
 from danube.storage.errors import OffsetTruncatedError, WALClosedError
 from danube.storage.segment import Segment
-from danube.storage.wal.state import OPEN as _OPEN
+from danube.storage.wal.state import OPEN, WalState
 
 
-class _Reading:
-    """The ``WAL``'s reads (a mixin of ``WAL``, see log.py)."""
+class Reader:
+    """The WAL's reads and the readers waiting for appends."""
+
+    def __init__(self, state: WalState):
+        self._s = state
+        self._verify = state.config.verify_reads
+        self._max_mapped = max(1, state.config.max_mapped_sealed)
+        #: Futures of ``wait_for`` calls, woken by the next append (or close).
+        self.waiting: list[asyncio.Future] = []
+        self._mapped: collections.OrderedDict[Segment, None] = collections.OrderedDict()
+        for seg in state.segments[:-1]:
+            if seg.mm is not None:
+                self.touch(seg)
 
     def read(self, from_offset: int, max_messages: int = 1024,
              max_bytes: int | None = None) -> list[tuple[int, bytes]]:
@@ -28,28 +43,32 @@ class _Reading:
         segments. Raises ``OffsetTruncatedError`` below ``first_offset`` and
         ``CorruptSegmentError`` if a lazily validated sealed segment turns out damaged.
         """
-        if self._state != _OPEN:
-            raise WALClosedError(f"WAL {self._dir} is closed")
-        if from_offset < self._first_offset:
+        s = self._s
+        if s.status != OPEN:
+            raise WALClosedError(f"WAL {s.directory} is closed")
+        if from_offset < s.first_offset:
             if from_offset < 0:
                 raise ValueError(f"negative offset {from_offset}")
-            raise OffsetTruncatedError(from_offset, self._first_offset)
-        end = self._next_offset
+            raise OffsetTruncatedError(from_offset, s.first_offset)
+        end = s.next_offset
         if from_offset >= end or max_messages <= 0:
             return []
         budget = -1 if max_bytes is None else max(0, max_bytes)
-        if from_offset >= self._cache.first_offset:
-            got = self._cache.read(from_offset, max_messages, budget)
+        cache = s.cache
+        if from_offset >= cache.first_offset:
+            got = cache.read(from_offset, max_messages, budget)
             if got is not None:
                 return got
         out: list = []
-        i = bisect.bisect_right(self._bases, from_offset) - 1
-        verify = self._config.verify_reads
+        i = bisect.bisect_right(s.bases, from_offset) - 1
+        verify = self._verify
         off = from_offset
-        unwritten = self._pending[0].first_offset if self._pending else end
+        pending_writes = s.pending
+        unwritten = pending_writes[0].first_offset if pending_writes else end
+        segments, active = s.segments, s.active
         while off < unwritten:
-            seg = self._segments[i]
-            if seg is not self._active:
+            seg = segments[i]
+            if seg is not active:
                 self._map(seg)
             nbytes = seg.read_into(out, off, max_messages - len(out), budget, verify)
             off = from_offset + len(out)
@@ -64,7 +83,7 @@ class _Reading:
             if off >= seg.end_offset:
                 i += 1
         # The rest is appended but not written to the files yet: read it from the buffers.
-        for pending in self._pending:
+        for pending in pending_writes:
             if off >= pending.first_offset + pending.count:
                 continue
             seg = pending.seg
@@ -83,15 +102,17 @@ class _Reading:
     async def wait_for(self, offset: int) -> int:
         """Wait until ``offset`` has been appended (a reader that caught up calls this with
         its next offset); returns ``last_offset``. Raises ``WALClosedError`` on close."""
-        while self._next_offset <= offset:
-            self._check_usable()
+        s = self._s
+        while s.next_offset <= offset:
+            s.check_usable()
             fut = asyncio.get_running_loop().create_future()
-            self._readers.append(fut)
+            self.waiting.append(fut)
             await fut
-        return self._next_offset - 1
+        return s.next_offset - 1
 
-    def _wake_readers(self, exc: BaseException | None) -> None:
-        readers, self._readers = self._readers, []
+    def wake(self, exc: BaseException | None) -> None:
+        """Wake every ``wait_for`` caller: with ``exc`` raised in it, or to read again."""
+        readers, self.waiting = self.waiting, []
         for fut in readers:
             if not fut.done():
                 if exc is None:
@@ -102,13 +123,24 @@ class _Reading:
     def _map(self, seg: Segment) -> None:
         if seg.mm is None or not seg.validated:
             seg.ensure_validated()
-        self._touch(seg)
+        self.touch(seg)
 
-    def _touch(self, seg: Segment) -> None:
+    def touch(self, seg: Segment) -> None:
         """Mark a sealed segment's mapping as just used; unmap the least recently used ones
         beyond ``max_mapped_sealed`` (never ``seg`` itself)."""
         self._mapped[seg] = None
         self._mapped.move_to_end(seg)
-        while len(self._mapped) > max(1, self._config.max_mapped_sealed):
+        while len(self._mapped) > self._max_mapped:
             old, _ = self._mapped.popitem(last=False)
             old.unmap()
+
+    def forget(self, seg: Segment) -> None:
+        """Unmap a segment that is being deleted."""
+        self._mapped.pop(seg, None)
+        seg.unmap()
+
+    def release(self, exc: BaseException) -> None:
+        """Closing: fail every waiting reader with ``exc``; the mappings go with the
+        segments (``WalState.close_segments``)."""
+        self.wake(exc)
+        self._mapped.clear()
