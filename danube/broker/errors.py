@@ -75,8 +75,8 @@ class BrokerShuttingDown(BrokerError):
 
 
 class TopicElsewhere(BrokerError):
-    """Cluster mode: another broker serves the topic (or it is moving between brokers); the
-    client must look it up again. `reason`: upstream's danube_client_redirects_total label,
+    """Another broker serves the topic (or it is moving between brokers), as the placement
+    says; the client must look it up again. `reason`: upstream's danube_client_redirects_total label,
     "not_local" (it exists and is not here) or "post_create" (just created, placed by the
     leader)."""
 

@@ -17,8 +17,8 @@ producer and subscription tables and the schema bindings by ``attach``):
 - ``admin`` (admin.py): what the admin API asks beyond those (brokers, describing,
   unloading, live subscription settings, statistics, the rate sampler).
 
-Where a topic lives is its placement's answer (danube.broker.placement: one broker, or a
-cluster's), received at construction; the reliable topics' logs are the LogManager's
+Where a topic lives is its placement's answer (danube.broker.placement: this broker alone,
+or another implementation), received at construction; the reliable topics' logs are the LogManager's
 (danube.storage.logs); the ids of unloaded topics are UnloadedIds' (unloaded.py); this
 broker's id is BrokerIdentity's (identity.py).
 
