@@ -15,7 +15,7 @@ from danube.mqtt.codec import (CONNACK, DISCONNECT, MALFORMED, PACKET_TOO_LARGE,
                                PROTOCOL_ERROR, PUBLISH, PUBREL, SUBACK, TOPIC_ALIAS,
                                TOPIC_ALIAS_INVALID, TOPIC_NAME_INVALID, ProtocolError,
                                _encode_string, _encode_varint, _packet_bytes, _properties,
-                               _u16, encode_ack, encode_properties)
+                               _u16, encode_ack, encode_properties, remaining_length)
 
 __all__ = ["ClientDecoder", "Connack", "Packet", "encode_connect", "encode_subscribe", "encode_ack",
            "encode_disconnect", "PINGREQ_BYTES", "filter_matches"]
@@ -156,28 +156,11 @@ class ClientDecoder:
         topics = self._topics
         while n - pos >= 2:
             first = data[pos]
-            # Remaining Length: up to 4 bytes.
-            i = pos + 1
-            b = data[i]
-            length = b & 0x7F
-            i += 1
-            if b & 0x80:
-                shift = 7
-                while True:
-                    if i >= n:
-                        if i - pos > 4:
-                            raise ProtocolError(MALFORMED,
-                                                "remaining length longer than 4 bytes")
-                        length = -1
-                        break
-                    b = data[i]
-                    i += 1
-                    length |= (b & 0x7F) << shift
-                    if not b & 0x80:
-                        break
-                    shift += 7
-                    if shift > 21:
-                        raise ProtocolError(MALFORMED, "remaining length longer than 4 bytes")
+            # Remaining Length: one byte inline (most packets), longer ones shared.
+            length = data[pos + 1]
+            i = pos + 2
+            if length & 0x80:
+                length, i = remaining_length(data, pos, n)
                 if length < 0:
                     break
             end = i + length

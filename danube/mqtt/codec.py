@@ -82,6 +82,27 @@ def _varint(buf, pos, end):
     raise ProtocolError(MALFORMED, "variable byte integer longer than 4 bytes")
 
 
+def remaining_length(buf, pos, n):
+    """The Remaining Length of the packet whose fixed header starts at ``buf[pos]``:
+    (length, index of the body), or (-1, _) when ``buf[:n]`` ends inside it; ProtocolError
+    past its 4 bytes. Shared by the server's and the client's decoders."""
+    length = shift = 0
+    i = pos + 1
+    while True:
+        if i >= n:
+            if i - pos > 4:
+                raise ProtocolError(MALFORMED, "remaining length longer than 4 bytes")
+            return -1, i
+        b = buf[i]
+        i += 1
+        length |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return length, i
+        shift += 7
+        if shift > 21:
+            raise ProtocolError(MALFORMED, "remaining length longer than 4 bytes")
+
+
 def _u16(buf, pos, end, what):
     if pos + 2 > end:
         raise ProtocolError(MALFORMED, f"{what} runs past the packet")
@@ -333,23 +354,7 @@ class Decoder:
                     out.append(run)
                     pos += len(run.raw)
                     continue
-            # Remaining Length: up to 4 bytes.
-            length = shift = 0
-            i = pos + 1
-            while True:
-                if i >= n:
-                    if i - pos > 4:
-                        raise ProtocolError(MALFORMED, "remaining length longer than 4 bytes")
-                    length = -1
-                    break
-                b = buf[i]
-                i += 1
-                length |= (b & 0x7F) << shift
-                if not b & 0x80:
-                    break
-                shift += 7
-                if shift > 21:
-                    raise ProtocolError(MALFORMED, "remaining length longer than 4 bytes")
+            length, i = remaining_length(buf, pos, n)
             if length < 0:
                 break
             if i - pos + length > limit:
