@@ -2,7 +2,9 @@
 (test_core_shape.py, test_wal_shape.py): composed, not mixed."""
 
 import ast
+import importlib
 import inspect
+import pathlib
 import textwrap
 
 
@@ -26,3 +28,45 @@ def statements(function):
     body = ast.parse(textwrap.dedent(inspect.getsource(function))).body[0].body
     return [s for s in body
             if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+
+
+def package_classes(directory: pathlib.Path, package: str):
+    """Every class defined in the modules of ``package`` (its files in ``directory``)."""
+    out = []
+    for path in sorted(directory.glob("*.py")):
+        if path.stem == "__init__":
+            continue
+        module = importlib.import_module(f"{package}.{path.stem}")
+        out += [cls for cls in vars(module).values()
+                if inspect.isclass(cls) and cls.__module__ == module.__name__]
+    return out
+
+
+def longer_than_one_statement(cls, lifecycle):
+    """The members of facade class ``cls`` (methods, property getters and setters,
+    classmethods) other than ``lifecycle``'s that are more than one statement."""
+    long = []
+    for name, member in vars(cls).items():
+        if isinstance(member, property):
+            functions = [member.fget, member.fset]
+        elif isinstance(member, classmethod):
+            functions = [member.__func__]
+        else:
+            functions = [member]
+        for function in functions:
+            if name in lifecycle or not inspect.isfunction(function):
+                continue
+            if len(statements(function)) != 1:
+                long.append(name)
+    return long
+
+
+def shared_tables(parts, kinds):
+    """Given {part name: its fields}, the groups of fields (``part.field``) that hold one
+    and the same object of ``kinds``: a table should have one owner."""
+    owners = {}
+    for part, fields in parts.items():
+        for name, value in fields.items():
+            if isinstance(value, kinds):
+                owners.setdefault(id(value), []).append(f"{part}.{name}")
+    return [names for names in owners.values() if len(names) > 1]

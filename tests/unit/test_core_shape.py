@@ -6,11 +6,10 @@ table or lock belongs to one component; and BrokerCore's members beyond wiring a
 are one-statement delegations or reads (the facade)."""
 
 import asyncio
-import importlib
-import inspect
 import pathlib
 
-from code_shape import private_reaches, statements
+from code_shape import (longer_than_one_statement, package_classes, private_reaches,
+                        shared_tables, statements)
 
 from danube.broker.core import BrokerCore
 from danube.broker.registry import ClientRegistry
@@ -27,18 +26,12 @@ COMPONENTS = ("namespaces", "topic_table", "producer_table", "subscription_table
               "topic_schemas", "admin")
 
 
-def core_modules():
-    return [importlib.import_module(f"danube.broker.core.{path.stem}")
-            for path in sorted(CORE.glob("*.py")) if path.stem != "__init__"]
-
-
 def test_broker_core_inherits_nothing():
     assert BrokerCore.__mro__ == (BrokerCore, object)
 
 
 def test_no_class_of_the_core_is_a_mixin():
-    classes = [cls for module in core_modules() for cls in vars(module).values()
-               if inspect.isclass(cls) and cls.__module__ == module.__name__]
+    classes = package_classes(CORE, "danube.broker.core")
     assert len(classes) >= len(COMPONENTS) + 1
     assert [cls for cls in classes if cls.__mro__ != (cls, object)] == []
 
@@ -61,15 +54,7 @@ def test_the_private_reach_check_can_fail():
 def test_the_facade_only_delegates():
     """What BrokerCore offers besides wiring and lifecycle is one statement each: a call to
     a component, or a read of one."""
-    long = []
-    for name, member in vars(BrokerCore).items():
-        functions = [member.fget, member.fset] if isinstance(member, property) else [member]
-        for function in functions:
-            if name in LIFECYCLE or not inspect.isfunction(function):
-                continue
-            if len(statements(function)) != 1:
-                long.append(name)
-    assert long == []
+    assert longer_than_one_statement(BrokerCore, LIFECYCLE) == []
 
 
 def test_the_facade_check_can_fail():
@@ -85,13 +70,8 @@ async def test_each_table_and_lock_has_one_owner(tmp_path):
     same one (the mixins shared one object's), and the facade's tables are the owners'."""
     core = BrokerCore(BrokerConfig(data_dir=str(tmp_path)), await MemoryStore.open(),
                       ClientRegistry())
-    owners = {}
-    for attr in COMPONENTS:
-        component = getattr(core, attr)
-        for name, value in vars(component).items():
-            if isinstance(value, (dict, set, list, asyncio.Lock)):
-                owners.setdefault(id(value), []).append(f"{attr}.{name}")
-    assert [names for names in owners.values() if len(names) > 1] == []
+    parts = {attr: vars(getattr(core, attr)) for attr in COMPONENTS}
+    assert shared_tables(parts, (dict, set, list, asyncio.Lock)) == []
     assert core.topics is core.topic_table.topics
     assert core.producers is core.producer_table.producers
     assert core.consumers is core.subscription_table.consumers

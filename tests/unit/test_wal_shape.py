@@ -8,11 +8,10 @@ the publish path pays no call through the facade."""
 
 import asyncio
 import collections
-import importlib
-import inspect
 import pathlib
 
-from code_shape import private_reaches, statements
+from code_shape import (longer_than_one_statement, package_classes, private_reaches,
+                        shared_tables)
 
 from danube.storage.wal import WAL, WALConfig
 from danube.storage.wal.append import Appender
@@ -33,18 +32,12 @@ HOT = {"append": (Appender, "_appender"), "append_packed": (Appender, "_appender
        "sync_to": (GroupCommit, "_commit"), "read": (Reader, "_reader")}
 
 
-def wal_modules():
-    return [importlib.import_module(f"danube.storage.wal.{path.stem}")
-            for path in sorted(WAL_DIR.glob("*.py")) if path.stem != "__init__"]
-
-
 def test_wal_inherits_nothing():
     assert WAL.__mro__ == (WAL, object)
 
 
 def test_no_class_of_the_wal_is_a_mixin():
-    classes = [cls for module in wal_modules() for cls in vars(module).values()
-               if inspect.isclass(cls) and cls.__module__ == module.__name__]
+    classes = package_classes(WAL_DIR, "danube.storage.wal")
     assert len(classes) >= len(PARTS) + 1
     assert [cls for cls in classes if cls.__mro__ != (cls, object)] == []
 
@@ -55,17 +48,7 @@ def test_no_part_reaches_into_another():
 
 
 def test_the_facade_only_delegates():
-    long = []
-    for name, member in vars(WAL).items():
-        functions = [member.fget, member.fset] if isinstance(member, property) else [member]
-        if isinstance(member, classmethod):
-            functions = [member.__func__]
-        for function in functions:
-            if name in LIFECYCLE or not inspect.isfunction(function):
-                continue
-            if len(statements(function)) != 1:
-                long.append(name)
-    assert long == []
+    assert longer_than_one_statement(WAL, LIFECYCLE) == []
 
 
 def fields(part):
@@ -81,12 +64,8 @@ async def test_hot_calls_are_bound_and_each_table_has_one_owner(tmp_path):
             bound = vars(wal)[name]        # on the instance, not the class's delegation
             assert bound.__func__ is vars(cls)[name], name
             assert bound.__self__ is getattr(wal, attr), name
-        owners = {}
-        for attr in PARTS:
-            for name, value in fields(getattr(wal, attr)).items():
-                if isinstance(value, (dict, set, list, collections.deque, asyncio.Lock)):
-                    owners.setdefault(id(value), []).append(f"{attr}.{name}")
-        assert [names for names in owners.values() if len(names) > 1] == []
+        parts = {attr: fields(getattr(wal, attr)) for attr in PARTS}
+        assert shared_tables(parts, (dict, set, list, collections.deque, asyncio.Lock)) == []
         # and the parts share the one state
         assert {id(getattr(wal, attr)._s) for attr in PARTS[1:]} == {id(wal._state)}
         first, last = wal.append([b"a", b"b"])
