@@ -37,7 +37,7 @@ import threading
 import time
 import uuid
 
-from bench.connect.connector import Connector, core
+from bench.connect.connector import Connector, backlog_for_sink, core
 from bench.e2e.runner import Broker
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -220,17 +220,7 @@ def sink_against_direct(broker, workdir, topic, text, rows, before, direct_again
     connector started once to create it, then stopped), then the connector timed draining
     them into its table; the peer, the direct write, timed again after it: the mean of its
     two runs evens out load that moved."""
-    async def fill():
-        from danube.client import DanubeClient
-        async with DanubeClient(broker.url) as client:
-            p = await client.create_producer(topic, "bench", reliable=True)
-            conn = Connector(workdir, text)
-            while not conn.ready():
-                await asyncio.sleep(0.05)
-            conn.stop()          # the subscription exists: the records wait for it
-            payloads = [json.dumps(r, separators=(",", ":")).encode() for r in rows]
-            await p.send_many(payloads)
-    asyncio.run(fill())
+    backlog_for_sink(broker, workdir, topic, text, rows)
     n = len(rows)
     conn = Connector(workdir, text, profile=True)
     connector = conn.timed_until(n)

@@ -2,6 +2,7 @@
 JSON log), readiness, processed counter, the timed run, an optional py-spy profile
 (BENCH_CONNECT_PROFILE=folder), and the runtime's part of the TOML (``core``)."""
 
+import asyncio
 import json
 import os
 import subprocess
@@ -107,3 +108,18 @@ metrics_port = 0
 metrics_host = "127.0.0.1"
 log_level = "info"
 '''
+
+
+def backlog_for_sink(broker, workdir, topic, text, rows):
+    """``rows`` as JSON published to ``topic`` while a sink's subscription waits for them:
+    the sink (``text``) is started once to create its subscription, then stopped."""
+    async def fill():
+        from danube.client import DanubeClient
+        async with DanubeClient(broker.url) as client:
+            p = await client.create_producer(topic, "bench", reliable=True)
+            conn = Connector(workdir, text)
+            while not conn.ready():
+                await asyncio.sleep(0.05)
+            conn.stop()          # the subscription exists: the records wait for it
+            await p.send_many([json.dumps(r, separators=(",", ":")).encode() for r in rows])
+    asyncio.run(fill())

@@ -17,7 +17,6 @@ read from the slot and published keyed by primary key), with no peer (psycopg 3 
 replication client to compare with)."""
 
 import argparse
-import asyncio
 import json
 import os
 import shutil
@@ -26,7 +25,7 @@ import tempfile
 import time
 import uuid
 
-from bench.connect.connector import Connector, core
+from bench.connect.connector import Connector, backlog_for_sink, core
 from bench.e2e.runner import Broker
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -74,16 +73,7 @@ subscription = "bench"
 to = "{table}"
 '''
 
-    async def fill():
-        from danube.client import DanubeClient
-        async with DanubeClient(broker.url) as client:
-            p = await client.create_producer(topic, "bench", reliable=True)
-            conn = Connector(workdir, text)
-            while not conn.ready():
-                await asyncio.sleep(0.05)
-            conn.stop()          # the subscription exists: the records wait for it
-            await p.send_many([json.dumps(r, separators=(",", ":")).encode() for r in data])
-    asyncio.run(fill())
+    backlog_for_sink(broker, workdir, topic, text, data)
     conn = Connector(workdir, text)
     try:
         return conn.timed_until(len(data))

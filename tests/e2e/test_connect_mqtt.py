@@ -12,8 +12,8 @@ import uuid
 import pytest
 
 from broker_process import BrokerProcess
-from connect_mqtt import Collector, publish_all, publisher, started, write_config
-from connector_process import ConnectorProcess
+from connect_mqtt import publish_all, publisher, started, write_config
+from connector_process import Collector, ConnectorProcess
 from mosquitto_process import Mosquitto
 from waiting import async_wait_for
 from danube.client import DanubeClient

@@ -18,7 +18,8 @@ import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion
 
 from broker_process import BrokerProcess
-from connect_mqtt import Collector, publish_all, publisher, started
+from connect_mqtt import publish_all, publisher, started
+from connector_process import Collector
 from mosquitto_process import Mosquitto
 from mqtt_scripted_server import ScriptedMqttServer
 from tcp_proxy import TcpProxy

@@ -16,7 +16,7 @@ import psycopg
 import pytest
 
 from broker_process import BrokerProcess
-from connector_process import ConnectorProcess, runtime_toml
+from connector_process import Collector, ConnectorProcess, runtime_toml
 from postgres_process import Postgres, pg, sql  # noqa: F401 - pg: a fixture
 from waiting import async_wait_for
 from danube.client import DanubeClient, fnv1a64
@@ -42,36 +42,6 @@ publication_name = "{slot}"
 {extra if "slot_name" not in extra else ""}
 ''' + "".join(f'\n[[postgres.routes]]\ntable = "{t}"\nto = "{topic}"\n' for t, topic in routes))
     return path
-
-
-class Collector:
-    """A Danube consumer collecting the change events of a topic."""
-
-    def __init__(self, client, topic):
-        self.client, self.topic = client, topic
-        self.messages = []
-
-    async def start(self):
-        # The topic exists before the connector publishes (the subscription sees it all).
-        await self.client.create_producer(self.topic, f"mk-{uuid.uuid4().hex[:6]}",
-                                          reliable=True)
-        self.consumer = await self.client.subscribe(self.topic, f"c-{uuid.uuid4().hex[:6]}",
-                                                    "test", "exclusive")
-        self._task = asyncio.ensure_future(self._run())
-        return self
-
-    async def _run(self):
-        async for msg in self.consumer.messages():
-            self.messages.append(msg)
-            await self.consumer.ack(msg)
-
-    def events(self):
-        return [json.loads(m.payload) for m in self.messages]
-
-    async def stop(self):
-        self._task.cancel()
-        await asyncio.gather(self._task, return_exceptions=True)
-        await self.consumer.close()
 
 
 def confirmed(pg, slot):
@@ -106,7 +76,7 @@ async def test_round_trip_and_a_clean_restart(tmp_path, broker, pg):
     await asyncio.to_thread(conn.start)
     slot = conn.records()[0]["connector"].replace("-", "_")
     async with DanubeClient(f"http://{broker.client_addr}") as client:
-        got = await Collector(client, topic).start()
+        got = await Collector(client, topic, create_topic=True).start()
         with psycopg.connect(pg.url) as c:        # one transaction, then one per statement
             c.execute(f"INSERT INTO {table} VALUES (1, 'tea', 2, 3.50, '{{\"a\": [1]}}', "
                       f"true), (2, 'cake', 1, NULL, NULL, false)")
@@ -161,7 +131,7 @@ async def test_a_large_transaction_comes_in_bounded_batches(tmp_path, broker, pg
                                          batch_size=100))
     await asyncio.to_thread(conn.start)
     async with DanubeClient(f"http://{broker.client_addr}") as client:
-        got = await Collector(client, topic).start()
+        got = await Collector(client, topic, create_topic=True).start()
         sql(pg, f"INSERT INTO {table} SELECT g, repeat('x', 100) FROM generate_series(1, "
                 f"1500) g")
         # The cursor is held between batches without a transaction (none holds back
@@ -294,7 +264,7 @@ async def test_sigkill_mid_stream_loses_nothing_in_order(tmp_path, broker, pg):
     keys, rounds = 20, 150
     table, topic, conn = await setup_stream(tmp_path, broker, pg, keys)
     async with DanubeClient(f"http://{broker.client_addr}") as client:
-        got = await Collector(client, topic).start()
+        got = await Collector(client, topic, create_topic=True).start()
         writer = Writer(pg, table, keys, rounds, pause_at=100).start()
         await async_wait_for(lambda: len(got.messages) >= 600, 120, "600 events")
         conn.sigkill()
@@ -327,7 +297,7 @@ async def test_postgres_restart_mid_stream(tmp_path, broker, pg, how):
     keys, rounds = 20, 150
     table, topic, conn = await setup_stream(tmp_path, broker, pg, keys)
     async with DanubeClient(f"http://{broker.client_addr}") as client:
-        got = await Collector(client, topic).start()
+        got = await Collector(client, topic, create_topic=True).start()
         writer = Writer(pg, table, keys, rounds, pause_at=100).start()
         await async_wait_for(lambda: len(got.messages) >= 400, 120, "400 events")
         await asyncio.to_thread(pg.stop, how)

@@ -1,5 +1,6 @@
-"""What the source-mqtt tests share: the connector's configuration file, a paho publisher,
-and a Danube consumer collecting what the connector published."""
+"""What the source-mqtt tests share: the connector's configuration file, a paho publisher
+and the connector started as a child process (the Danube side's Collector is
+connector_process's)."""
 
 import asyncio
 import uuid
@@ -7,7 +8,7 @@ import uuid
 import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion
 
-from connector_process import ConnectorProcess
+from connector_process import ConnectorProcess, runtime_toml
 
 
 def write_config(path, broker, mosquitto, topic, *, qos="AtLeastOnce", extra="",
@@ -15,22 +16,9 @@ def write_config(path, broker, mosquitto, topic, *, qos="AtLeastOnce", extra="",
     name = name or f"mqtt-{uuid.uuid4().hex[:8]}"
     routes = routes or f'[[mqtt.routes]]\nfrom = "sensors/+/temp"\nto = "{topic}"\n' \
                        f'qos = "{qos}"\n'
-    path.write_text(f'''
-connector = "source-mqtt"
-danube_service_url = "http://{broker.client_addr}"
-connector_name = "{name}"
-
-[retry]
-max_retries = 2
-retry_backoff_ms = 100
-max_backoff_ms = 1000
-
-[processing]
-batch_size = 500
-poll_interval_ms = 50
-metrics_port = 0
-metrics_host = "127.0.0.1"
-
+    head = runtime_toml("source-mqtt", f"http://{broker.client_addr}", name,
+                        batch_size=500, poll_interval_ms=50)
+    path.write_text(f'''{head}
 [mqtt]
 broker_host = "127.0.0.1"
 broker_port = {mosquitto.port}
@@ -56,34 +44,6 @@ def publish_all(client, topic, payloads, qos=1):
     infos = [client.publish(topic, p, qos=qos) for p in payloads]
     for info in infos:
         info.wait_for_publish(60)
-
-
-class Collector:
-    """A Danube consumer in the test's loop, collecting payloads (and messages)."""
-
-    def __init__(self, client, topic):
-        self.client, self.topic = client, topic
-        self.messages = []
-        self._task = None
-
-    async def start(self):
-        self.consumer = await self.client.subscribe(self.topic, f"c-{uuid.uuid4().hex[:6]}",
-                                                    "test", "exclusive")
-        self._task = asyncio.ensure_future(self._run())
-        return self
-
-    async def _run(self):
-        async for msg in self.consumer.messages():
-            self.messages.append(msg)
-            await self.consumer.ack(msg)
-
-    def payloads(self):
-        return [m.payload for m in self.messages]
-
-    async def stop(self):
-        self._task.cancel()
-        await asyncio.gather(self._task, return_exceptions=True)
-        await self.consumer.close()
 
 
 async def started(tmp_path, broker, mosquitto, topic, ready=True, **kw):

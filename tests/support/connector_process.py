@@ -1,6 +1,7 @@
 """`danube connect run --config FILE` as a real child process: its JSON log lines, its
 metrics and health endpoint (port read from the log), SIGTERM and SIGKILL."""
 
+import asyncio
 import json
 import os
 import re
@@ -10,6 +11,7 @@ import sys
 import threading
 import urllib.error
 import urllib.request
+import uuid
 
 from waiting import wait_for
 
@@ -30,6 +32,44 @@ def runtime_toml(kind, service_url, name, *, dlq=None, max_backoff_ms=1000, **pr
     lines += [f"{key} = {value}" for key, value in processing.items()]
     lines += ["metrics_port = 0", 'metrics_host = "127.0.0.1"', ""]
     return "\n".join(lines) + "\n"
+
+
+class Collector:
+    """A Danube consumer in the test's loop (exclusive, acking each message), collecting
+    what a connector published to ``topic``. ``create_topic``: make it a reliable topic
+    first, so the subscription sees everything published after start()."""
+
+    def __init__(self, client, topic, create_topic=False):
+        self.client, self.topic = client, topic
+        self.create_topic = create_topic
+        self.messages = []
+        self._task = None
+
+    async def start(self):
+        if self.create_topic:
+            await self.client.create_producer(self.topic, f"mk-{uuid.uuid4().hex[:6]}",
+                                              reliable=True)
+        self.consumer = await self.client.subscribe(self.topic, f"c-{uuid.uuid4().hex[:6]}",
+                                                    "test", "exclusive")
+        self._task = asyncio.ensure_future(self._run())
+        return self
+
+    async def _run(self):
+        async for msg in self.consumer.messages():
+            self.messages.append(msg)
+            await self.consumer.ack(msg)
+
+    def payloads(self):
+        return [m.payload for m in self.messages]
+
+    def events(self):
+        """The payloads as JSON documents."""
+        return [json.loads(m.payload) for m in self.messages]
+
+    async def stop(self):
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+        await self.consumer.close()
 
 
 class ConnectorProcess:
