@@ -196,12 +196,9 @@ async def test_raw_columns(tmp_path, broker):
 @pytest.fixture
 def own_seaweedfs(tmp_path_factory):
     """A SeaweedFS of this test's own: it is stopped for 30 s in the middle."""
-    from objstore_servers import SeaweedFS, ServerNotInstalled
-    try:
-        server = SeaweedFS(tmp_path_factory.mktemp("seaweed-delta"))
-    except ServerNotInstalled as exc:
-        pytest.fail(str(exc), pytrace=False)
-    server.start()
+    from objstore_fixtures import serve
+    from objstore_servers import SeaweedFS
+    server = serve(SeaweedFS, tmp_path_factory)
     yield server
     server.close()
 

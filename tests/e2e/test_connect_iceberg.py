@@ -290,12 +290,9 @@ def test_config_errors_name_the_key(tmp_path, broker):
 
 @pytest.fixture
 def own_seaweedfs(tmp_path_factory):
-    from objstore_servers import SeaweedFS, ServerNotInstalled
-    try:
-        server = SeaweedFS(tmp_path_factory.mktemp("seaweed-iceberg"))
-    except ServerNotInstalled as exc:
-        pytest.fail(str(exc), pytrace=False)
-    server.start()
+    from objstore_fixtures import serve
+    from objstore_servers import SeaweedFS
+    server = serve(SeaweedFS, tmp_path_factory)
     yield server
     server.close()
 

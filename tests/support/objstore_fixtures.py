@@ -27,7 +27,9 @@ def _no_cloud_metadata_probes():
             os.environ[key] = value
 
 
-def _serve(cls, tmp_path_factory):
+def serve(cls, tmp_path_factory):
+    """A started ``cls`` (an objstore_servers server) in a directory of its own; the test
+    fails, saying what to install, when the server is not installed."""
     try:
         server = cls(tmp_path_factory.mktemp(cls.__name__.lower()))
     except ServerNotInstalled as exc:
@@ -44,7 +46,7 @@ def _serve(cls, tmp_path_factory):
 def seaweedfs_server(tmp_path_factory):
     """A running objstore_servers.SeaweedFS (S3 at ``.endpoint``, bucket ``.bucket``,
     credentials ``.access_key``/``.secret_key``)."""
-    server = _serve(SeaweedFS, tmp_path_factory)
+    server = serve(SeaweedFS, tmp_path_factory)
     yield server
     server.close()
 
@@ -52,7 +54,7 @@ def seaweedfs_server(tmp_path_factory):
 @pytest.fixture(scope="session")
 def fake_gcs_server(tmp_path_factory):
     """A running objstore_servers.FakeGCS (filesystem backend; bucket ``.bucket``)."""
-    server = _serve(FakeGCS, tmp_path_factory)
+    server = serve(FakeGCS, tmp_path_factory)
     yield server
     server.close()
 
@@ -61,7 +63,7 @@ def fake_gcs_server(tmp_path_factory):
 def azurite_server(tmp_path_factory):
     """A running objstore_servers.Azurite (``.endpoint`` includes the account; container
     ``.container``; ``.account_name``/``.account_key``)."""
-    server = _serve(Azurite, tmp_path_factory)
+    server = serve(Azurite, tmp_path_factory)
     yield server
     server.close()
 
