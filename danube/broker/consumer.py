@@ -23,7 +23,7 @@ log = logging.getLogger("danube.broker.consumer")
 class Consumer:
     __slots__ = ("consumer_id", "name", "subscription", "outbox", "stream", "active",
                  "_loop", "_flush_scheduled", "_waiting_on", "key_filters",
-                 "inactive_since", "_stream_timer", "owner", "_stream_client", "_released",
+                 "inactive_since", "_stream_timer", "_subscriber", "owner", "_stream_client", "_released",
                  "__weakref__")
 
     def __init__(self, consumer_id, name, subscription, key_filters=(), outbox_limit=4 << 20,
@@ -42,6 +42,7 @@ class Consumer:
         self._flush_scheduled = False
         self._waiting_on = None       # the sink whose when_writable callback is pending
         self._stream_timer = None
+        self._subscriber = None       # the connection whose end cuts _stream_timer short
         # The client (connection) that took this consumer over by subscribing again under
         # its name, and the client of the current stream; see take_over and must_wait.
         self.owner = None
@@ -50,21 +51,34 @@ class Consumer:
 
     # -- the ReceiveMessages stream ------------------------------------------------------
 
-    def expect_stream(self, grace):
+    def expect_stream(self, grace, client=None):
         """Just subscribed: unless a ReceiveMessages stream attaches within ``grace``
         seconds, the consumer goes inactive as if its stream had ended. A client that dies
         between Subscribe and ReceiveMessages would otherwise hold an Exclusive
-        subscription, and take reliable messages in flight to nobody, for ever."""
+        subscription, and take reliable messages in flight to nobody, for ever. If the
+        subscribing connection (``client``) ends first, that is now: it cannot open the
+        stream any more (a client that comes back on a new connection reopens it, which
+        makes the consumer active again)."""
         self._cancel_stream_timer()
         if self.stream is None:
             self._stream_timer = self._loop.call_later(grace, self._no_stream)
+            if hasattr(client, "call_when_lost"):
+                self._subscriber = client
+                client.call_when_lost(self, self._subscriber_gone)
 
-    def _no_stream(self):
+    def _subscriber_gone(self):
+        self._subscriber = None
+        if self._stream_timer is not None:
+            self._stream_timer.cancel()
+            self._no_stream("its connection closed before it opened a ReceiveMessages stream")
+
+    def _no_stream(self, why="it opened no ReceiveMessages stream"):
         self._stream_timer = None
+        self._forget_subscriber()
         self._release()
         if self.stream is None and self.active:
-            log.info("consumer %r of subscription %r opened no ReceiveMessages stream; it is "
-                     "inactive until it subscribes again", self.name, self.subscription.name)
+            log.info("consumer %r of subscription %r: %s; it is inactive until it subscribes "
+                     "again", self.name, self.subscription.name, why)
             self.active = False
             self.inactive_since = time.monotonic()
             self.subscription.consumer_changed(self)
@@ -73,6 +87,12 @@ class Consumer:
         if self._stream_timer is not None:
             self._stream_timer.cancel()
             self._stream_timer = None
+        self._forget_subscriber()
+
+    def _forget_subscriber(self):
+        client, self._subscriber = self._subscriber, None
+        if client is not None:
+            client.forget_when_lost(self)
 
     def take_over(self, client, grace):
         """Subscribed again under this name (upstream's takeover at Subscribe): the current
@@ -88,7 +108,7 @@ class Consumer:
             self._forget_sent()
         self.active = True
         self.inactive_since = None
-        self.expect_stream(grace)
+        self.expect_stream(grace, client)
 
     def must_wait(self, client):
         """Whether a ReceiveMessages stream from ``client`` has to wait for its turn: it does

@@ -139,6 +139,7 @@ class ServerConnection(H2Connection):
         self._timer = None               # handshake, then idle timer
         self._active_at = 0.0            # when the last stream ended (or the connection began)
         self._deadlines_due = []         # calls started by this input: their timers to arm
+        self._when_lost = {}             # key -> callback run when the connection ends
         # Input goes to the lone-call path (_lone.pyx), which hands what it cannot take whole
         # to take_input; uvloop reads this attribute once, when the transport is made.
         self._lone = LoneCalls(self, ServerStream, Kind.UNARY_UNARY, _resumed,
@@ -167,12 +168,31 @@ class ServerConnection(H2Connection):
     def connection_lost(self, exc):
         super().connection_lost(exc)
         self._lone.forget()
+        callbacks, self._when_lost = self._when_lost, {}
+        for callback in callbacks.values():
+            try:
+                callback()
+            except Exception:  # noqa: BLE001 - one holder's failure must not skip the others
+                log.exception("a callback on a lost connection failed")
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
         self.server.connections.discard(self)
         if self.server.idle_waiter is not None:
             self.server.idle_waiter.set()
+
+    def call_when_lost(self, key, callback):
+        """Run ``callback()`` once, when this connection ends (soon, if it has ended); one
+        per ``key``, a later one replacing it. What holds state for a call made on this
+        connection (a consumer waiting for its stream) learns that the client is gone.
+        Entries live until then or until forget_when_lost, so holders drop theirs."""
+        if self.lost:
+            self.loop.call_soon(callback)
+        else:
+            self._when_lost[key] = callback
+
+    def forget_when_lost(self, key):
+        self._when_lost.pop(key, None)
 
     def _receiving(self, handle, arg):
         try:

@@ -1,6 +1,6 @@
 """A consumer that subscribes but never opens its ReceiveMessages stream (a client that died
-in between) must not hold its subscription: after dispatch.consumer_stream_grace_ms it is
-inactive, an Exclusive subscription takes another consumer, and reliable messages handed
+in between) must not hold its subscription: after dispatch.consumer_stream_grace_ms, or at
+once when the connection that subscribed it closes, it is inactive, an Exclusive subscription takes another consumer, and reliable messages handed
 to it go to the next consumer well before the ack timeout."""
 
 import threading
@@ -106,6 +106,70 @@ def test_a_stream_opened_after_the_grace_still_receives(broker):
         finally:
             received.set()
             sender.join()
+        stream.cancel()
+
+
+def own_connection(broker):
+    """A channel on a connection of its own: grpc shares one between channels to the same
+    address by default, and closing the channel would then close nothing."""
+    return grpc.insecure_channel(broker.client_addr,
+                                 options=[("grpc.use_local_subchannel_pool", 1)])
+
+
+@pytest.fixture(scope="module")
+def long_grace_broker(tmp_path_factory):
+    """A grace far longer than any wait below: what happens in these tests happens because
+    the subscribing connection closed, not because the grace ran out."""
+    cfg = tmp_path_factory.mktemp("cfg-long") / "broker.yml"
+    cfg.write_text("dispatch:\n  consumer_stream_grace_ms: 3600000\n")
+    b = BrokerProcess("--config-file", str(cfg),
+                      data_dir=tmp_path_factory.mktemp("lifecycle-long") / "d").start()
+    yield b
+    b.stop()
+
+
+def test_a_consumer_whose_connection_closed_before_its_stream_gives_way_at_once(
+        long_grace_broker):
+    broker, topic = long_grace_broker, "/default/lifecycle-conn-closed"
+    with grpc.insecure_channel(broker.client_addr) as ch:
+        producer_id = create_producer(ch, topic, "p", pb.Reliable)
+        send = unary(ch, "/danube_ext.BatchProducer/SendMessages", ext.BatchResponse)
+        with own_connection(broker) as ghost:
+            _exclusive(ghost, topic, "ghost")   # never opens its stream; its channel closes
+            send(ext.MessageBatch(producer_id=producer_id, messages=[
+                pb.StreamMessage(payload=b"m%d" % i) for i in range(3)]), timeout=10)
+
+        def second_subscribed():
+            try:
+                return _exclusive(ch, topic, "second")
+            except grpc.RpcError as exc:
+                assert exc.code() == grpc.StatusCode.PERMISSION_DENIED
+                return None
+        consumer_id = wait_for(second_subscribed, timeout=60, interval=0.05,
+                               what="the ghost consumer to give the subscription up")
+        stream = receive(ch, consumer_id)
+        # What was in flight to the ghost comes first, in order (within the stream's 30 s
+        # deadline; the grace is an hour and the ack timeout 30 s).
+        got = [next(stream) for _ in range(3)]
+        assert [(m.payload, m.msg_id.topic_offset) for m in got] == \
+            [(b"m0", 0), (b"m1", 1), (b"m2", 2)]
+        stream.cancel()
+    assert "its connection closed before it opened a ReceiveMessages stream" in broker.log()
+
+
+def test_a_client_back_on_a_new_connection_reopens_its_consumers_stream(long_grace_broker):
+    """The official clients reopen ReceiveMessages on the same consumer id after a
+    reconnect: the consumer that went inactive with its connection receives again."""
+    broker, topic = long_grace_broker, "/default/lifecycle-comeback"
+    with grpc.insecure_channel(broker.client_addr) as ch:
+        producer_id = create_producer(ch, topic, "p", pb.Reliable)
+        with own_connection(broker) as first:
+            consumer_id = _exclusive(first, topic, "comeback")
+        send = unary(ch, "/danube_ext.BatchProducer/SendMessages", ext.BatchResponse)
+        send(ext.MessageBatch(producer_id=producer_id, messages=[
+            pb.StreamMessage(payload=b"again")]), timeout=10)
+        stream = receive(ch, consumer_id)
+        assert next(stream).payload == b"again"
         stream.cancel()
 
 

@@ -67,7 +67,12 @@ class RedisServer:
         args = [redis_server_binary(), "--port", str(self.port), "--bind", "127.0.0.1",
                 "--dir", self.dir, "--appendonly", "yes" if self.appendonly else "no", "--appendfsync", "everysec",
                 "--save", "", "--daemonize", "no", "--protected-mode", "no",
-                "--logfile", self.log_path]
+                "--logfile", self.log_path,
+                # A primary starts a replica's full sync at once (by default it waits 5 s
+                # for more replicas to share the transfer), and SIGTERM stops a server at
+                # once (by default a primary waits up to 10 s for a missing replica, and a
+                # replica still writing its first append-only file refuses to stop).
+                "--repl-diskless-sync-delay", "0", "--shutdown-on-sigterm", "nosave now force"]
         if self.cluster:
             # The bus port explicitly: the default (port + 10000) may be taken or too high.
             if not hasattr(self, "bus_port"):

@@ -178,7 +178,7 @@ class SubscriptionTable:
             consumer_id = random_id(self.consumers)
             consumer = Consumer(consumer_id, consumer_name, sub, key_filters, loop=self.loop)
             sub.add(consumer)
-            consumer.expect_stream(self.cfg.consumer_stream_grace_ms / 1000)
+            consumer.expect_stream(self.cfg.consumer_stream_grace_ms / 1000, client)
             self.consumers[consumer_id] = consumer
             self.registry.add_consumer(consumer_id, consumer)
             await self.store.put(keys.topic_subscription(topic_name, sub_name), {
