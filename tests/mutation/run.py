@@ -48,7 +48,11 @@ def apply(mutant, scratch):
 def run(mutant, verbose):
     with tempfile.TemporaryDirectory(prefix=f"mutant-{mutant.name}-") as scratch:
         path = apply(mutant, scratch)
-        env = dict(os.environ, PYTHONPATH=scratch + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        # Run from the suite (test_mutants.py), the killing tests' pytest is a session of its
+        # own, not a part of the xdist worker's.
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith(("PYTEST_XDIST_", "PYTEST_CURRENT_TEST"))}
+        env.update(PYTHONPATH=scratch + os.pathsep + os.environ.get("PYTHONPATH", ""),
                    PYTHONDONTWRITEBYTECODE="1")
         # The mutated module must be the one imported, or the run proves nothing.
         module = "danube." + mutant.file[:-3].replace("/", ".")

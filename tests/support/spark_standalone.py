@@ -247,7 +247,8 @@ def cluster_session(standalone: SparkStandalone, app: str, *, quick_start: bool 
                .config("spark.network.timeout", "300s")
                .config("spark.executor.heartbeatInterval", "20s"))
     if quick_start:
-        builder = builder.config("spark.executor.extraJavaOptions", JVM_OPTS)
+        builder = (builder.config("spark.executor.extraJavaOptions", JVM_OPTS)
+                   .config("spark.driver.extraJavaOptions", JVM_OPTS))
     for key, value in conf.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
