@@ -45,6 +45,10 @@ def client(port: int):
     return redis.Redis(host="127.0.0.1", port=port, socket_timeout=10)
 
 
+class _PortTaken(Exception):
+    pass
+
+
 class RedisServer:
     """``start()``, ``kill()`` (SIGKILL), ``start()`` again on the same port and data."""
 
@@ -58,12 +62,31 @@ class RedisServer:
         self.cluster = cluster
         self.proc: subprocess.Popen | None = None
         self.log_path = os.path.join(self.dir, "redis.log")
+        self.started_once = False
 
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}"
 
     def start(self) -> RedisServer:
+        # A port picked free can be taken by another process before redis-server binds it
+        # (the suite runs on several workers): a first start tries fresh ports; a restart
+        # keeps its port, which the tests reconnect to.
+        for attempt in range(5):
+            if not self.started_once and os.path.exists(self.log_path):
+                os.remove(self.log_path)        # the last attempt's "Address already in use"
+            try:
+                return self._start()
+            except _PortTaken:
+                if self.started_once or attempt == 4:
+                    raise RuntimeError(f"redis-server on {self.port} did not start: "
+                                       f"{self.log_tail()}") from None
+                self.port = free_port()
+                if self.cluster:
+                    self.bus_port = free_port()
+        raise AssertionError("unreachable")
+
+    def _start(self) -> RedisServer:
         args = [redis_server_binary(), "--port", str(self.port), "--bind", "127.0.0.1",
                 "--dir", self.dir, "--appendonly", "yes" if self.appendonly else "no", "--appendfsync", "everysec",
                 "--save", "", "--daemonize", "no", "--protected-mode", "no",
@@ -92,10 +115,15 @@ class RedisServer:
                         break
             except Exception:  # noqa: BLE001 - not up yet
                 pass
+            if self.proc.poll() is not None and "Address already in use" in self.log_tail():
+                with _lock:
+                    _live.discard(self)
+                raise _PortTaken()
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"redis-server on {self.port} did not start: "
                                    f"{self.log_tail()}")
             time.sleep(0.05)
+        self.started_once = True
         return self
 
     def client(self):
