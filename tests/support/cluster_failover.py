@@ -40,13 +40,28 @@ def kill_owner_under_load(cluster, topic: str) -> dict:
         consumer.start()
         wait_for(lambda: consumer.reconnects, what="the consumer subscribed")
         producer.go.set()
-        wait_for(lambda: len(consumer.received) >= 50, timeout=60, what="the consumer receiving")
+        try:
+            # Deadlines, not budgets: the whole suite on 2 cores has taken over a minute here.
+            wait_for(lambda: len(consumer.received) >= 50, timeout=180,
+                     what="the consumer receiving")
+        except AssertionError as exc:
+            raise AssertionError(
+                f"{exc}: {len(producer.acked)} acked, {len(consumer.received)} received, "
+                f"producer errors {producer.errors[-5:]}, consumer errors "
+                f"{consumer.errors[-5:]}; live brokers' logs:\n" + "\n".join(
+                    b.log()[-2500:] for b in cluster.live)) from None
         victim = owner(cluster, topic)
         acked_before = len(producer.acked)
         killed = cluster.kill(victim)
-        wait_for(lambda: producer.ack_times and producer.ack_times[-1] > killed and
-                 len(producer.acked) >= acked_before + 100, timeout=90,
-                 what="publishing to resume on the new owner")
+        try:
+            wait_for(lambda: producer.ack_times and producer.ack_times[-1] > killed and
+                     len(producer.acked) >= acked_before + 100, timeout=180,
+                     what="publishing to resume on the new owner")
+        except AssertionError as exc:
+            raise AssertionError(
+                f"{exc}: {len(producer.acked) - acked_before} acked since the kill, producer "
+                f"errors {producer.errors[-8:]}; live brokers' logs:\n" + "\n".join(
+                    b.log()[-2500:] for b in cluster.live)) from None
         served_again = next(t for t in producer.ack_times if t > killed) - killed
         producer.stop()
         try:
