@@ -32,6 +32,19 @@ def _exclusive(ch, topic, name):
     return subscribe(ch, topic, name, "s", pb.ConsumerRequest.Exclusive)
 
 
+def _exclusive_once_free(ch, topic, name, **wait):
+    """Subscribe ``name`` as soon as the consumer holding the Exclusive subscription gives it
+    up (refused with PERMISSION_DENIED until then)."""
+    def subscribed():
+        try:
+            return _exclusive(ch, topic, name)
+        except grpc.RpcError as exc:
+            assert exc.code() == grpc.StatusCode.PERMISSION_DENIED
+            return None
+    return wait_for(subscribed, interval=0.05,
+                    what="the ghost consumer to give the subscription up", **wait)
+
+
 def test_consumer_without_a_stream_gives_way_after_the_grace(broker):
     topic = "/default/lifecycle-no-stream"
     with grpc.insecure_channel(broker.client_addr) as ch:
@@ -45,14 +58,7 @@ def test_consumer_without_a_stream_gives_way_after_the_grace(broker):
             _exclusive(ch, topic, "second")
         assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
         assert "ghost" in err.value.details()
-        def second_subscribed():
-            try:
-                return _exclusive(ch, topic, "second")
-            except grpc.RpcError as exc:
-                assert exc.code() == grpc.StatusCode.PERMISSION_DENIED
-                return None
-        consumer_id = wait_for(second_subscribed, interval=0.05,
-                               what="the ghost consumer to give the subscription up")
+        consumer_id = _exclusive_once_free(ch, topic, "second")
         stream = receive(ch, consumer_id)
         # In flight to the ghost, redelivered at once rather than after the 30 s ack timeout.
         start = time.monotonic()
@@ -139,14 +145,7 @@ def test_a_consumer_whose_connection_closed_before_its_stream_gives_way_at_once(
             send(ext.MessageBatch(producer_id=producer_id, messages=[
                 pb.StreamMessage(payload=b"m%d" % i) for i in range(3)]), timeout=10)
 
-        def second_subscribed():
-            try:
-                return _exclusive(ch, topic, "second")
-            except grpc.RpcError as exc:
-                assert exc.code() == grpc.StatusCode.PERMISSION_DENIED
-                return None
-        consumer_id = wait_for(second_subscribed, timeout=60, interval=0.05,
-                               what="the ghost consumer to give the subscription up")
+        consumer_id = _exclusive_once_free(ch, topic, "second", timeout=60)
         stream = receive(ch, consumer_id)
         # What was in flight to the ghost comes first, in order (within the stream's 30 s
         # deadline; the grace is an hour and the ack timeout 30 s).
