@@ -351,9 +351,24 @@ async def test_a_retried_upload_adopts_the_existing_object(tmp_path):
     first = upload_segment(store, "/default/t", info.path, 0, 99, info.size)
     again = upload_segment(store, "/default/t", info.path, 0, 99, info.size)
     assert again.object_key == first.object_key and len(store.objects) == 1
-    store.objects[first.object_key] = b"different"
-    with pytest.raises(SegmentUploadError, match="refusing to overwrite"):
-        upload_segment(store, "/default/t", info.path, 0, 99, info.size)
+
+
+@pytest.mark.parametrize("kind", ["dict", "fs"])
+@pytest.mark.parametrize("orphan", ["shorter", "same size"])
+async def test_an_earlier_owners_unrecorded_upload_is_replaced(tmp_path, kind, orphan, caplog):
+    """A previous owner killed between its PUT and its catalogue write left an object at
+    the key of this owner's next segment, holding other messages: it is replaced, not
+    adopted (even at the same size) and not refused (which stopped the uploads for good)."""
+    info = await _sealed_segment(tmp_path, 100)
+    with open(info.path, "rb") as f:
+        ours = f.read(info.size)
+    store = DictStore() if kind == "dict" else FsObjectStore(str(tmp_path / "store"))
+    key = object_key("/default/t", 0, 99)
+    theirs = bytes(b ^ 0xFF for b in ours) if orphan == "same size" else ours[:-7]
+    store.put(key, theirs)
+    desc = upload_segment(store, "/default/t", info.path, 0, 99, info.size)
+    assert desc.object_key == key and store.get(key) == ours
+    assert "no catalogue names" in caplog.text
 
 
 @pytest.mark.parametrize("kind", ["dict", "fs"])

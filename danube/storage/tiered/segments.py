@@ -3,6 +3,7 @@ segment for upload, and reading frames back out of an uploaded object."""
 
 from __future__ import annotations
 
+import logging
 import mmap
 import os
 import struct
@@ -13,6 +14,8 @@ from danube.storage._walframes import (MAX_PAYLOAD, SCAN_CLEAN, SCAN_CORRUPT, SC
 from danube.storage.durable.base import ObjectExists, ObjectStore
 from danube.storage.segment import STATUS_NAMES
 from danube.storage.tiered.catalog import SPARSE_EVERY, SegmentDescriptor, object_key, segment_id
+
+log = logging.getLogger("danube.tiered")
 
 READ_CHUNK = 8 << 20          # bytes fetched per ranged GET when replaying history
 _HDR = 16
@@ -58,12 +61,25 @@ def _upload_checked(objstore, topic, path, data, first_offset, last_offset, size
         else:
             etag = objstore.put(key, data, if_absent=True).etag
     except ObjectExists:
+        # Segments are uploaded in order after the catalogue's end, so an object already at
+        # the key is either this upload's own (a retry after a lost response: the same
+        # bytes, adopted) or a previous owner's that never reached the catalogue: killed
+        # between its PUT and its catalogue write. That one was never acknowledged in
+        # durability uploaded (acks wait for the catalogue), no reader sees it (reads go
+        # through the catalogue), and this owner's log holds other messages at its offsets:
+        # it is replaced. Refusing stopped the topic's uploads (and its uploaded acks) for
+        # good; adopting it on its size alone put another message under an acked offset.
         info = objstore.head(key)
-        if info.size != size:
-            raise SegmentUploadError(
-                f"{objstore.describe()}: {key} already exists with {info.size} bytes, "
-                f"expected {size}; refusing to overwrite it") from None
-        etag = info.etag
+        if info.size == size and objstore.get(key) == bytes(data):
+            etag = info.etag
+        else:
+            log.warning("%s: %s held %d bytes no catalogue names (an earlier owner's "
+                        "unrecorded upload); replacing it with this owner's segment %d..%d",
+                        objstore.describe(), key, info.size, first_offset, last_offset)
+            if objstore.keeps_files:
+                etag = objstore.put_sealed_file(key, path, size).etag
+            else:
+                etag = objstore.put(key, data).etag
     index = tuple((int(offsets[i]), int(positions[i]))
                   for i in range(0, len(offsets), SPARSE_EVERY))
     return SegmentDescriptor(segment_id=segment_id(key), object_key=key,
