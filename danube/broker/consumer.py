@@ -23,8 +23,8 @@ log = logging.getLogger("danube.broker.consumer")
 class Consumer:
     __slots__ = ("consumer_id", "name", "subscription", "outbox", "stream", "active",
                  "_loop", "_flush_scheduled", "_waiting_on", "key_filters",
-                 "inactive_since", "_stream_timer", "_subscriber", "owner", "_stream_client", "_released",
-                 "__weakref__")
+                 "inactive_since", "_stream_timer", "_subscriber", "owner", "_stream_client",
+                 "_released", "__weakref__")
 
     def __init__(self, consumer_id, name, subscription, key_filters=(), outbox_limit=4 << 20,
                  loop=None):

@@ -1,7 +1,8 @@
-"""A consumer that subscribes but never opens its ReceiveMessages stream (a client that died
-in between) must not hold its subscription: after dispatch.consumer_stream_grace_ms, or at
-once when the connection that subscribed it closes, it is inactive, an Exclusive subscription takes another consumer, and reliable messages handed
-to it go to the next consumer well before the ack timeout."""
+"""A consumer that subscribes but never opens its ReceiveMessages stream (a client that died in
+between) must not hold its subscription: after dispatch.consumer_stream_grace_ms, or at once
+when the connection that subscribed it closes, it is inactive, an Exclusive subscription
+takes another consumer, and reliable messages handed to it go to the next consumer well
+before the ack timeout."""
 
 import threading
 import time

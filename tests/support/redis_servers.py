@@ -88,7 +88,8 @@ class RedisServer:
 
     def _start(self) -> RedisServer:
         args = [redis_server_binary(), "--port", str(self.port), "--bind", "127.0.0.1",
-                "--dir", self.dir, "--appendonly", "yes" if self.appendonly else "no", "--appendfsync", "everysec",
+                "--dir", self.dir, "--appendonly", "yes" if self.appendonly else "no",
+                "--appendfsync", "everysec",
                 "--save", "", "--daemonize", "no", "--protected-mode", "no",
                 "--logfile", self.log_path,
                 # A primary starts a replica's full sync at once (by default it waits 5 s

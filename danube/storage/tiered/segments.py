@@ -29,8 +29,9 @@ def upload_segment(objstore: ObjectStore, topic: str, path: str, first_offset: i
                    last_offset: int, size: int) -> SegmentDescriptor:
     """Upload a sealed segment file, checked frame by frame first (a corrupt segment is not
     copied to the durable tier, where it would outlive the local evidence). The put is
-    conditional: if the object is already there (a crash between the upload and the catalogue
-    write, or a retry after a lost response) and has the expected size, it is adopted."""
+    conditional: an object already there with the same bytes (a retry after a lost response)
+    is adopted, one with other bytes (an earlier owner's upload the catalogue never recorded)
+    is replaced (see _upload_checked)."""
     with open(path, "rb") as f:
         if objstore.keeps_files and size:
             # The store keeps the file (a hard link): check it through a mapping, no copy.
