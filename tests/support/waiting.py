@@ -11,20 +11,36 @@ import time
 # Long enough for a loaded 2-core CI machine; a passing test never waits this long.
 DEFAULT_TIMEOUT = 30.0
 POLL_INTERVAL = 0.01
+# A wait polls at POLL_INTERVAL first (most conditions hold within milliseconds), then less
+# and less often up to this: many predicates are not cheap (a scrape of a process's
+# metrics, a Delta table read from S3, an admin RPC), and at 100 polls a second the suite's
+# waits kept the 2 shared cores busy polling.
+MAX_POLL_INTERVAL = 0.2
+BACKOFF = 1.5
+
+
+def _intervals(first):
+    """The sleeps between polls: ``first``, then growing by BACKOFF up to MAX_POLL_INTERVAL
+    (or ``first``, if a caller asked for a longer one)."""
+    cap = max(first, MAX_POLL_INTERVAL)
+    interval = first
+    while True:
+        yield interval
+        interval = min(interval * BACKOFF, cap)
 
 
 def wait_for(predicate, timeout=DEFAULT_TIMEOUT, what=None, interval=POLL_INTERVAL):
     """Poll `predicate()` until it returns something truthy and return that; fail the test
     (AssertionError naming `what`) if it has not within `timeout` seconds."""
     deadline = time.monotonic() + timeout
-    while True:
+    for pause in _intervals(interval):
         value = predicate()
         if value:
             return value
         if time.monotonic() >= deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for "
                                  f"{what or _describe(predicate)}")
-        time.sleep(interval)
+        time.sleep(pause)
 
 
 async def async_wait_for(predicate, timeout=DEFAULT_TIMEOUT, what=None,
@@ -32,7 +48,7 @@ async def async_wait_for(predicate, timeout=DEFAULT_TIMEOUT, what=None,
     """`wait_for` for code on an event loop: the loop keeps running while it waits.
     `predicate` may be a plain function or return an awaitable."""
     deadline = time.monotonic() + timeout
-    while True:
+    for pause in _intervals(interval):
         value = predicate()
         if asyncio.iscoroutine(value) or isinstance(value, asyncio.Future):
             value = await value
@@ -41,7 +57,7 @@ async def async_wait_for(predicate, timeout=DEFAULT_TIMEOUT, what=None,
         if time.monotonic() >= deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for "
                                  f"{what or _describe(predicate)}")
-        await asyncio.sleep(interval)
+        await asyncio.sleep(pause)
 
 
 def holds_for(predicate, seconds, what=None, interval=POLL_INTERVAL):

@@ -403,3 +403,50 @@ async def test_a_failing_pass_is_logged_and_tried_again(monkeypatch, caplog):
     logged = [r for r in caplog.records if "dispatch failed" in r.getMessage()]
     assert len(logged) == 1                     # once per kind of failure, not per pass
     await d.close()
+
+
+def _count_passes(d):
+    passes = [0]
+    dispatch = d._dispatch
+
+    def counted():
+        passes[0] += 1
+        return dispatch()
+    d._dispatch = counted
+    return passes
+
+
+@pytest.mark.parametrize("blocked_by", ["no consumer", "a full outbox"])
+async def test_redeliveries_due_that_cannot_go_out_do_not_spin_the_loop(blocked_by):
+    """Messages due for redelivery that nobody can take now (their consumer left and none
+    is there, or the one there has a full outbox) wait for a consumer, an ack or the
+    heartbeat. A pass that returned "due now" for them ran the loop without a pause: a
+    broker whose sink connector was killed, or stopped acking during an outage, kept a
+    core busy until it came back."""
+    topic, d, (a, b), _, _ = await make(SHARED, consumers=("a", "b"), window=10)
+    for i in range(4):
+        topic.publish(b"m%d" % i)
+    await settle()
+    assert len(drain(a)) + len(drain(b)) == 4
+    if blocked_by == "no consumer":
+        d.sub.remove(b)
+        d.consumer_left(b)
+    else:
+        b.outbox.limit = 1
+        b.outbox.offer(b"x" * 64, topic.delivery_stamp)      # full: refuses the next
+    d.sub.remove(a)
+    d.consumer_left(a)                  # its messages are due at once
+    assert d.retry and d.retry[0][0] <= asyncio.get_running_loop().time()
+    passes = _count_passes(d)
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    await asyncio.sleep(1.0)            # a window to count passes in, not a wait for an event
+    elapsed = loop.time() - start
+    # the heartbeat's passes (every 0.5 s) and a few wake-ups; a spinning loop makes
+    # thousands
+    assert passes[0] <= 4 + elapsed / 0.5, passes[0]
+    if blocked_by == "a full outbox":
+        drain(b)
+        b.outbox.limit = 1 << 20        # room again: the heartbeat's next pass sends them
+        await async_wait_for(lambda: b.outbox.count >= 2, what="the redeliveries")
+    await d.close()
