@@ -90,22 +90,34 @@ from objstore_fixtures import (_no_cloud_metadata_probes, azurite_server,  # noq
 from metadata_stores import etcd_server, store  # noqa: E402,F401
 
 
-#: The slowest test files, slowest first (bash bin/test --durations=40, docs/testing.md):
-#: under --dist loadfile they are handed to the workers before any other file, so that no
-#: long file starts late and runs alone at the end. (xdist's own order is by the number of
-#: tests in a file, which puts a one-test file that runs for minutes last.)
+#: The slowest test files, slowest first (seconds each took in a whole run of bin/test on the
+#: 2-core machine, docs/testing.md): under --dist loadfile they are handed to the workers
+#: before any other file, longest first, so that no long file starts late and runs alone at
+#: the end. (xdist's own order is by the number of tests in a file, which puts a one-test
+#: file that runs for minutes last.) Files under ~20 s fill the gaps in any order.
 HEAVY_FIRST = (
-    "tests/e2e/test_spark_oldest.py",       # ~7 min: the connector's tests on PySpark 4.0.0
-    "tests/e2e/test_packaging.py",          # ~7 min: PyInstaller build, attack suites
-    "tests/e2e/test_spark_connector.py",    # ~6 min
-    "tests/e2e/test_spark_cluster.py",      # Spark standalone + 3 brokers: JVMs start slowly
-    "tests/e2e/test_tiered_e2e.py",
-    "tests/e2e/test_soak.py",
-    "tests/e2e/test_cluster_object_store.py",
-    "tests/e2e/test_cluster_resilience.py",
-    "tests/e2e/test_cluster_rebalancing.py",
-    "tests/e2e/test_cluster_failover.py",
-    "tests/e2e/test_tiered_broker_process.py",
+    "tests/e2e/test_packaging.py",          # 177: PyInstaller build, attack suites
+    "tests/e2e/test_spark_connector.py",    # 142
+    "tests/e2e/test_spark_cluster.py",      # 138: Spark standalone + 3 brokers
+    "tests/e2e/test_spark_oldest.py",       # 128: the connector's tests on PySpark 4.0.0
+    "tests/e2e/test_soak.py",               # 123: a two-minute soak
+    "tests/e2e/test_connect_deltalake.py",  # 65: a 30 s S3 outage
+    "tests/e2e/test_tiered_e2e.py",         # 64
+    "tests/e2e/test_edge_resilience.py",    # 64: a 60 s link cut
+    "tests/mutation/test_mutants.py",       # 55
+    "tests/e2e/test_cluster_write_buffer.py",   # 53
+    "tests/e2e/test_connect_mqtt.py",       # 51: a 30 s MQTT broker outage
+    "tests/e2e/test_rate_policies.py",      # 46
+    "tests/e2e/test_cluster_object_store.py",   # 43
+    "tests/e2e/test_connect_postgres_sink.py",  # 42: a 30 s PostgreSQL outage
+    "tests/e2e/test_cluster_roll.py",       # 36
+    "tests/e2e/test_connect_iceberg.py",    # 36
+    "tests/e2e/test_cluster_fence_recovery.py",  # 36
+    "tests/e2e/test_cluster_failover.py",   # 31
+    "tests/e2e/test_admin_console.py",      # 29
+    "tests/e2e/test_cluster_up.py",         # 25
+    "tests/e2e/test_objstore_backends.py",  # 24
+    "tests/e2e/test_connect_mqtt_client.py",    # 23
 )
 
 
