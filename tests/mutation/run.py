@@ -13,6 +13,7 @@ docs/testing.md lists them with their killing tests."""
 
 import argparse
 import concurrent.futures
+import glob
 import os
 import shutil
 import subprocess
@@ -32,8 +33,16 @@ INSTALLED = os.path.dirname(os.path.abspath(danube.__file__))
 def apply(mutant, scratch):
     """Copy the installed package under `scratch` and make the mutant's change there."""
     target = os.path.join(scratch, "danube")
-    shutil.copytree(INSTALLED, target, ignore=shutil.ignore_patterns("__pycache__"))
+    # With the installed bytecode: each process of a mutant's tests (pytest, the brokers it
+    # starts) compiled the whole package again otherwise. copytree keeps the sources'
+    # modification times, which the bytecode is checked against; the changed module's own
+    # bytecode goes, so that it is compiled from the change.
+    shutil.copytree(INSTALLED, target)
     path = os.path.join(target, mutant.file)
+    folder, name = os.path.split(path)
+    stem = name[:-3] + "."
+    for cached in glob.glob(os.path.join(folder, "__pycache__", glob.escape(stem) + "*.pyc")):
+        os.remove(cached)
     with open(path) as f:
         text = f.read()
     count = text.count(mutant.original)
