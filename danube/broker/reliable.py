@@ -368,12 +368,12 @@ class ReliableDispatcher(CursorPersistence):
                     limiter.take(min(self.next_read - start, limiter.available(now)), now)
         if self._paced:
             next_deadline = min(next_deadline, now + limiter.wait(now))
-        if self.retry and self.retry[0][0] > now:
-            next_deadline = min(next_deadline, self.retry[0][0])
         # A redelivery still due after the pass could not go out: no consumer, the window
         # or the consumer's outbox full, or the rate paced it. A consumer's arrival or an
         # ack wakes the loop, a freed outbox the heartbeat; a deadline of "now" for it
         # spun the loop until then (a core kept busy while a sink connector was down).
+        if self.retry and self.retry[0][0] > now:
+            next_deadline = min(next_deadline, self.retry[0][0])
         return max(0.0, next_deadline - now)
 
     def _expire(self, now):

@@ -184,9 +184,10 @@ def roll_under_load(workdir: Path, topic: str, *, baseline: float = 5.0, pause: 
         # Both producers publish again after the last restart: waited for, not slept on (the
         # official producer's own backoff before its next lookup is 1.5-3 s, and a 2 s sleep
         # here once stopped it before it had). One that never does is reported by the test.
+        acks_of = {"ours": lambda: list(ours.acks),
+                   "official": lambda: _official_acks(producer)}
         last_active = max(r["active"] for r in records)
-        for name, acks in (("ours", lambda: list(ours.acks)),
-                           ("official", lambda: _official_acks(producer))):
+        for name, acks in acks_of.items():
             try:
                 wait_for(lambda: any(a[1] > last_active for a in acks()), timeout=60,
                          what=f"{name} producer's first ack after the last restart")
@@ -195,7 +196,7 @@ def roll_under_load(workdir: Path, topic: str, *, baseline: float = 5.0, pause: 
         stop.touch()
         ours.stopping.set()
         producer.wait_line("{", timeout=60)
-        acked = {"ours": ours.acks, "official": _official_acks(producer)}
+        acked = {name: acks() for name, acks in acks_of.items()}
         all_acked = [a[0] for acks in acked.values() for a in acks]
         for name, received in (("ours", lambda: ours.received),
                                ("official", lambda: _official_received(consumer))):
