@@ -1,13 +1,16 @@
 """The sink runtime: read the connector's topics, hand batches (``processing.batch_size``
 records, or what came within ``processing.batch_timeout_ms``) to ``process_batch``, and
 acknowledge them only once it returned. Records at or below an exactly-once sink's
-committed offsets were written before a crash: they are acknowledged, not written again."""
+committed offsets were written before a crash: they are acknowledged, not written again.
+Nor is a record this instance wrote itself and the broker sent again (its ack timeout ran
+out while the write was retried): its copy is acknowledged and left out."""
 
 import asyncio
+import collections
 import logging
 import time
 
-from danube.connect.connector import ConsumerConfig
+from danube.connect.connector import ConsumerConfig, SinkConnector
 from danube.connect.errors import (ConfigError, InvalidRecord, RetryableError, Unavailable)
 from danube.connect.records import SinkRecord
 
@@ -24,6 +27,15 @@ class SinkRuntime:
         self.connector = connector
         self.consumers = []             # (ConsumerConfig, Consumer)
         self.committed = {}
+        # Only a sink that keeps its progress in the external system skips by offset: an
+        # at-least-once sink may share its subscription with other instances, and a record
+        # below its own newest write may be one another instance received and never wrote.
+        self.exactly_once = (type(connector).committed_offsets
+                             is not SinkConnector.committed_offsets)
+        # (partition, offset) of what this instance wrote lately, oldest first: the broker
+        # sends again at most a window of unacknowledged records (bounded in start()).
+        self._written = collections.OrderedDict()
+        self._written_max = 0
         self._queue = asyncio.Queue(READ_AHEAD)
         self._readers = []
 
@@ -31,6 +43,7 @@ class SinkRuntime:
         rt = self.rt
         # The batch being written, the one prepared, and READ_AHEAD more being received.
         window = min(10000, max(1, rt.core.processing.batch_size * (READ_AHEAD + 2)))
+        self._written_max = 2 * window
         for cfg in self.connector.consumer_configs():
             if not isinstance(cfg, ConsumerConfig):
                 raise ConfigError(f"consumer_configs returned {cfg!r}, not a ConsumerConfig")
@@ -159,6 +172,14 @@ class SinkRuntime:
     async def _deliver(self, records, skipped, prepared):
         rt = self.rt
         started = time.perf_counter()
+        # The batch was prepared while the one before was written: what that one wrote is
+        # known only now.
+        fresh = [(c, r) for c, r in records if not self._done(r.partition, r.offset)]
+        if len(fresh) != len(records):
+            skipped = list(skipped)
+            skipped.extend((c, r.message) for c, r in records
+                           if self._done(r.partition, r.offset))
+            records, prepared = fresh, None
         for consumer, msg in skipped:
             await consumer.ack(msg)
         if skipped:
@@ -172,14 +193,19 @@ class SinkRuntime:
         sink_records = [r for _c, r in records]
         await self._process(sink_records, prepared)
         committed = self.committed
+        written = self._written
         last = {}
         for consumer, record in records:
             await consumer.ack(record.message)
             last[record.partition] = record.offset
-        for partition, offset in last.items():
-            done = committed.get(partition)
-            if done is None or offset > done:
-                committed[partition] = offset
+            written[(record.partition, record.offset)] = None
+        while len(written) > self._written_max:
+            written.popitem(last=False)
+        if self.exactly_once:
+            for partition, offset in last.items():
+                done = committed.get(partition)
+                if done is None or offset > done:
+                    committed[partition] = offset
         newest = max(r.publish_time for r in sink_records)
         rt.metrics.lag.labels(rt.name).set(max(0.0, time.time() - newest / 1000.0))
         rt.metrics.inflight.labels(rt.name).set(0)
@@ -229,6 +255,14 @@ class SinkRuntime:
             for topic, n in written.items():
                 rt.metrics.count(rt.metrics.processed, topic, n)
             return
+
+    def _done(self, partition, offset):
+        """Written already: by this instance lately, or (an exactly-once sink) at or below
+        the committed offset."""
+        if (partition, offset) in self._written:
+            return True
+        done = self.committed.get(partition)
+        return done is not None and offset <= done
 
     async def _dead_letter(self, record, reason):
         await self.rt.dead_letters.send(record.payload, record.attributes, record.key, reason,

@@ -9,6 +9,7 @@ import hashlib
 import hmac
 import http.server
 import json
+import re
 import socket
 import threading
 import urllib.error
@@ -21,6 +22,9 @@ from broker_process import BrokerProcess
 from connector_process import ConnectorProcess, runtime_toml
 from waiting import async_wait_for, wait_for
 from danube.client import DanubeClient
+from danube.client.admin import AdminClient
+from danube.proto import DanubeAdmin_pb2 as adm
+from danube.proto import DanubeExt_pb2 as ext
 
 SECRET = "whsec-test-0123456789"
 
@@ -281,24 +285,130 @@ async def test_http_sink_batches_and_an_outage(tmp_path, broker):
     endpoint = Endpoint(port).start()
     topic = f"/default/outb_{uuid.uuid4().hex[:8]}"
     try:
-        async with DanubeClient(f"http://{broker.client_addr}") as client:
+        async with DanubeClient(f"http://{broker.client_addr}") as client, \
+                AdminClient(f"http://{broker.admin_addr}") as admin:
             producer = await client.create_producer(topic, "p", reliable=True)
             conn = ConnectorProcess(sink_config(tmp_path / "hs.toml", broker, topic,
                                                 f"http://127.0.0.1:{port}/in",
                                                 "/default/unused_dlq", mode="batch"))
             await asyncio.to_thread(conn.start)
+            # The broker sends unacknowledged records again after 1 s: while the endpoint is
+            # down, the sink holds the batch it retries and gets its records again.
+            await admin.call("TopicAdmin", "SetSubscriptionFailurePolicy",
+                             adm.SetSubscriptionFailurePolicyRequest(
+                                 topic=topic, subscription="http-sink",
+                                 failure_policy=adm.SubscriptionFailurePolicy(
+                                     max_redelivery_count=100, ack_timeout_ms=1000,
+                                     base_redelivery_delay_ms=100,
+                                     max_redelivery_delay_ms=100, backoff_strategy=adm.Fixed,
+                                     poison_policy=adm.Block)))
             await producer.send_many([json.dumps({"n": i}).encode() for i in range(50)])
             await async_wait_for(lambda: sum(len(json.loads(b)) for b in endpoint.bodies())
                                  >= 50, 60, "the first 50")
             endpoint.stop()
             await producer.send_many([json.dumps({"n": i}).encode() for i in range(50, 80)])
             await async_wait_for(lambda: not conn.ready(), 60, "not ready while down")
+            await async_wait_for(lambda: redelivered(admin, topic, "http-sink", 30), 60,
+                                 "the held records sent again")
             endpoint = Endpoint(port).start()
             await async_wait_for(lambda: sum(len(json.loads(b)) for b in endpoint.bodies())
                                  >= 30, 60, "the 30 sent while down")
+        # Written once: the copies of what the held batch wrote are acknowledged, not sent.
         assert [d["n"] for b in endpoint.bodies() for d in json.loads(b)] == \
             list(range(50, 80))
         await async_wait_for(conn.ready, 30, "ready again")
+        assert conn.metric("danube_connector_messages_processed_total") == 80
         assert conn.stop() == 0
     finally:
         endpoint.stop()
+
+
+async def redelivered(admin, topic, subscription, at_least):
+    """The broker has sent ``subscription``'s records again ``at_least`` times."""
+    resp = await admin.call("TopicStatsService", "GetTopicStats",
+                            ext.TopicStatsRequest(name=topic))
+    (stats,) = resp.topics
+    sub = next(s for s in stats.subscriptions if s.name == subscription)
+    return sub.redelivered >= at_least
+
+
+class SilentEndpoint:
+    """Accepts connections, reads the requests and never answers: a sink writing to it holds
+    its batch, unacknowledged, until its request times out. ``first``: the "n" of the first
+    record it was sent."""
+
+    def __init__(self):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.port = self.sock.getsockname()[1]
+        self.first = None
+        self.held = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.held.append(conn)
+            threading.Thread(target=self._read, args=(conn,), daemon=True).start()
+
+    def _read(self, conn):
+        data = b""
+        while self.first is None:
+            try:
+                chunk = conn.recv(65536)
+            except OSError:
+                return
+            if not chunk:
+                return
+            data += chunk
+            found = re.search(rb'\{"n": (\d+)\}', data)
+            if found:
+                self.first = int(found.group(1))
+
+    def stop(self):
+        self.sock.close()
+        for conn in self.held:
+            conn.close()
+
+
+async def test_a_shared_subscription_s_second_sink_writes_what_the_first_never_did(
+        tmp_path, broker, endpoint):
+    """Two sink instances share a subscription. The first one's endpoint never answers, and
+    it is killed holding its records; the broker sends them to the second, which has written
+    a later offset already. It writes them too: a record below an at-least-once sink's
+    newest write may be one that only another instance received."""
+    topic = f"/default/outs_{uuid.uuid4().hex[:8]}"
+    silent = SilentEndpoint()
+    stuck = written = None
+    try:
+        async with DanubeClient(f"http://{broker.client_addr}") as client:
+            producer = await client.create_producer(topic, "p", reliable=True)
+            stuck = ConnectorProcess(sink_config(tmp_path / "a.toml", broker, topic,
+                                                 f"http://127.0.0.1:{silent.port}/in", None))
+            await asyncio.to_thread(stuck.start)
+            written = ConnectorProcess(sink_config(tmp_path / "b.toml", broker, topic,
+                                                   f"http://127.0.0.1:{endpoint.port}/in",
+                                                   None))
+            await asyncio.to_thread(written.start)
+            payloads = [json.dumps({"n": i}).encode() for i in range(40)]
+            await producer.send_many(payloads)
+
+            def second_wrote_past_the_first():
+                return silent.first is not None and any(
+                    json.loads(b)["n"] > silent.first for b in endpoint.bodies())
+            await async_wait_for(second_wrote_past_the_first, 60,
+                                 "the second sink writing past a record the first holds")
+            stuck.sigkill()
+            await async_wait_for(lambda: len(endpoint.requests) >= 40, 60,
+                                 "the first sink's records written by the second")
+        assert sorted(endpoint.bodies()) == sorted(payloads)
+        assert written.stop() == 0
+    finally:
+        silent.stop()
+        for conn in (stuck, written):
+            if conn is not None:
+                conn.sigkill()
