@@ -32,10 +32,9 @@ class SinkRuntime:
         # below its own newest write may be one another instance received and never wrote.
         self.exactly_once = (type(connector).committed_offsets
                              is not SinkConnector.committed_offsets)
-        # (partition, offset) of what this instance wrote lately, oldest first: the broker
-        # sends again at most a window of unacknowledged records (bounded in start()).
-        self._written = collections.OrderedDict()
-        self._written_max = 0
+        # What this instance wrote lately; sized in start() (the broker sends again at most
+        # a window of unacknowledged records).
+        self._written = RecentlyWritten(1)
         self._queue = asyncio.Queue(READ_AHEAD)
         self._readers = []
 
@@ -43,7 +42,7 @@ class SinkRuntime:
         rt = self.rt
         # The batch being written, the one prepared, and READ_AHEAD more being received.
         window = min(10000, max(1, rt.core.processing.batch_size * (READ_AHEAD + 2)))
-        self._written_max = 2 * window
+        self._written = RecentlyWritten(2 * window)
         for cfg in self.connector.consumer_configs():
             if not isinstance(cfg, ConsumerConfig):
                 raise ConfigError(f"consumer_configs returned {cfg!r}, not a ConsumerConfig")
@@ -198,9 +197,7 @@ class SinkRuntime:
         for consumer, record in records:
             await consumer.ack(record.message)
             last[record.partition] = record.offset
-            written[(record.partition, record.offset)] = None
-        while len(written) > self._written_max:
-            written.popitem(last=False)
+            written.add(record.partition, record.offset)
         if self.exactly_once:
             for partition, offset in last.items():
                 done = committed.get(partition)
@@ -268,6 +265,27 @@ class SinkRuntime:
         await self.rt.dead_letters.send(record.payload, record.attributes, record.key, reason,
                                         record.topic, offset=record.offset,
                                         partition=record.partition)
+
+
+class RecentlyWritten:
+    """The last ``limit`` (partition, offset) pairs added, the oldest forgotten first."""
+
+    def __init__(self, limit):
+        self.limit = limit
+        self._pairs = collections.OrderedDict()
+
+    def add(self, partition, offset):
+        pairs = self._pairs
+        pairs[(partition, offset)] = None
+        pairs.move_to_end((partition, offset))
+        while len(pairs) > self.limit:
+            pairs.popitem(last=False)
+
+    def __contains__(self, pair):
+        return pair in self._pairs
+
+    def __len__(self):
+        return len(self._pairs)
 
 
 def _per_topic(records):

@@ -13,6 +13,7 @@ import pytest
 from broker_process import EXECUTABLE_ENV, BrokerProcess
 from cluster_process import ClusterBrokers
 from etcd_process import EtcdProcess
+from executable_cache import ExecutableCache
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # The attack suites of the hardening issue (17), run again with the executable as the broker.
@@ -24,15 +25,24 @@ pytestmark = pytest.mark.timeout(900)
 
 @pytest.fixture(scope="module")
 def executable(tmp_path_factory):
+    """packaging/danube.spec built from the installed package. The build (~45 core-s, the
+    suite's longest single step) is kept, as ccache keeps compiles, under the hash of all
+    that goes into it (executable_cache.build_key); DANUBE_REBUILD_EXECUTABLE=1 builds
+    anew."""
     pyinstaller = shutil.which("pyinstaller", path=os.path.dirname(sys.executable))
     if pyinstaller is None:
         pytest.fail("pyinstaller is not installed; the test extras (pip install .[test]) have it")
+    cache = ExecutableCache(os.path.join(ROOT, "packaging"))
+    if not os.environ.get("DANUBE_REBUILD_EXECUTABLE"):
+        built = cache.lookup()
+        if built is not None:
+            return built
     work = tmp_path_factory.mktemp("pyinstaller")
     subprocess.run([pyinstaller, "--noconfirm", "--distpath", str(work / "dist"),
                     "--workpath", str(work / "build"),
                     os.path.join(ROOT, "packaging", "danube.spec")],
                    check=True, capture_output=True, timeout=900)
-    return str(work / "dist" / "danube")
+    return cache.keep(work / "dist" / "danube")
 
 
 @pytest.fixture

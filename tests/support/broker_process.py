@@ -86,7 +86,10 @@ class BrokerProcess:
     def log(self):
         return "".join(self.lines)
 
-    def stop(self, sig=signal.SIGTERM, timeout=20):
+    def stop(self, sig=signal.SIGTERM, timeout=60):
+        # The broker's own budget on SIGTERM: up to 30 s to upload what the durable tier
+        # lacks (SHUTDOWN_UPLOAD_TIMEOUT), then 10 s for RPCs in flight. A loaded machine has
+        # taken over 20 s for a tiered broker's last uploads.
         if self.proc is None or self.proc.poll() is not None:
             return self.proc.returncode if self.proc else None
         self.proc.send_signal(sig)
