@@ -68,39 +68,34 @@ WILDCARD_SUB_AVAILABLE, SHARED_SUB_AVAILABLE, SUB_ID_AVAILABLE = 0x28, 0x2A, 0x2
 TOPIC_ALIAS_MAXIMUM, AUTH_METHOD = 0x22, 0x15
 
 
-def _varint(buf, pos, end):
+def _read_varint(buf, pos, end, what):
+    """The variable byte integer at ``buf[pos]``: (value, index after it), or (-1, index)
+    when ``buf[:end]`` ends inside it; ProtocolError past its 4 bytes."""
     value = shift = 0
-    for _ in range(4):
-        if pos >= end:
-            raise ProtocolError(MALFORMED, "variable byte integer runs past the packet")
-        b = buf[pos]
-        pos += 1
+    for i in range(pos, pos + 4):
+        if i >= end:
+            return -1, i
+        b = buf[i]
         value |= (b & 0x7F) << shift
         if not b & 0x80:
-            return value, pos
+            return value, i + 1
         shift += 7
-    raise ProtocolError(MALFORMED, "variable byte integer longer than 4 bytes")
+    raise ProtocolError(MALFORMED, f"{what} longer than 4 bytes")
+
+
+def _varint(buf, pos, end):
+    """A variable byte integer inside a packet, which must hold all of it."""
+    value, pos = _read_varint(buf, pos, end, "variable byte integer")
+    if value < 0:
+        raise ProtocolError(MALFORMED, "variable byte integer runs past the packet")
+    return value, pos
 
 
 def remaining_length(buf, pos, n):
     """The Remaining Length of the packet whose fixed header starts at ``buf[pos]``:
     (length, index of the body), or (-1, _) when ``buf[:n]`` ends inside it; ProtocolError
     past its 4 bytes. Shared by the server's and the client's decoders."""
-    length = shift = 0
-    i = pos + 1
-    while True:
-        if i >= n:
-            if i - pos > 4:
-                raise ProtocolError(MALFORMED, "remaining length longer than 4 bytes")
-            return -1, i
-        b = buf[i]
-        i += 1
-        length |= (b & 0x7F) << shift
-        if not b & 0x80:
-            return length, i
-        shift += 7
-        if shift > 21:
-            raise ProtocolError(MALFORMED, "remaining length longer than 4 bytes")
+    return _read_varint(buf, pos + 1, n, "remaining length")
 
 
 def _u16(buf, pos, end, what):
