@@ -85,7 +85,9 @@ class SinkConnector(Connector):
     async def committed_offsets(self) -> dict:
         """{partition topic: last offset already written}, for exactly-once sinks that keep
         their progress in the external system: the runtime skips (and acknowledges) every
-        record at or below it. At-least-once sinks keep the default {}."""
+        record at or below it, and below what the sink writes from then on. At-least-once
+        sinks do not override it: a sink that does is taken to be the only reader of its
+        partitions (an exclusive or failover subscription)."""
         return {}
 
     def prepare(self, records):

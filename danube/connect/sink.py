@@ -192,12 +192,11 @@ class SinkRuntime:
         sink_records = [r for _c, r in records]
         await self._process(sink_records, prepared)
         committed = self.committed
-        written = self._written
         last = {}
         for consumer, record in records:
             await consumer.ack(record.message)
             last[record.partition] = record.offset
-            written.add(record.partition, record.offset)
+        self._written.add([(r.partition, r.offset) for r in sink_records])
         if self.exactly_once:
             for partition, offset in last.items():
                 done = committed.get(partition)
@@ -274,12 +273,13 @@ class RecentlyWritten:
         self.limit = limit
         self._pairs = collections.OrderedDict()
 
-    def add(self, partition, offset):
-        pairs = self._pairs
-        pairs[(partition, offset)] = None
-        pairs.move_to_end((partition, offset))
-        while len(pairs) > self.limit:
-            pairs.popitem(last=False)
+    def add(self, pairs):
+        """Add (partition, offset) pairs (a batch's, in order)."""
+        known = self._pairs
+        known.update(dict.fromkeys(pairs))
+        excess = len(known) - self.limit
+        for _ in range(excess):
+            known.popitem(last=False)
 
     def __contains__(self, pair):
         return pair in self._pairs
