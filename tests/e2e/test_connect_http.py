@@ -224,12 +224,13 @@ def endpoint():
     e.stop()
 
 
-def sink_config(path, broker, topic, url, dlq, mode="record"):
+def sink_config(path, broker, topic, url, dlq, mode="record", timeout_ms=10000):
     name = f"hs-{uuid.uuid4().hex[:8]}"
     path.write_text(core(broker.client_addr, name, "sink-http", dlq) + f'''
 [http]
 url = "{url}"
 mode = "{mode}"
+timeout_ms = {timeout_ms}
 headers = {{ "X-Test" = "yes" }}
 
 [[http.routes]]
@@ -387,8 +388,11 @@ async def test_a_shared_subscription_s_second_sink_writes_what_the_first_never_d
     try:
         async with DanubeClient(f"http://{broker.client_addr}") as client:
             producer = await client.create_producer(topic, "p", reliable=True)
+            # Its request never times out: it holds its records (no retries, no dead
+            # letters) until it is killed, however slow the machine.
             stuck = ConnectorProcess(sink_config(tmp_path / "a.toml", broker, topic,
-                                                 f"http://127.0.0.1:{silent.port}/in", None))
+                                                 f"http://127.0.0.1:{silent.port}/in", None,
+                                                 timeout_ms=3_600_000))
             await asyncio.to_thread(stuck.start)
             written = ConnectorProcess(sink_config(tmp_path / "b.toml", broker, topic,
                                                    f"http://127.0.0.1:{endpoint.port}/in",
