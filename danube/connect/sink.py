@@ -32,17 +32,18 @@ class SinkRuntime:
         # below its own newest write may be one another instance received and never wrote.
         self.exactly_once = (type(connector).committed_offsets
                              is not SinkConnector.committed_offsets)
-        # What this instance wrote lately; sized in start() (the broker sends again at most
-        # a window of unacknowledged records).
-        self._written = RecentlyWritten(1)
+        # Unacknowledged records per subscription: the batch being written, the one
+        # prepared, and READ_AHEAD more being received.
+        self.window = min(10000, max(1, runtime.core.processing.batch_size * (READ_AHEAD + 2)))
+        # What this instance wrote lately: the broker sends again at most a window of
+        # unacknowledged records.
+        self._written = RecentlyWritten(2 * self.window)
         self._queue = asyncio.Queue(READ_AHEAD)
         self._readers = []
 
     async def start(self):
         rt = self.rt
-        # The batch being written, the one prepared, and READ_AHEAD more being received.
-        window = min(10000, max(1, rt.core.processing.batch_size * (READ_AHEAD + 2)))
-        self._written = RecentlyWritten(2 * window)
+        window = self.window
         for cfg in self.connector.consumer_configs():
             if not isinstance(cfg, ConsumerConfig):
                 raise ConfigError(f"consumer_configs returned {cfg!r}, not a ConsumerConfig")
@@ -173,11 +174,12 @@ class SinkRuntime:
         started = time.perf_counter()
         # The batch was prepared while the one before was written: what that one wrote is
         # known only now.
-        fresh = [(c, r) for c, r in records if not self._done(r.partition, r.offset)]
-        if len(fresh) != len(records):
-            skipped = list(skipped)
-            skipped.extend((c, r.message) for c, r in records
-                           if self._done(r.partition, r.offset))
+        fresh, again = [], []
+        for pair in records:
+            record = pair[1]
+            (again if self._done(record.partition, record.offset) else fresh).append(pair)
+        if again:
+            skipped = [*skipped, *((c, r.message) for c, r in again)]
             records, prepared = fresh, None
         for consumer, msg in skipped:
             await consumer.ack(msg)

@@ -14,6 +14,7 @@ import pytest
 
 from broker_process import BrokerProcess
 from official_client import broker_url, run_scenario
+from topic_stats import subscription_stats, topic_stats
 from danube.client import DanubeClient
 from danube.client import errors
 from danube.client.admin import AdminClient
@@ -47,17 +48,6 @@ async def fails(coro, code, *words):
 async def create(admin, name, reliable=True, **fields):
     await admin.call("TopicAdmin", "CreateTopic", adm.NewTopicRequest(
         name=name, dispatch_strategy=adm.Reliable if reliable else adm.NonReliable, **fields))
-
-
-async def stats(admin, name):
-    resp = await admin.call("TopicStatsService", "GetTopicStats",
-                            ext.TopicStatsRequest(name=name))
-    return resp.topics
-
-
-async def sub_stats(admin, name, sub):
-    (topic,) = await stats(admin, name)
-    return next((s for s in topic.subscriptions if s.name == sub), None)
 
 
 async def eventually(check, timeout=10.0):
@@ -194,7 +184,7 @@ async def test_unsubscribe_disconnects_and_forgets_the_subscription(admin, clien
     for i in range(5):
         await producer.send(b"m%d" % i)
     await consumer.receive(timeout=10)              # one delivered, none acked
-    sub = await eventually(lambda: sub_stats(admin, name, "audit"))
+    sub = await eventually(lambda: subscription_stats(admin, name, "audit"))
     assert sub.backlog == 5 and sub.consumers == 1 and sub.type == "Exclusive"
     assert (await admin.call("TopicAdmin", "ListSubscriptions",
                              adm.TopicRequest(name=name))).subscriptions == ["audit"]
@@ -203,7 +193,7 @@ async def test_unsubscribe_disconnects_and_forgets_the_subscription(admin, clien
                      adm.SubscriptionRequest(topic=name, subscription="audit"))
     assert (await admin.call("TopicAdmin", "ListSubscriptions",
                              adm.TopicRequest(name=name))).subscriptions == []
-    (topic,) = await stats(admin, name)
+    (topic,) = await topic_stats(admin, name)
     assert topic.subscription_count == 0 and topic.backlog == 0
     await fails(admin.call("TopicAdmin", "Unsubscribe",
                            adm.SubscriptionRequest(topic=name, subscription="audit")),
@@ -268,7 +258,7 @@ async def test_a_new_failure_policy_applies_to_the_next_redelivery(admin, client
 
 
 async def _settled(admin, name, sub_name):
-    sub = await sub_stats(admin, name, sub_name)
+    sub = await subscription_stats(admin, name, sub_name)
     return sub if sub is not None and sub.cursor >= 0 else None
 
 
@@ -341,7 +331,7 @@ async def test_dispatch_window_applies_to_the_live_subscription(admin, client):
     received = [await consumer.receive(timeout=10) for _ in range(2)]
     with pytest.raises(TimeoutError):
         await consumer.receive(timeout=0.5)          # the window holds the third back
-    sub = await sub_stats(admin, name, "slow")
+    sub = await subscription_stats(admin, name, "slow")
     assert sub.unacked == 2 and sub.backlog == 5
     await consumer.ack(received[0])
     third = await consumer.receive(timeout=10)
@@ -369,9 +359,9 @@ async def test_unload_serves_the_topic_again_at_its_cursors(admin, client):
     await eventually(lambda: _cursor_at(admin, name, "keep", 1))
 
     await admin.call("TopicAdmin", "UnloadTopic", adm.TopicRequest(name=name))
-    sub = await sub_stats(admin, name, "keep")
+    sub = await subscription_stats(admin, name, "keep")
     assert sub is not None and sub.cursor == 1 and sub.backlog == 2
-    (topic,) = await stats(admin, name)
+    (topic,) = await topic_stats(admin, name)
     assert topic.log.end_offset == 4 and topic.producers == 0
     # The producer is told CLOSE and creates itself again; the subscription resumes at m2.
     await eventually(_sent(producer, b"m4"), timeout=15)
@@ -383,7 +373,7 @@ async def test_unload_serves_the_topic_again_at_its_cursors(admin, client):
 
 
 async def _cursor_at(admin, name, sub_name, cursor):
-    sub = await sub_stats(admin, name, sub_name)
+    sub = await subscription_stats(admin, name, sub_name)
     return sub is not None and sub.cursor == cursor
 
 
@@ -410,7 +400,7 @@ async def test_topic_stats_count_rate_and_log(admin, client):
         await producer.send(b"x" * 100)
         sent += 1
         await asyncio.sleep(0.01)
-    (topic,) = await stats(admin, name)
+    (topic,) = await topic_stats(admin, name)
     assert topic.delivery == "Reliable" and topic.producers == 1 and topic.consumers == 1
     assert topic.messages_in == sent and topic.bytes_in == 100 * sent
     assert topic.msg_rate_in > 0 and topic.byte_rate_in > 0
@@ -433,7 +423,7 @@ async def test_partitioned_and_namespace_stats(admin):
     base = topic_name("parts")
     await admin.call("TopicAdmin", "CreatePartitionedTopic", adm.PartitionedTopicRequest(
         base_name=base, partitions=3, dispatch_strategy=adm.Reliable))
-    parts = await stats(admin, base)
+    parts = await topic_stats(admin, base)
     assert [p.name for p in parts] == [f"{base}-part-{i}" for i in range(3)]
     listed = (await admin.call("TopicStatsService", "ListTopicStats",
                                ext.ListTopicStatsRequest(namespace="default"))).topics
@@ -446,7 +436,7 @@ async def test_partitioned_and_namespace_stats(admin):
     await fails(admin.call("TopicStatsService", "ListTopicStats",
                            ext.ListTopicStatsRequest(namespace="nowhere")),
                 StatusCode.NOT_FOUND, "nowhere")
-    await fails(stats(admin, topic_name("none")), StatusCode.NOT_FOUND)
+    await fails(topic_stats(admin, topic_name("none")), StatusCode.NOT_FOUND)
 
 
 @pytest.fixture(scope="module")
@@ -474,7 +464,7 @@ async def test_unsubscribe_frees_the_backlog_for_retention(retention_broker):
             await producer.send(b"%0100d" % i)
         await consumer.close()
         await asyncio.sleep(1.5)                        # several retention passes
-        (topic,) = await stats(admin, name)
+        (topic,) = await topic_stats(admin, name)
         assert topic.log.wal_segments > 3
         assert topic.log.wal_start_offset == 0          # the subscription still needs all
 
@@ -482,7 +472,7 @@ async def test_unsubscribe_frees_the_backlog_for_retention(retention_broker):
                          adm.SubscriptionRequest(topic=name, subscription="stuck"))
 
         async def trimmed():
-            (t,) = await stats(admin, name)
+            (t,) = await topic_stats(admin, name)
             return t if t.log.wal_start_offset > 0 else None
         topic = await eventually(trimmed)
         assert topic, "retention kept the unsubscribed backlog"

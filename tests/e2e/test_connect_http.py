@@ -20,11 +20,11 @@ import pytest
 
 from broker_process import BrokerProcess
 from connector_process import ConnectorProcess, runtime_toml
+from topic_stats import subscription_stats
 from waiting import async_wait_for, wait_for
 from danube.client import DanubeClient
 from danube.client.admin import AdminClient
 from danube.proto import DanubeAdmin_pb2 as adm
-from danube.proto import DanubeExt_pb2 as ext
 
 SECRET = "whsec-test-0123456789"
 
@@ -326,11 +326,8 @@ async def test_http_sink_batches_and_an_outage(tmp_path, broker):
 
 async def redelivered(admin, topic, subscription, at_least):
     """The broker has sent ``subscription``'s records again ``at_least`` times."""
-    resp = await admin.call("TopicStatsService", "GetTopicStats",
-                            ext.TopicStatsRequest(name=topic))
-    (stats,) = resp.topics
-    sub = next(s for s in stats.subscriptions if s.name == subscription)
-    return sub.redelivered >= at_least
+    sub = await subscription_stats(admin, topic, subscription)
+    return sub is not None and sub.redelivered >= at_least
 
 
 class SilentEndpoint:
