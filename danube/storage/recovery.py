@@ -11,6 +11,11 @@ Runs in the WAL's executor (it is all blocking file work). The rules:
   reach the disk before a machine crash). With ``validate_sealed="lazy"`` (the default) a
   sealed segment that the checkpoint lists with the same size is scanned on its first read
   instead of at open, so opening a long history costs a directory listing, not a full read.
+* Trailing segments that hold no frame are removed where they follow a gap, and the log
+  ends in the segment before them: a machine crash just after rotations can keep a new
+  segment's directory entry but not the tail of the segment before it (a sync job syncs
+  the segments it seals before the directory, but a rotation on the loop may create a
+  segment while the job runs).
 * The last segment keeps every complete, CRC-clean frame; whatever follows (a torn frame, a
   corrupt one, stray bytes after a hole) is cut off with ftruncate and logged with its size.
   Offsets continue right after the last good frame.
@@ -24,13 +29,15 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import mmap
 import os
 import time
 
-from danube.dirsync import makedirs_durable
+from danube.dirsync import fsync_dir, makedirs_durable
 from danube.fslock import try_lock
 from danube.storage.checkpoint import (build_checkpoint, read_checkpoint, remove_stale_tmp,
                                        write_checkpoint)
+from danube.storage._walframes import read_frame
 from danube.storage.errors import CorruptSegmentError, WALLockedError
 from danube.storage.segment import STATUS_NAMES, Segment
 from danube.storage.segment_files import (MAX_OFFSET, parse_segment_name,
@@ -77,6 +84,32 @@ def _number(entry, key, default):
     return value if isinstance(value, (int, float)) else default
 
 
+def _holds_no_frame(path: str, base: int) -> bool:
+    """Whether the segment file does not start with a complete, CRC-clean frame of offset
+    ``base`` (only the first frame is read)."""
+    size = os.stat(path).st_size
+    if not size:
+        return True
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        with mmap.mmap(fd, size, access=mmap.ACCESS_READ) as mm:
+            try:
+                return read_frame(mm, 0)[0] != base
+            except ValueError:      # FrameError: torn, corrupt, or zeros
+                return True
+    finally:
+        os.close(fd)
+
+
+def _empty_tail(directory: str, found: list) -> int:
+    """The index of the first of the trailing segments that hold no frame (``len(found)``
+    if the last one holds one)."""
+    k = len(found)
+    while k and _holds_no_frame(os.path.join(directory, found[k - 1][1]), found[k - 1][0]):
+        k -= 1
+    return k
+
+
 def recover(directory: str, config, start_offset: int, clock) -> Recovered:
     started = time.perf_counter()
     makedirs_durable(directory)
@@ -94,12 +127,26 @@ def recover(directory: str, config, start_offset: int, clock) -> Recovered:
                        if (base := parse_segment_name(name)) is not None)
         now = clock()
         dropped, dropped_status, trimmed, lazy = 0, None, 0, 0
+        # Segments that hold no frame after one that holds none come after a gap (an empty
+        # segment ends where it starts): what a machine crash after rotations can leave.
+        empty = _empty_tail(directory, found)
+        removed = [name for _, name in found[empty + 1:]]
+        del found[empty + 1:]
         for i, (base, name) in enumerate(found):
             path = os.path.join(directory, name)
             if base > MAX_OFFSET:
                 raise CorruptSegmentError(
                     f"WAL {directory}: segment file {name} names first offset {base}, beyond "
                     f"the largest offset a WAL can hold ({MAX_OFFSET})", path=path, offset=base)
+            if segments and base != segments[-1].end_offset and i == empty:
+                # The first empty one after a segment that lost its tail (a new segment's
+                # directory entry reached the disk, the end of the one before did not): the
+                # log ends in the one before, which becomes the active segment again.
+                removed.insert(0, name)
+                prev = segments.pop()
+                prev.unmap()
+                lazy -= not prev.validated
+                base, name, path = prev.base, prev.name, prev.path
             if segments and base != segments[-1].end_offset:
                 prev = segments[-1]
                 raise CorruptSegmentError(
@@ -146,6 +193,13 @@ def recover(directory: str, config, start_offset: int, clock) -> Recovered:
                                 "offset %d (the last complete, CRC-clean frame)", directory,
                                 dropped, dropped_status, name, seg.write_pos,
                                 seg.end_offset - 1)
+        if removed:
+            for name in removed:
+                os.unlink(os.path.join(directory, name))
+            fsync_dir(directory)
+            log.warning("WAL %s: removed %s, empty and after the end of the log (offset %d): a "
+                        "machine crash after a rotation", directory, ", ".join(removed),
+                        segments[-1].end_offset - 1)
         if not segments:
             base = max(start_offset, ckpt["next_offset"] if ckpt else 0)
             segments.append(Segment.create(directory, base,

@@ -10,6 +10,7 @@ Mutant = collections.namedtuple("Mutant", "name file original replacement tests 
 PC = "tests/e2e/test_power_cut.py"
 ALWAYS = f"{PC}::test_always_every_acknowledged_message_survives_power_cuts"
 CURSOR = f"{PC}::test_durable_ack_ranges_survive_a_power_cut"
+ORDER = "tests/e2e/test_power_cut_order.py"
 DENY = "tests/unit/test_security_default_deny.py"
 SCHEMA = "tests/e2e/test_schema_registry.py"
 
@@ -21,10 +22,20 @@ MUTANTS = [
            [ALWAYS],
            "a reliable publish in mode always is acknowledged without waiting for its sync"),
     Mutant("sync-without-fdatasync", "storage/wal/group_commit.py",
-           "                    _fdatasync(fd)\n",
-           "                    pass\n",
+           "        else:\n            _fdatasync(fd)\n",
+           "        else:\n            pass\n",
            [ALWAYS],
-           "the WAL's sync job skips the fdatasync of the active segment"),
+           "the WAL's sync job skips the fdatasync of the segments it holds open"),
+    Mutant("wal-dir-synced-last", "storage/wal/group_commit.py",
+           "                job.after_dir = sum(id(seg) in new for seg, _, _ in job.sync)\n",
+           "                job.after_dir = 0\n",
+           [f"{ORDER}::test_what_a_returned_sync_covered_survives"],
+           "the sync job makes new segments' directory entries durable after their data"),
+    Mutant("empty-tail-kept", "storage/recovery.py",
+           "        empty = _empty_tail(directory, found)\n",
+           "        empty = len(found)\n",
+           [f"{ORDER}::test_a_cut_around_the_directory_s_sync_leaves_a_prefix"],
+           "recovery keeps the empty segments a power cut after rotations can leave"),
     Mutant("wal-dir-not-durable", "storage/recovery.py",
            "    makedirs_durable(directory)\n",
            "    os.makedirs(directory, exist_ok=True)\n",

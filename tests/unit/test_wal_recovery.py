@@ -236,6 +236,74 @@ async def test_missing_middle_segment_is_a_gap(tmp_path):
     assert ei.value.offset == infos[2].first_offset
 
 
+def lose_tail_after_rotation(infos, keep, last_content):
+    """A machine crash just after a rotation, as the disk can leave it: the last sealed
+    segment kept only its first ``keep`` frames (a zero tail after them: its preallocated
+    size reached the disk), and the new segment after it holds ``last_content``."""
+    sealed, last = infos[-2], infos[-1]
+    size = os.path.getsize(sealed.path)
+    os.truncate(sealed.path, frame_ends(sealed)[keep - 1])
+    os.truncate(sealed.path, size + 2048)
+    with open(last.path, "wb") as f:
+        f.write(last_content(last.first_offset))
+    return sealed.first_offset + keep
+
+
+def torn_first_frame(base):
+    buf = bytearray(frame_size(len(payload(base))))
+    encode_frames_into(buf, 0, base, [payload(base)])
+    return bytes(buf[:-1]) + bytes(1024)
+
+
+@pytest.mark.parametrize("last_content", [lambda base: b"", lambda base: bytes(1024),
+                                          torn_first_frame],
+                         ids=["no bytes", "preallocated zeros", "a torn first frame"])
+@pytest.mark.parametrize("more", [0, 2])
+async def test_empty_last_segments_after_a_lost_tail_are_removed(tmp_path, last_content, more,
+                                                                 caplog):
+    infos = await build(tmp_path, 300)
+    end = lose_tail_after_rotation(infos, 5, last_content)
+    # More rotations before the crash: segments that got their entries and nothing else.
+    extra = [tmp_path / f"wal.{infos[-1].first_offset + 7 * k:020d}.log"
+             for k in range(1, more + 1)]
+    for path in extra:
+        path.write_bytes(b"")
+    with caplog.at_level(logging.WARNING, logger="danube.storage.wal"):
+        await check_log(tmp_path, 0, end)
+    names = [os.path.basename(infos[-1].path)] + [p.name for p in extra]
+    assert not any(os.path.exists(tmp_path / name) for name in names)
+    assert f"removed {', '.join(names)}, empty and after the end of the log" in caplog.text
+    # The segment before is the active one again: appends continue after what it kept.
+    wal = await WAL.open(tmp_path, cfg())
+    try:
+        wal.append([payload(end + i) for i in range(40)])
+    finally:
+        await wal.close()
+    await check_log(tmp_path, 0, end + 40)
+
+
+async def test_an_empty_last_segment_right_after_the_log_is_kept(tmp_path):
+    """A rotation just made (or a crash right after it): the log goes on in the new one."""
+    wal, infos = await build(tmp_path, 300, close=False)
+    await wal.rotate()
+    empty = os.path.join(tmp_path, f"wal.{300:020d}.log")
+    await wal.close()
+    assert os.path.exists(empty)
+    await check_log(tmp_path, 0, 300)
+    assert os.path.exists(empty)
+
+
+async def test_a_last_segment_with_frames_after_a_lost_tail_is_a_gap(tmp_path):
+    infos = await build(tmp_path, 300)
+    last = infos[-1]
+    with open(last.path, "rb") as f:
+        content = f.read()
+    lose_tail_after_rotation(infos, 5, lambda base: content)
+    with pytest.raises(CorruptSegmentError, match="starts at offset"):
+        await WAL.open(tmp_path, cfg())
+    assert os.path.exists(last.path)
+
+
 async def test_sealed_zero_tail_is_trimmed(tmp_path):
     infos = await build(tmp_path, 300)
     with open(infos[1].path, "ab") as f:     # a seal whose truncation never hit the disk

@@ -36,7 +36,8 @@ that torn frame (nobody was told about it) and keeps everything before it.
 
 * ``always``: every offset covered by a completed sync is kept -- that is, every offset for
   which ``append_durable`` or ``sync_to`` returned. A sync is ``fdatasync`` of each segment
-  with unsynced data (plus an fsync of the directory when a segment was created), run in the
+  with unsynced data (plus an fsync of the directory when a segment was created: before the
+  new segments' fdatasync, after the others'; see ``group_commit._Job``), run in the
   executor. Appends whose sync had not completed may be lost; recovery keeps the longest
   clean prefix. Concurrent callers share syncs: while one sync runs, new appends queue for
   the next, so the number of fdatasync calls tracks the disk's speed, not the request rate.

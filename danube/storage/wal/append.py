@@ -170,7 +170,7 @@ class Appender:
         s.bases.append(base)
         s.active = new
         self._reader.touch(old)
-        self._commit.retire(old)
+        self._commit.retire(old, new)
         self.rotation_count += 1
         self.rotations[reason] += 1
 

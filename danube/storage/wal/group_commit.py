@@ -48,14 +48,25 @@ _DEFER_MIN = 16 << 10
 
 
 class _Job:
-    """One pass of the sync worker, prepared on the loop, run in the executor."""
+    """One pass of the sync worker, prepared on the loop, run in the executor.
 
-    __slots__ = ("target", "writes", "sync", "retire", "dir_fsync", "ckpt", "fdatasyncs")
+    Its syncs run in the order a power cut needs: first the segments whose directory entries
+    are durable, then the directory, then the segments created since the last directory sync
+    (``after_dir``, in log order). The entry of a new segment is made durable only after the
+    data of the segment before it, so no power cut leaves a segment whose predecessor lost
+    its tail, except new segments that hold nothing (recovery removes those). And a new
+    segment's data is synced only once its entry is durable: an append whose segment's sync
+    returned survives, where data synced before its entry was lost with the file
+    (tests/e2e/test_power_cut_order.py)."""
+
+    __slots__ = ("target", "writes", "sync", "after_dir", "retire", "dir_fsync", "ckpt",
+                 "fdatasyncs")
 
     def __init__(self):
         self.target: int | None = None       # offset durable once the job is done
         self.writes: list = []               # PendingWrites, in order, before the syncs
         self.sync: list = []                 # (segment, fd or None, position)
+        self.after_dir = 0                   # how many of `sync` (its end) follow the dir
         self.retire: list = []               # (segment, fd) to close after syncing
         self.dir_fsync = False
         self.ckpt: dict | None = None
@@ -68,21 +79,27 @@ class _Job:
     def run(self, directory: str) -> None:
         try:
             write_pending(self.writes)
-            for seg, fd, _ in self.sync:
-                if fd is None:      # sealed, descriptor already closed (none mode)
-                    fd2 = os.open(seg.path, os.O_RDONLY | os.O_CLOEXEC)
-                    try:
-                        _fdatasync(fd2)
-                    finally:
-                        os.close(fd2)
-                else:
-                    _fdatasync(fd)
-                self.fdatasyncs += 1
+            split = len(self.sync) - self.after_dir
+            for seg, fd, _ in self.sync[:split]:
+                self._sync(seg, fd)
             if self.dir_fsync:
                 fsync_dir(directory)
+            for seg, fd, _ in self.sync[split:]:
+                self._sync(seg, fd)
         finally:
             for _, fd in self.retire:
                 os.close(fd)
+
+    def _sync(self, seg: Segment, fd: int | None) -> None:
+        if fd is None:      # sealed, descriptor already closed (none mode)
+            fd2 = os.open(seg.path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                _fdatasync(fd2)
+            finally:
+                os.close(fd2)
+        else:
+            _fdatasync(fd)
+        self.fdatasyncs += 1
 
 
 class GroupCommit:
@@ -98,6 +115,7 @@ class GroupCommit:
         self._retiring: list[Segment] = []           # sealed, writable fd still open
         self._unsynced_sealed: list[Segment] = []    # sealed, fd closed, never synced (none)
         self._dir_dirty = False
+        self._new_entries: list[Segment] = []        # created since the last directory sync
         self._ckpt_dirty = False
         self._sync_waiters: list = []                # heap of (offset, seq, future)
         self._waiter_seq = 0
@@ -205,11 +223,14 @@ class GroupCommit:
 
     # ------------------------------------------------------------------ sealed segments
 
-    def retire(self, seg: Segment) -> None:
-        """A segment was just sealed: sync it (as the mode says), close its descriptor,
-        make the new segment's directory entry durable and record it in a checkpoint."""
+    def retire(self, seg: Segment, successor: Segment) -> None:
+        """A segment was just sealed and ``successor`` created: sync the sealed one (as the
+        mode says), close its descriptor, make the successor's directory entry durable and
+        record both in a checkpoint."""
         self._retiring.append(seg)
         self._dir_dirty = self._ckpt_dirty = True
+        if self._s.mode != NONE:     # (none syncs only when asked: order does not matter)
+            self._new_entries.append(successor)
         self._s.kick.set()
 
     def forget_sealed(self, seg: Segment) -> None:
@@ -380,6 +401,11 @@ class GroupCommit:
                 job.sync.append((active, active.fd, active.write_pos))
             job.dir_fsync = self._dir_dirty
             self._dir_dirty = False
+            if job.dir_fsync and self._new_entries:
+                new = {id(seg) for seg in self._new_entries}
+                job.sync.sort(key=lambda entry: (id(entry[0]) in new, entry[0].base))
+                job.after_dir = sum(id(seg) in new for seg, _, _ in job.sync)
+                self._new_entries = []
         job.retire = [(seg, seg.fd) for seg in self._retiring]
         self._retiring = []
         if self._ckpt_dirty and s.failed is None and self._ckpt_job is None:
