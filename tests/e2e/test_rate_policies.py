@@ -91,6 +91,7 @@ def test_subscription_dispatch_rate_over_ten_seconds(tmp_path_factory, sub_type)
                      what="more than 10 s of deliveries")
             stop.set()
             stream.cancel()
+            reader.join(60)     # it may be in an Ack: the channel must outlive it
     finally:
         b.stop()
     got = in_window(times)
