@@ -12,10 +12,10 @@ Runs in the WAL's executor (it is all blocking file work). The rules:
   sealed segment that the checkpoint lists with the same size is scanned on its first read
   instead of at open, so opening a long history costs a directory listing, not a full read.
 * Trailing segments that hold no frame are removed where they follow a gap, and the log
-  ends in the segment before them: a machine crash just after rotations can keep a new
-  segment's directory entry but not the tail of the segment before it (a sync job syncs
-  the segments it seals before the directory, but a rotation on the loop may create a
-  segment while the job runs).
+  ends in the segment before them. A machine crash after rotations can leave that: a sync
+  job makes new segments' directory entries durable before their data (see
+  ``group_commit._Job``), and a rotation on the loop may create a segment while a job runs,
+  which that job's directory sync may then record before the segment before it is synced.
 * The last segment keeps every complete, CRC-clean frame; whatever follows (a torn frame, a
   corrupt one, stray bytes after a hole) is cut off with ftruncate and logged with its size.
   Offsets continue right after the last good frame.
