@@ -145,7 +145,8 @@ def recover(directory: str, config, start_offset: int, clock) -> Recovered:
                 removed.insert(0, name)
                 prev = segments.pop()
                 prev.unmap()
-                lazy -= not prev.validated
+                if not prev.validated:
+                    lazy -= 1
                 base, name, path = prev.base, prev.name, prev.path
             if segments and base != segments[-1].end_offset:
                 prev = segments[-1]

@@ -27,7 +27,7 @@ MUTANTS = [
            [ALWAYS],
            "the WAL's sync job skips the fdatasync of the segments it holds open"),
     Mutant("wal-dir-synced-last", "storage/wal/group_commit.py",
-           "                job.after_dir = sum(id(seg) in new for seg, _, _ in job.sync)\n",
+           "                job.after_dir = sum(seg in new for seg, _, _ in job.sync)\n",
            "                job.after_dir = 0\n",
            [f"{ORDER}::test_what_a_returned_sync_covered_survives"],
            "the sync job makes new segments' directory entries durable after their data"),

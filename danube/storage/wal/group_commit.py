@@ -402,9 +402,9 @@ class GroupCommit:
             job.dir_fsync = self._dir_dirty
             self._dir_dirty = False
             if job.dir_fsync and self._new_entries:
-                new = {id(seg) for seg in self._new_entries}
-                job.sync.sort(key=lambda entry: (id(entry[0]) in new, entry[0].base))
-                job.after_dir = sum(id(seg) in new for seg, _, _ in job.sync)
+                new = set(self._new_entries)
+                job.sync.sort(key=lambda entry: (entry[0] in new, entry[0].base))
+                job.after_dir = sum(seg in new for seg, _, _ in job.sync)
                 self._new_entries = []
         job.retire = [(seg, seg.fd) for seg in self._retiring]
         self._retiring = []
