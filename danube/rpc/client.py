@@ -84,10 +84,13 @@ class ClientConnection(H2Connection):
         super().data_received(data)
 
     def connection_lost(self, exc):
-        if self.plaintext and not self.heard and exc is None:
-            # What a TLS server does to an HTTP/2 preface: the bare "connection lost" this
+        if (self.plaintext and not self.heard
+                and (exc is None or isinstance(exc, ConnectionResetError))):
+            # What a TLS server does to an HTTP/2 preface: it closes, or resets when our
+            # frames after the preface are still unread. The bare "connection lost" this
             # would otherwise give leaves the user guessing.
-            exc = ConnectionError("the server closed the connection before any HTTP/2 frame "
+            how = "closed" if exc is None else "reset"
+            exc = ConnectionError(f"the server {how} the connection before any HTTP/2 frame "
                                   "(is it a TLS port? then use https://)")
         self.lost_reason = exc
         super().connection_lost(exc)

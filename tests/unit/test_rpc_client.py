@@ -3,6 +3,8 @@ uvloop thread; the tests themselves run in pytest-asyncio's loop."""
 
 import asyncio
 import json
+import socket
+import struct
 import time
 import uuid
 
@@ -337,6 +339,32 @@ async def test_tls(tls_server, certs):
         await echo_ok(c, b"tls by ip")
         call = await c.unary_stream(P + "Stream")(b"500", timeout=5)
         assert len([m async for m in call]) == 500
+
+
+@pytest.mark.parametrize("reset", [False, True], ids=["closed", "reset"])
+async def test_a_server_that_hangs_up_before_any_frame_may_be_a_tls_port(reset):
+    """A TLS server given our preface closes the connection, or resets it when the frames
+    after the preface are still unread (which happens under load): either way, the error
+    says what to try."""
+    async def hang_up(reader, writer):
+        await reader.read(1)                # the preface arrived; the rest stays unread
+        if reset:
+            writer.get_extra_info("socket").setsockopt(
+                socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        writer.close()
+
+    server = await asyncio.start_server(hang_up, "127.0.0.1", 0)
+    c = Channel(f"127.0.0.1:{server.sockets[0].getsockname()[1]}")
+    try:
+        with pytest.raises(RpcError) as ei:
+            await c.unary_unary(P + "Unary")(b"x", timeout=10)
+    finally:
+        await c.close()
+        server.close()
+    assert ei.value.code == StatusCode.UNAVAILABLE
+    how = "reset" if reset else "closed"
+    assert (f"the server {how} the connection before any HTTP/2 frame "
+            "(is it a TLS port? then use https://)") in str(ei.value)
 
 
 async def test_tls_wrong_ca(tls_server):
