@@ -59,6 +59,11 @@ class EtcdStore(MetadataStore):
         self._hub = EtcdWatchHub(self.conn, decode_stored)
         self._revision = 0
         self._deadlines: list[tuple[float, str, int]] = []
+        #: key -> (revision, deadline) of this store's latest TTL write of it. A broker
+        #: rewrites its registration and load report every second: the rewrite expects that
+        #: revision (one transaction, not a failed one to learn it), and the deadline of
+        #: each earlier write is passed without a call (its guarded delete could only fail).
+        self._latest_ttl_write: dict[str, tuple[int, float]] = {}
         self._reaper: asyncio.Task | None = None
         self._reaper_wakeup = asyncio.Event()
         self._counter_locks: dict[str, asyncio.Lock] = {}
@@ -121,9 +126,12 @@ class EtcdStore(MetadataStore):
         return text if expires_at is None else f'{{"x":{expires_at!r},"v":{text}}}'
 
     def _track(self, key: str, expires_at: float | None, revision: int) -> None:
-        if expires_at is not None:
-            heapq.heappush(self._deadlines, (expires_at, key, revision))
-            self._reaper_wakeup.set()
+        if expires_at is None:
+            self._latest_ttl_write.pop(key, None)
+            return
+        heapq.heappush(self._deadlines, (expires_at, key, revision))
+        self._latest_ttl_write[key] = (revision, expires_at)
+        self._reaper_wakeup.set()
 
     async def _delete_expired(self, kvs: list[_Kv]) -> None:
         """Delete keys found expired, each only if unchanged since it was read."""
@@ -169,8 +177,14 @@ class EtcdStore(MetadataStore):
         lease, expires_at = await self._lease(ttl)
         stored = [(key, self._stored(text, expires_at)) for key, text in texts]
         # A key without a lease cannot have expired, so the first attempt just checks that
-        # (lease == 0 also holds for an absent key) and only leased keys cost a second look.
-        expect: dict[str, int | None] = {key: None for key, _ in texts}
+        # (lease == 0 also holds for an absent key), or, for a key this store wrote with a
+        # TTL that has not run out, that it is still that write. Other leased keys cost a
+        # second look.
+        now = self._clock()
+        expect: dict[str, int | None] = {}
+        for key, _ in texts:
+            mine = self._latest_ttl_write.get(key)
+            expect[key] = mine[0] if mine is not None and mine[1] > now else None
         while True:
             compare = [_compare(k, "LEASE", 0) if v is None else _compare(k, "MOD", v)
                        for k, v in expect.items()]
@@ -257,18 +271,26 @@ class EtcdStore(MetadataStore):
         validate_version(expected_version)
         ttl = validate_ttl(ttl)
         text = encode_value(new_value)
-        lease, expires_at = await self._lease(ttl)
-        put = [_put_op(key, self._stored(text, expires_at), lease)]
+        lease = expires_at = put = None
         while True:
+            # The key is read first, so a swap that cannot succeed (a follower trying for a
+            # leader key that is held, every second) costs one read, not a lease and a
+            # transaction as well.
+            kv = await self._get_kv(key)
+            live = kv is not None and not kv.expired(self._clock())
+            if kv is not None and not live:
+                await self._delete_expired([kv])
             if expected_version is None:
+                if live:
+                    return False
                 compare = [_compare(key, "VERSION", 0)]
             else:
-                kv = await self._get_kv(key)
-                if kv is None or kv.expired(self._clock()) or kv.version != expected_version:
-                    if kv is not None and kv.expired(self._clock()):
-                        await self._delete_expired([kv])
+                if not live or kv.version != expected_version:
                     return False
                 compare = [_compare(key, "MOD", expected_version)]
+            if put is None:
+                lease, expires_at = await self._lease(ttl)
+                put = [_put_op(key, self._stored(text, expires_at), lease)]
             answer = await self._txn(compare, put, [_range_op(key)], idempotent=False)
             if answer.get("succeeded"):
                 revision = int(answer["header"]["revision"])
@@ -364,7 +386,9 @@ class EtcdStore(MetadataStore):
             due = []
             while self._deadlines and self._deadlines[0][0] <= now:
                 _, key, revision = heapq.heappop(self._deadlines)
-                due.append((key, revision))
+                if self._latest_ttl_write.get(key, (None,))[0] == revision:
+                    del self._latest_ttl_write[key]
+                    due.append((key, revision))
             for key, revision in due:
                 try:
                     answer = await self._txn([_compare(key, "MOD", revision)],

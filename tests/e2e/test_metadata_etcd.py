@@ -4,7 +4,8 @@ still succeeds; a call to an etcd that stays down fails with MetadataUnavailable
 hang; watches resume after the restart without losing or repeating events; the key of a
 writer that vanished without deleting it goes when its lease does; several endpoints are
 tried in turn; stored layout is what docs/cluster.md says (plain JSON, or the envelope for a
-leased key)."""
+leased key); the writes a cluster broker repeats every second cost no call that cannot
+succeed."""
 
 import asyncio
 import base64
@@ -18,6 +19,7 @@ import pytest
 from danube.metadata import DELETE, PUT, MetadataUnavailable
 from danube.metadata.etcd import EtcdStore
 from etcd_process import free_port
+from waiting import async_wait_for
 
 
 def raw_get(etcd, key):
@@ -117,6 +119,56 @@ async def test_dead_endpoint_is_skipped(etcd):
         watch = await store.watch("/e")
         await store.put("/e", 2)
         assert (await asyncio.wait_for(anext(watch), 5)).value == 2
+
+
+def count_calls(store):
+    """The etcd gateway paths ``store`` calls, in order (the calls still go to etcd)."""
+    paths = []
+    call = store.conn.call
+
+    async def counted(path, body, **kwargs):
+        paths.append(path)
+        return await call(path, body, **kwargs)
+    store.conn.call = counted
+    return paths
+
+
+async def test_a_key_rewritten_before_its_deadline_is_not_reaped_in_between(etcd):
+    """A registration or load report is rewritten every second with a longer TTL: the
+    deadline of each write but the last is passed without a call (its guarded delete could
+    only fail); the last write's deadline still deletes the key, with an event."""
+    async with await EtcdStore.open([etcd.endpoint]) as store:
+        watch = await store.watch("/cluster/load")
+        paths = count_calls(store)
+        for i in range(8):      # all before the first write's deadline, on any machine
+            await store.put("/cluster/load/1", i, ttl=2)
+            assert (await asyncio.wait_for(anext(watch), 5)).value == i
+        await async_wait_for(lambda: not raw_get(etcd, "/cluster/load/1"),
+                             what="the last write's deadline to delete the key")
+        event = await asyncio.wait_for(anext(watch), 5)
+        assert (event.kind, event.key) == (DELETE, "/cluster/load/1")
+        # Each put: a lease and a transaction; then the one guarded delete.
+        assert paths == ["lease/grant", "kv/txn"] * 8 + ["kv/txn"], paths
+
+
+async def test_a_swap_that_cannot_succeed_takes_no_lease(etcd):
+    """A follower tries for the leader key every third of its TTL: while it is held, that
+    costs one read, not a lease (which etcd would have to expire) and a transaction."""
+    async with await EtcdStore.open([etcd.endpoint]) as leader, \
+            await EtcdStore.open([etcd.endpoint]) as follower:
+        assert await leader.compare_and_swap("/cluster/leader", None, "1", ttl=5)
+        held = (await leader.get_entry("/cluster/leader")).version
+        paths = count_calls(follower)
+        assert not await follower.compare_and_swap("/cluster/leader", None, "2", ttl=5)
+        assert not await follower.compare_and_swap("/cluster/leader", held + 1, "2", ttl=5)
+        assert paths == ["kv/range", "kv/range"], paths
+        # Still a swap when it can succeed: the key's version, then a leased write.
+        assert await follower.compare_and_swap("/cluster/leader", held, "2", ttl=5)
+        assert paths[2:] == ["kv/range", "lease/grant", "kv/txn"], paths
+        [(text, lease)] = raw_get(etcd, "/cluster/leader")
+        assert json.loads(text)["v"] == "2" and lease != 0
+        await leader.delete("/cluster/leader")
+        assert await follower.compare_and_swap("/cluster/leader", None, "2", ttl=5)
 
 
 def test_bad_endpoint_is_a_clear_error():
