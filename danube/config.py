@@ -6,8 +6,6 @@ import dataclasses
 import logging
 import os
 
-import yaml
-
 from danube import config_keys
 from danube.config_cluster import (EtcdTLS, RebalancingConfig, check_etcd_tls, load_etcd_auth,
                                    load_etcd_tls, load_rebalancing)
@@ -266,6 +264,8 @@ def load_config(path: str | None) -> BrokerConfig:
     cfg = BrokerConfig()
     if path is None:
         return cfg
+    import yaml     # here: a broker without a config file does not need its ~20 ms import
+
     try:
         with open(path, encoding="utf-8") as f:
             tree = yaml.safe_load(f) or {}

@@ -7,7 +7,6 @@ build does not have are accepted and named in one warning line."""
 
 from __future__ import annotations
 
-import difflib
 
 
 class Unbuilt:
@@ -113,6 +112,8 @@ SCHEMA = {
 
 def suggest(key: str, siblings, *, elsewhere=()) -> str:
     """' (did you mean X?)' for the closest known spelling, or ''."""
+    import difflib      # only for a misspelt key
+
     close = difflib.get_close_matches(key, list(siblings), n=1, cutoff=0.6)
     if close:
         return f" (did you mean {close[0]!r}?)"

@@ -8,7 +8,6 @@ with grpcio-tools only; a schema is one self-contained file."""
 import ast
 import dataclasses
 import os
-import tempfile
 import threading
 
 from danube.schema.errors import SchemaError
@@ -47,6 +46,8 @@ class ProtoSchema:
 
 
 def load(text):
+    import tempfile     # here, as protoc is: only a protobuf schema needs them
+
     from google.protobuf import descriptor_pb2
     try:
         from grpc_tools import _protoc_compiler
