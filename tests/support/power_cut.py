@@ -98,10 +98,14 @@ class PowerCut:
         except FileNotFoundError:
             return []
 
-    def cut(self):
+    def cut(self, before=None):
         """Rebuild the directory as the power cut leaves it (the process must be dead);
-        returns the sync records of the round."""
+        returns the sync records of the round. ``before`` (a ``time.monotonic()``): the cut
+        came then, so a sync that returned later made nothing durable, however soon after it
+        the process was killed."""
         records = self.records()
+        if before is not None:
+            records = [r for r in records if r.returned < before]
         files, dirs = dict(self.base_files), dict(self.base_dirs)
         for r in records:
             if r.kind == "F":
