@@ -58,6 +58,26 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def free_ports(count: int, *, besides=()) -> list[int]:
+    """``count`` distinct free ports, none of ``besides``: every socket stays bound until all
+    are picked (ports picked one at a time, each released at once, can repeat: SeaweedFS's
+    volume server and filer were once handed the same one and it exited)."""
+    socks = []
+    try:
+        ports = []
+        while len(ports) < count:
+            s = socket.socket()
+            socks.append(s)
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+            if port not in besides:
+                ports.append(port)
+        return ports
+    finally:
+        for s in socks:
+            s.close()
+
+
 def _port_open(port: int) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=0.5):
@@ -268,7 +288,7 @@ class SeaweedFS(Server):
         self.binary = weed_binary()
         names = ["master", "master.grpc", "volume", "volume.grpc", "filer", "filer.grpc",
                  "s3.grpc"]
-        self.extra_ports = {n: free_port() for n in names}
+        self.extra_ports = dict(zip(names, free_ports(len(names), besides={self.port})))
         identities = {"identities": [
             {"name": "admin",
              "credentials": [{"accessKey": self.admin_key, "secretKey": self.admin_secret}],
