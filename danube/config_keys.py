@@ -8,7 +8,6 @@ build does not have are accepted and named in one warning line."""
 from __future__ import annotations
 
 
-
 class Unbuilt:
     """A key of an upstream feature this build does not have: loaded, then ignored."""
 

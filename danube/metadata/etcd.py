@@ -291,7 +291,7 @@ class EtcdStore(MetadataStore):
             if put is None:
                 lease, expires_at = await self._lease(ttl)
                 put = [_put_op(key, self._stored(text, expires_at), lease)]
-            answer = await self._txn(compare, put, [_range_op(key)], idempotent=False)
+            answer = await self._txn(compare, put, idempotent=False)
             if answer.get("succeeded"):
                 revision = int(answer["header"]["revision"])
                 self._track(key, expires_at, revision)
@@ -299,12 +299,8 @@ class EtcdStore(MetadataStore):
                 return True
             if expected_version is not None:
                 return False
-            kvs = answer["responses"][0].get("response_range", {}).get("kvs")
-            current = _Kv(kvs[0]) if kvs else None
-            if current is not None and not current.expired(self._clock()):
-                return False
-            if current is not None:
-                await self._delete_expired([current])
+            # Created by another writer since the read: the next read says whether it is
+            # live (no swap) or already expired (deleted, then tried again).
 
     async def allocate_id(self, counter_key: str) -> int:
         validate_key(counter_key)
@@ -385,8 +381,8 @@ class EtcdStore(MetadataStore):
             now = self._clock()
             due = []
             while self._deadlines and self._deadlines[0][0] <= now:
-                _, key, revision = heapq.heappop(self._deadlines)
-                if self._latest_ttl_write.get(key, (None,))[0] == revision:
+                deadline, key, revision = heapq.heappop(self._deadlines)
+                if self._latest_ttl_write.get(key) == (revision, deadline):
                     del self._latest_ttl_write[key]
                     due.append((key, revision))
             for key, revision in due:
