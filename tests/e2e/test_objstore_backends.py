@@ -229,7 +229,7 @@ def test_missing_bucket_is_a_config_error(request, kind):
 
 @pytest.mark.parametrize("kind", CLOUD)
 def test_unreachable_endpoint_is_retryable_and_fast(kind):
-    with make_store(kind, Unreachable()) as store:
+    with Unreachable() as nowhere, make_store(kind, nowhere) as store:
         started = time.monotonic()
         with pytest.raises(ObjectStoreError) as err:
             store.check()

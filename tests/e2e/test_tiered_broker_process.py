@@ -75,14 +75,14 @@ def test_sigterm_uploads_and_a_lost_wal_is_recovered(request, tmp_path):
 
 
 def test_unusable_store_stops_the_broker_at_startup(tmp_path):
-    durable = objstore_servers.durable_config("s3", objstore_servers.Unreachable(), tmp_path,
-                                              "unreachable")
-    cfg = _config(tmp_path, durable)
-    proc = subprocess.run(
-        [sys.executable, "-P", "-m", "danube", "broker", "--mode", "standalone",
-         "--config-file", str(cfg), "--data-dir", str(tmp_path / "d"),
-         "--broker-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"],
-        capture_output=True, text=True, timeout=60)
+    with objstore_servers.Unreachable() as nowhere:
+        durable = objstore_servers.durable_config("s3", nowhere, tmp_path, "unreachable")
+        cfg = _config(tmp_path, durable)
+        proc = subprocess.run(
+            [sys.executable, "-P", "-m", "danube", "broker", "--mode", "standalone",
+             "--config-file", str(cfg), "--data-dir", str(tmp_path / "d"),
+             "--broker-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"],
+            capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1, proc.stderr
     assert "cannot start: storage.durable" in proc.stderr
 

@@ -219,12 +219,12 @@ async def test_bad_credentials_are_a_startup_error(request, kind, tmp_path):
 
 @pytest.mark.parametrize("kind", ["s3", "gcs", "azblob"])
 async def test_unreachable_endpoint_is_a_startup_error(request, kind, tmp_path):
-    durable = objstore_servers.durable_config(kind, objstore_servers.Unreachable(), tmp_path,
-                                              request.node.name)
-    loop = asyncio.get_running_loop()
-    started = loop.time()
-    with pytest.raises(TieredStartupError) as err:
-        await InProcBroker(tmp_path, tiered_tree(durable)).start()
+    with objstore_servers.Unreachable() as nowhere:
+        durable = objstore_servers.durable_config(kind, nowhere, tmp_path, request.node.name)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        with pytest.raises(TieredStartupError) as err:
+            await InProcBroker(tmp_path, tiered_tree(durable)).start()
     # A start-up that hangs on the endpoint would reach pytest's timeout; this bound is
     # generous for a slow machine (the probe gives up after 5 s).
     assert loop.time() - started < 120

@@ -503,8 +503,10 @@ class Azurite(Server):
 # ---------------------------------------------------------------- endpoints that fail
 
 class Unreachable:
-    """An endpoint where nothing listens (a port that was free a moment ago): connections
-    are refused at once. Has the attributes durable_config() reads from a server."""
+    """An endpoint where nothing listens: connections are refused at once. The port is bound
+    (never listened on) for as long as this is open, so no other server of a parallel test can
+    take it, as one did when the port was merely free a moment ago (an S3 server answered
+    there). A context manager; has the attributes durable_config() reads from a server."""
 
     name = "unreachable endpoint"
     access_key = S3_ACCESS_KEY
@@ -516,7 +518,15 @@ class Unreachable:
     account_key = AZURITE_KEY
 
     def __init__(self):
-        self.port = free_port()
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.bind(("127.0.0.1", 0))
+        self.port = self._sock.getsockname()[1]
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
 
     @property
     def endpoint(self):
@@ -526,7 +536,7 @@ class Unreachable:
         return self
 
     def stop(self):
-        pass
+        self._sock.close()
 
     def start(self):
         return self
