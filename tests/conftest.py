@@ -16,6 +16,9 @@ settings.load_profile("danube")
 # The helpers both kinds of test share (tests/support/) import as top-level modules.
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "support"))
 
+# Each xdist worker in its own session: the CPU is shared per session (worker_sessions.py).
+pytest_plugins = ("worker_sessions",)
+
 from rpc_fixtures import Certs, ServerThread  # noqa: E402
 
 from danube.rpc.connection import TransportConfig  # noqa: E402
