@@ -7,6 +7,7 @@ an outage in the middle (server stopped, then started again with its data), and 
 import concurrent.futures
 import hashlib
 import os
+import socket
 import threading
 import time
 
@@ -434,3 +435,23 @@ def test_parse_durable_bad_key_is_named(mapping, key):
 def test_parse_durable_not_a_mapping():
     with pytest.raises(ConfigError, match="storage.durable"):
         parse_durable(["s3"])
+
+
+@pytest.mark.parametrize("taken", ["s3", "master"])
+def test_a_first_start_whose_port_was_taken_meanwhile_picks_others(tmp_path, taken):
+    """A port picked free can be taken before the server binds it (a parallel test's server
+    once took SeaweedFS's S3 port): the first start tries other ports."""
+    server = objstore_servers.SeaweedFS(tmp_path)
+    port = server.port if taken == "s3" else server.extra_ports["master"]
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", port))
+        squatter.listen()
+        try:
+            server.start()
+            assert port not in server.ports()
+            assert server.starts == 2
+            with make_store("s3", server) as store:
+                store.put("k", b"v")
+                assert store.get("k") == b"v"
+        finally:
+            server.close()

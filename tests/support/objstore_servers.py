@@ -99,6 +99,10 @@ def _kill_leftovers():
         server.stop()
 
 
+#: How many sets of ports a server's first start tries (see Server.start).
+PORT_TRIES = 3
+
+
 class Server:
     """One server process: start() (also again after stop(), same ports and data), stop(),
     restart(), close() (stop for good). ``endpoint`` is its URL."""
@@ -115,7 +119,7 @@ class Server:
         self.datadir = self.workdir / "data"
         self.datadir.mkdir(exist_ok=True)
         self.logfile = self.workdir / "server.log"
-        self.port = free_port()
+        self.pick_ports()
         self.procs: list[subprocess.Popen] = []
         self._lock = threading.Lock()
         self.starts = 0
@@ -144,21 +148,36 @@ class Server:
     def running(self) -> bool:
         return bool(self.procs) and all(p.poll() is None for p in self.procs)
 
+    def pick_ports(self):
+        """Choose the ports to listen on (``ports()``)."""
+        self.port = free_port()
+
     def start(self):
         with self._lock:
             if self.running:
                 return self
             self._stop_locked()         # what is left of a half-dead start
-            with _live_lock:
-                _live.add(self)
-            self.starts += 1
-            try:
-                self.launch()
-                self._wait_ready(self.probe, self.ready_timeout)
-            except BaseException:
-                self._stop_locked()
-                raise
-            return self
+            # A port picked free can be taken before the server binds it (by another test's
+            # server, or as the local port of a connection): a first start that finds one
+            # taken picks them all again. A later start keeps them: its endpoint is known.
+            tries = 1 if self.starts else PORT_TRIES
+            for attempt in range(1, tries + 1):
+                with _live_lock:
+                    _live.add(self)
+                self.starts += 1
+                try:
+                    self.launch()
+                    self._wait_ready(self.probe, self.ready_timeout)
+                    return self
+                except BaseException:
+                    self._stop_locked(wait_ports=False)
+                    if attempt == tries or not self._port_was_taken():
+                        raise
+                self.pick_ports()
+
+    def _port_was_taken(self) -> bool:
+        text = self.log_tail(lines=200).split(f"=== start {self.starts}:", 1)[-1]
+        return "address already in use" in text or "EADDRINUSE" in text
 
     def launch(self):
         """Start the process(es); start() then waits for probe() to pass."""
@@ -197,13 +216,15 @@ class Server:
         with self._lock:
             self._stop_locked()
 
-    def _stop_locked(self):
+    def _stop_locked(self, wait_ports=True):
         procs, self.procs = self.procs, []
         with _live_lock:
             _live.discard(self)
         for proc in reversed(procs):
             if proc.poll() is None:
                 self._terminate(proc)
+        if not (procs and wait_ports):
+            return
         # Wait for the ports to be free, so a start() right after can bind them again.
         deadline = time.monotonic() + 10
         while any(_port_open(p) for p in self.ports()) and time.monotonic() < deadline:
@@ -286,9 +307,6 @@ class SeaweedFS(Server):
     def __init__(self, workdir):
         super().__init__(workdir)
         self.binary = weed_binary()
-        names = ["master", "master.grpc", "volume", "volume.grpc", "filer", "filer.grpc",
-                 "s3.grpc"]
-        self.extra_ports = dict(zip(names, free_ports(len(names), besides={self.port})))
         identities = {"identities": [
             {"name": "admin",
              "credentials": [{"accessKey": self.admin_key, "secretKey": self.admin_secret}],
@@ -304,7 +322,13 @@ class SeaweedFS(Server):
         self.s3_config.write_text(json.dumps(identities))
         (self.datadir / "master").mkdir(exist_ok=True)
         (self.datadir / "volume").mkdir(exist_ok=True)
-        self._admin = None
+
+    def pick_ports(self):
+        super().pick_ports()
+        names = ["master", "master.grpc", "volume", "volume.grpc", "filer", "filer.grpc",
+                 "s3.grpc"]
+        self.extra_ports = dict(zip(names, free_ports(len(names), besides={self.port})))
+        self._admin = None      # a client of the old endpoint
 
     @property
     def master_url(self):
