@@ -131,7 +131,7 @@ class _Standalone:
     supervisor does), looking like a ClusterBrokers to the resilient clients."""
 
     def __init__(self, workdir):
-        from etcd_process import free_port
+        from ports import free_port
         self.workdir = workdir
         self.addr = f"127.0.0.1:{free_port()}"
         self.broker = self._start()

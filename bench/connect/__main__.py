@@ -39,14 +39,9 @@ import uuid
 
 from bench.connect.connector import Connector, backlog_for_sink, core
 from bench.e2e.runner import Broker
+from danube.devcluster.procs import free_port
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # -- MQTT ---------------------------------------------------------------------------------

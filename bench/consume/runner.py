@@ -7,7 +7,6 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -15,16 +14,11 @@ import time
 from pathlib import Path
 
 from bench._proc import REPO, popen, proc_cpu, reap, reap_all, repo_env, tail
+from danube.devcluster.procs import free_port
 
 OFFICIAL_PY = Path(REPO) / ".venv-official" / "bin" / "python"
 TARGET_RATE = 300_000
 TARGET_VS_NATS = 10.0
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Broker:

@@ -29,6 +29,7 @@ import time
 import grpc
 
 from bench._proc import popen, reap_all, repo_env
+from danube.devcluster.procs import free_port
 from danube.proto import DanubeAdmin_pb2 as adm
 from danube.proto import DanubeExt_pb2 as ext
 
@@ -127,14 +128,6 @@ def ingest(port, connections, messages, size, qos, window):
     first = min(s for s, _ in results["times"])
     last = max(e for _, e in results["times"])
     return connections * messages / (last - first)
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def start_mosquitto(tmp):

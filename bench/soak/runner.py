@@ -21,7 +21,6 @@ import random
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -31,6 +30,7 @@ import time
 from bench._proc import REPO, popen, reap_all, repo_env, start
 from bench.e2e.common import format_table
 from bench.soak import verify
+from danube.devcluster.procs import free_port
 
 TOPICS = {"reliable": "/default/soak-reliable", "plain": "/default/soak-plain"}
 TYPES = ("exclusive", "shared", "failover", "key_shared")
@@ -69,12 +69,6 @@ def main():
         json.dump(results, f, indent=2)
     print(f"results written to {args.json}")
     sys.exit(0 if ok else 1)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Soak:

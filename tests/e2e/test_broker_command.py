@@ -2,7 +2,6 @@
 
 import re
 import signal
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -13,6 +12,7 @@ import pytest
 from danube.proto import DanubeApi_pb2 as pb
 from broker_process import BrokerProcess
 from grpc_calls import create_producer, send
+from ports import free_port
 
 
 @pytest.fixture
@@ -105,16 +105,10 @@ def test_bad_flags_exit_with_a_clear_error(args, message):
     assert message in result.stderr
 
 
-def _free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_config_file_keys_are_read(tmp_path):
     """The file's ports are the ones listened on and its policy is enforced: a broker that
     ignored the file would listen elsewhere and accept the 2 KiB message."""
-    client_port, admin_port = _free_port(), _free_port()
+    client_port, admin_port = free_port(), free_port()
     cfg = tmp_path / "broker.yml"
     cfg.write_text(f"cluster_name: test\nbroker:\n  host: 127.0.0.1\n  ports:\n"
                    f"    client: {client_port}\n    admin: {admin_port}\n"

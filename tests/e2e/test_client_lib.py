@@ -7,7 +7,7 @@ import time
 import pytest
 
 from broker_process import BrokerProcess
-from etcd_process import free_port
+from ports import free_port
 from waiting import async_wait_for
 from danube.client import (ClientClosed, DanubeClient, FailedPrecondition, InvalidArgument,
                            NoTopicsFound, NotFound, PermissionDenied, RetryPolicy, Unavailable,

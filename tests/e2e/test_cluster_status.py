@@ -25,8 +25,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from admin_serve import AdminServe
 from broker_process import BrokerProcess
 from cluster_process import etcd_cluster
-from etcd_process import free_port
 from grpc_calls import create_producer, subscribe, unary
+from ports import free_port
 from waiting import async_wait_for, wait_for
 from danube.client import errors
 from danube.client.admin import AdminClient

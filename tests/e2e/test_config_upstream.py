@@ -17,6 +17,7 @@ import pytest
 from broker_process import BrokerProcess
 from danube.config import ConfigError, load_config
 from danube.config_keys import unbuilt_warning
+from ports import free_port
 
 UPSTREAM_WRITE_BUFFER_YML = (pathlib.Path(__file__).parent / "upstream_configs"
                              / "danube_broker_write_buffer.yml")
@@ -336,12 +337,6 @@ def _run(*args, timeout=30):
                           capture_output=True, text=True, timeout=timeout)
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _without_write_buffer(text):
     return re.sub(r"\n  write_buffer:\n(    .*\n)+", "\n", text)
 
@@ -435,7 +430,7 @@ def test_upstreams_secure_config_serves_tls_and_requires_a_token(tmp_path, certs
 
 
 def test_tls_mode_without_a_jwt_key_fails_closed(tmp_path, certs):
-    port = _free_port()
+    port = free_port()
     path = _secure_config(tmp_path, certs, port)
     with open(path) as f:
         text = f.read().replace('secret_key: "your-secret-key", ', "")

@@ -25,14 +25,9 @@ from waiting import async_wait_for, wait_for
 from danube.client import DanubeClient
 from danube.client.admin import AdminClient
 from danube.proto import DanubeAdmin_pb2 as adm
+from ports import free_port
 
 SECRET = "whsec-test-0123456789"
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ import pytest
 
 from danube.metadata import DELETE, PUT, MetadataUnavailable
 from danube.metadata.etcd import EtcdStore
-from etcd_process import free_port
+from ports import free_port
 from waiting import async_wait_for
 
 

@@ -15,13 +15,14 @@ import atexit
 import json
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+
+from ports import free_port
 
 INSTALL_HINT = "etcd is not installed: run `bash bin/test` (it installs Debian etcd-server)"
 
@@ -32,12 +33,6 @@ _live: set = set()
 def _kill_leftovers():
     for etcd in list(_live):
         etcd.stop()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class EtcdProcess:

@@ -10,13 +10,8 @@ import subprocess
 from pathlib import Path
 
 from danube.devcluster.ingress import haproxy_config
+from ports import free_port
 from waiting import wait_for
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _accepts(port: int) -> bool:

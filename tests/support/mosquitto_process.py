@@ -10,19 +10,14 @@ import subprocess
 import threading
 import time
 
+from ports import free_port
 from waiting import wait_for
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Mosquitto:
     def __init__(self, tmp_path, port=None, listener_extra="", anonymous=True):
         self.dir = tmp_path
-        self.port = port or _free_port()
+        self.port = port or free_port()
         # Lines for the listener (TLS: certfile, keyfile) and whether anonymous clients
         # are let in (else a password_file among listener_extra's lines).
         self.listener_extra = listener_extra

@@ -33,6 +33,7 @@ import uuid
 from pathlib import Path
 
 from danube.storage.durable.config import open_object_store, parse_durable
+from ports import free_port, free_ports
 
 REPO = Path(__file__).resolve().parents[2]
 INSTALL_HINT = "run `bash bin/test` (it installs every test server)"
@@ -50,32 +51,6 @@ BAD_AZURE_KEY = "AAAA" + AZURITE_KEY[4:]
 
 class ServerNotInstalled(RuntimeError):
     pass
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def free_ports(count: int, *, besides=()) -> list[int]:
-    """``count`` distinct free ports, none of ``besides``: every socket stays bound until all
-    are picked (ports picked one at a time, each released at once, can repeat: SeaweedFS's
-    volume server and filer were once handed the same one and it exited)."""
-    socks = []
-    try:
-        ports = []
-        while len(ports) < count:
-            s = socket.socket()
-            socks.append(s)
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-            if port not in besides:
-                ports.append(port)
-        return ports
-    finally:
-        for s in socks:
-            s.close()
 
 
 def _port_open(port: int) -> bool:

@@ -13,13 +13,13 @@ import os
 import pwd
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import threading
 
 import pytest
 
+from ports import free_port
 from waiting import wait_for
 
 
@@ -34,15 +34,9 @@ def _bin(name):
     return exe
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Postgres:
     def __init__(self, port=None, settings=None):
-        self.port = port or _free_port()
+        self.port = port or free_port()
         self.settings = {"wal_level": "logical", "max_replication_slots": "10",
                          "max_wal_senders": "10", "fsync": "on",
                          "shared_buffers": "32MB", **(settings or {})}

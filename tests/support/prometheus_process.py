@@ -7,12 +7,12 @@ interpreter exit should a run be cut short."""
 import atexit
 import json
 import shutil
-import socket
 import subprocess
 import urllib.error
 import urllib.parse
 import urllib.request
 
+from ports import free_port
 from waiting import wait_for
 
 INSTALL_HINT = "prometheus is not installed: run `bash bin/test` (it installs Debian prometheus)"
@@ -23,12 +23,6 @@ _live = set()
 def _kill_leftovers():
     for p in list(_live):
         p.stop()
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class PrometheusProcess:

@@ -10,17 +10,13 @@ import atexit
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import threading
 import time
 
+from ports import free_port
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 _live: set = set()
 _lock = threading.Lock()

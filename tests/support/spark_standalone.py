@@ -13,13 +13,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import urllib.request
 from pathlib import Path
 
+from ports import free_port
 from waiting import wait_for
 
 # Daemons and executors do little computing: the C1 compiler alone and the serial collector
@@ -35,12 +35,6 @@ def _wait(predicate, what):
         wait_for(predicate, timeout=START_TIMEOUT, interval=0.5, what="Spark")
     except AssertionError:
         raise AssertionError(f"timed out after {START_TIMEOUT} s waiting for {what()}") from None
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def spark_home() -> Path:

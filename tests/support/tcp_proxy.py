@@ -10,7 +10,7 @@ from __future__ import annotations
 import socket
 import threading
 
-from etcd_process import free_port
+from ports import free_port
 
 
 class TcpProxy:

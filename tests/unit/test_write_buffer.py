@@ -17,7 +17,7 @@ from danube.storage.wal import WALConfig
 from danube.storage.writebuffer import WriteBuffer
 from danube.storage.writebuffer.entries import ENDS, first_of, stream_key, unpack_ends
 from danube.storage.writebuffer.recovery import read_tail
-from tests.support.objstore_servers import free_port
+from tests.support.ports import free_port
 from tests.support.redis_servers import RedisPair, redis_server_binary
 from tests.support.waiting import async_wait_for
 
