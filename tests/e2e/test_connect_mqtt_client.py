@@ -207,7 +207,8 @@ async def test_malformed_packet_from_the_server_reconnects(tmp_path, broker):
             await got.stop()
         await async_wait_for(lambda: server.acks(4, 2) == list(range(1, 21)), 60,
                              "the 20 PUBACKs")
-        assert "breaks the protocol: PUBLISH with QoS 3" in conn.log()
+        await async_wait_for(lambda: "breaks the protocol: PUBLISH with QoS 3" in conn.log(),
+                             60, "the protocol break in the connector's log")
         disconnect = [body for n, kind, body in server.packets if n == 1 and kind == 14]
         assert disconnect and disconnect[0][0] == 0x81
         assert conn.metric("danube_connector_errors_total", kind="mqtt_disconnect") >= 1
@@ -350,7 +351,9 @@ async def test_publish_over_max_packet_size(tmp_path, broker, mosquitto, protoco
     if protocol == "3.1.1":
         assert conn.metric("danube_connector_messages_failed_total",
                            topic="mqtt-oversized") == 1
-        assert "exceeds max_packet_size (1024 bytes): dropped" in conn.log()
+        await async_wait_for(
+            lambda: "exceeds max_packet_size (1024 bytes): dropped" in conn.log(), 60,
+            "the dropped packet in the connector's log")
     assert not conn.metric("danube_connector_errors_total", kind="mqtt_disconnect")
     assert conn.stop() == 0
 

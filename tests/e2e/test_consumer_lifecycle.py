@@ -154,7 +154,8 @@ def test_a_consumer_whose_connection_closed_before_its_stream_gives_way_at_once(
         assert [(m.payload, m.msg_id.topic_offset) for m in got] == \
             [(b"m0", 0), (b"m1", 1), (b"m2", 2)]
         stream.cancel()
-    assert "its connection closed before it opened a ReceiveMessages stream" in broker.log()
+    wait_for(lambda: "its connection closed before it opened a ReceiveMessages stream"
+             in broker.log(), timeout=30, what="the ghost consumer's log line")
 
 
 def test_a_client_back_on_a_new_connection_reopens_its_consumers_stream(long_grace_broker):

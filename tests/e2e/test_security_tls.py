@@ -58,6 +58,8 @@ def test_mtls_with_a_certificate_from_another_ca_fails_the_handshake(mtls, certs
         assert _lookup_via(ch, token(SUPER)) == grpc.StatusCode.UNAVAILABLE
     # Handshake failures are not broker errors: no traceback, one warning for the lot (at
     # most one a minute), and the port still serves.
+    wait_for(lambda: "TLS handshake failed" in mtls.log(), timeout=30,
+             what="the failed handshake in the log")
     assert "Traceback" not in mtls.log()
     assert mtls.log().count("TLS handshake failed") == 1
     ok = grpc.ssl_channel_credentials(certs.ca_pem, certs.client_key_pem,
