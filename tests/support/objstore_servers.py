@@ -144,9 +144,10 @@ class Server:
                     self.launch()
                     self._wait_ready(self.probe, self.ready_timeout)
                     return self
-                except BaseException:
+                except BaseException as exc:
                     self._stop_locked(wait_ports=False)
-                    if attempt == tries or not self._port_was_taken():
+                    if (not isinstance(exc, Exception) or attempt == tries     # Ctrl-C
+                            or not self._port_was_taken()):
                         raise
                 self.pick_ports()
 
