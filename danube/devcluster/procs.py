@@ -3,6 +3,7 @@ file), found again by pid from the state file, stopped with a signal and a deadl
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import signal
@@ -21,13 +22,19 @@ def _ephemeral_range() -> tuple[int, int]:
         return 32768, 60999
 
 
+@functools.cache
+def _candidate_ports() -> tuple[int, ...]:
+    # Built once: the test servers pick hundreds of ports a run, and the list took ~1 ms.
+    low, high = _ephemeral_range()
+    return tuple(p for p in range(20000, 65000) if not low <= p <= high)
+
+
 def free_port() -> int:
     """A port nothing listens on, outside the range the system takes outgoing connections'
     ports from: a port from that range (what binding port 0 gives) can be taken by any
     client's connection meanwhile, and a broker restarted on it (`danube cluster roll`)
     would then fail with "address already in use"."""
-    low, high = _ephemeral_range()
-    candidates = [p for p in range(20000, 65000) if not low <= p <= high]
+    candidates = _candidate_ports()
     for _ in range(200):
         port = random.choice(candidates)
         if not port_busy(port):

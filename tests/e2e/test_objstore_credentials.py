@@ -20,8 +20,8 @@ import urllib.request
 import pytest
 
 from danube.storage.durable import ObjectStoreConfigError, parse_durable
-from objstore_servers import (durable_config, free_port, server_for, store_from_config,
-                              unique_name)
+from objstore_servers import durable_config, server_for, store_from_config, unique_name
+from ports import free_port
 
 
 @pytest.fixture(scope="module")
