@@ -344,13 +344,16 @@ async def test_store_close_ends_watches(tmp_path, etcd_server):
 # -- TTL -------------------------------------------------------------------------------------
 
 async def test_ttl_key_expires_and_emits_delete(store):
+    # A TTL long enough that a loaded machine still reads the key before it expires (with
+    # 0.2 s, a stalled run once found it gone already).
+    ttl = 3.0
     watch = await store.watch("/t")
-    await store.put("/t/k", "v", ttl=TTL)
+    await store.put("/t/k", "v", ttl=ttl)
     await store.put("/t/perm", "p")
     entry = await store.get_entry("/t/k")
-    assert entry.expires_at is not None and 0 < entry.expires_at - time.time() <= TTL
+    assert entry.expires_at is not None and 0 < entry.expires_at - time.time() <= ttl
     assert [e.kind for e in await drain(watch, 2)] == [PUT, PUT]
-    event = await next_event(watch, timeout=2.0)  # the reaper announces the expiry
+    event = await next_event(watch, timeout=ttl + 30)  # the reaper announces the expiry
     assert (event.kind, event.key, event.value) == (DELETE, "/t/k", None)
     assert await store.get_entry("/t/k") is None
     assert await store.keys("/t") == ["/t/perm"]
