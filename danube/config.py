@@ -36,6 +36,10 @@ def parse_hostport(value: str, what: str) -> tuple[str, int]:
 #: longer than the two together from its gRPC length prefix, before reading it (the exact
 #: payload check runs on everything shorter), and the transport's cap must leave room for it.
 ENVELOPE_ALLOWANCE = 64 * 1024
+#: storage.failover's choices. The last acknowledges what is only on the owner's disk: its
+#: name says what it risks.
+LOSSY_FAILOVER = "lossy_local_wal"
+FAILOVER_MODES = ("write_buffer", "uploaded", "shared_wal_root", LOSSY_FAILOVER)
 
 
 @dataclasses.dataclass
@@ -83,6 +87,11 @@ class BrokerConfig:
     # storage.wal.durability: always|interval|none, or uploaded (acknowledged once in the
     # durable tier; the WAL syncs as in always)
     wal_durability: str = "always"
+    wal_durability_set: bool = False            # storage.wal.durability given in the file
+    # storage.failover (ours; a cluster on etcd): how a reliable topic's acknowledged
+    # messages outlive the loss of its owner, one of FAILOVER_MODES; None: derived in
+    # validate() (docs/cluster.md, "Reliable topics: what the new owner continues from").
+    failover: str | None = None
     wal_topic_durability: dict = dataclasses.field(default_factory=dict)
     wal_sync_interval_ms: int = 5000            # storage.wal.advanced.file_sync.interval_ms
     wal_segment_max_bytes: int = 64 * 1024 * 1024   # storage.wal.rotation.max_bytes
@@ -151,6 +160,7 @@ class BrokerConfig:
         if self.auth_mode not in ("none", "tls"):
             raise ConfigError(f"auth.mode: expected none or tls, got {self.auth_mode!r}")
         self._validate_cluster()
+        self._validate_failover()
         if self.auth_mode == "tls" and not (self.tls_cert_file and self.tls_key_file):
             raise ConfigError("auth.mode tls needs auth.tls.cert_file and auth.tls.key_file")
         if self.tls_require_client_cert and not self.tls_ca_file:
@@ -233,6 +243,50 @@ class BrokerConfig:
         if not 0 < self.load_report_interval_seconds <= 86400:
             raise ConfigError("load_manager.load_report_interval_seconds: expected a positive "
                               f"number of seconds, got {self.load_report_interval_seconds!r}")
+
+    def _validate_failover(self):
+        """Every cluster keeps what it acknowledged across the loss of any one broker,
+        unless the operator names the risk: storage.failover, or a default that is safe."""
+        if self.failover is not None and self.failover not in FAILOVER_MODES:
+            raise ConfigError(f"storage.failover: expected {', '.join(FAILOVER_MODES)}, got "
+                              f"{self.failover!r}")
+        if self.mode != "cluster" or not self.etcd_endpoints:
+            return              # one broker: no other owner to fail over to
+        chosen = self.failover
+        if chosen is None:
+            if self.write_buffer is not None:
+                chosen = "write_buffer"
+            elif self.durable is not None and (not self.wal_durability_set
+                                               or self.wal_durability == "uploaded"):
+                chosen = "uploaded"
+            else:
+                why = (f"storage.wal.durability {self.wal_durability} acknowledges a message "
+                       f"before it leaves its owner's disk" if self.durable is not None else
+                       "storage.mode local keeps a topic's messages on its owner's disk only")
+                raise ConfigError(
+                    f"cluster mode: {why}, so the loss of that broker would lose acknowledged "
+                    f"messages. Choose storage.failover: write_buffer (with "
+                    f"storage.write_buffer), uploaded (acknowledge once in the durable tier), "
+                    f"shared_wal_root (storage.local_wal_root on storage every broker mounts), "
+                    f"or {LOSSY_FAILOVER} to accept that loss (docs/cluster.md)")
+        if chosen == "write_buffer" and self.write_buffer is None:
+            raise ConfigError("storage.failover: write_buffer needs a storage.write_buffer "
+                              "section (Valkey/Redis endpoints)")
+        if chosen == "uploaded":
+            if self.durable is None:
+                raise ConfigError("storage.failover: uploaded acknowledges a message once it "
+                                  "is in the durable tier, which needs storage.mode "
+                                  "object_store or shared_fs")
+            if self.wal_durability_set and self.wal_durability != "uploaded":
+                raise ConfigError(f"storage.wal.durability: {self.wal_durability} contradicts "
+                                  f"storage.failover: uploaded (leave the durability out, or "
+                                  f"choose another storage.failover)")
+            self.wal_durability = "uploaded"
+        self.failover = chosen
+
+    @property
+    def failover_is_lossy(self) -> bool:
+        return self.failover == LOSSY_FAILOVER
 
     def durability_for(self, topic):
         return self.wal_topic_durability.get(topic, self.wal_durability)
@@ -407,7 +461,13 @@ def _load_storage(cfg, tree):
     root = _get(tree, "storage.local_wal_root")
     if root is not None:
         cfg.wal_root = str(root)
-    cfg.wal_durability = str(_get(tree, "storage.wal.durability", cfg.wal_durability))
+    durability = _get(tree, "storage.wal.durability")
+    if durability is not None:
+        cfg.wal_durability = str(durability)
+        cfg.wal_durability_set = True
+    failover = _get(tree, "storage.failover")
+    if failover is not None:
+        cfg.failover = str(failover)
     per_topic = _get(tree, "storage.wal.topic_durability", {}) or {}
     if not isinstance(per_topic, dict):
         raise ConfigError("storage.wal.topic_durability: expected a mapping of topic -> mode")

@@ -74,6 +74,7 @@ SCHEMA = {
         "cache_root": KEY,      # alias of local_wal_root
         "metadata_prefix": KEY,
         "metadata_root": KEY,   # alias of metadata_prefix
+        "failover": KEY,        # ours: how acknowledged messages outlive their owner
         "local_retention": _RETENTION,
         "wal": {
             "dir": KEY,         # alias of local_wal_root

@@ -1,6 +1,10 @@
 """Typed errors of the broker core. The core raises these; `danube.services.errors` is the
 one place that maps them to gRPC status codes (upstream's codes, reference (c))."""
 
+import errno
+
+from danube.storage.errors import DescriptorLimitError, DiskFullError
+
 
 class BrokerError(Exception):
     """Base of every error the core reports to a client."""
@@ -87,6 +91,35 @@ class TopicElsewhere(BrokerError):
 
 class StorageFailed(BrokerError):
     """The WAL could not take or sync a message."""
+
+
+class ResourceExhausted(BrokerError):
+    """The broker is out of something an operator gives back: disk space (``DiskFull``) or
+    file descriptors (``DescriptorLimit``). The message names the volume and its free
+    bytes, or the limit and how to raise it; nothing of the refused request was kept, and
+    the same request succeeds once the resource is back."""
+
+
+class DiskFull(ResourceExhausted):
+    """The WAL's volume is full (ENOSPC, or its quota: EDQUOT)."""
+
+
+class DescriptorLimit(ResourceExhausted):
+    """The broker's descriptor limit (RLIMIT_NOFILE) or the system's file table is full."""
+
+
+def storage_error(exc, doing):
+    """The BrokerError for a storage failure ``exc`` (a ``WALError`` or an OSError) while
+    ``doing`` (e.g. "could not store the messages on /ns/t"): ``DiskFull`` or
+    ``DescriptorLimit`` when a resource ran out, else ``StorageFailed``."""
+    if isinstance(exc, DiskFullError):
+        return DiskFull(f"{doing}: {exc}")
+    if isinstance(exc, DescriptorLimitError):
+        return DescriptorLimit(f"{doing}: {exc}")
+    if isinstance(exc, OSError):
+        return StorageFailed(f"{doing}: {exc.strerror or exc} "
+                             f"({errno.errorcode.get(exc.errno, exc.errno)})")
+    return StorageFailed(f"{doing}: {exc}")
 
 
 class InvalidPolicy(BrokerError):

@@ -64,6 +64,19 @@ class PlacementHost(Protocol):
         """A deleted topic's log, local and durable, goes."""
 
 
+class Lease:
+    """Until when (``time.monotonic()``) this broker may acknowledge publishes to the topics
+    it serves. A cluster moves ``deadline`` forward at each renewal of the broker's
+    registration and to 0 when it is fenced; a publish checks it right before its ack, so a
+    broker that was paused past its lease (SIGSTOP, a stall) acknowledges nothing when it
+    resumes, even before its watchdog has run. A single broker's never runs out."""
+
+    __slots__ = ("deadline",)
+
+    def __init__(self, deadline: float = float("inf")):
+        self.deadline = deadline
+
+
 class Placement:
     """The questions the core asks; this base answers them for a single broker (see
     ``Standalone``). ``bind`` is called once by the core it serves."""
@@ -72,6 +85,14 @@ class Placement:
     store = None        # the metadata store
     #: Whether other brokers serve topics too (admin calls may be forwarded to them).
     spans_brokers = False
+    #: This broker's right to acknowledge (see Lease); a cluster's placement replaces it.
+    lease = Lease()
+
+    async def ownership_epoch(self, name: str) -> int | None:
+        """A new ownership of reliable topic ``name`` begins here: the epoch every write of
+        it to storage other brokers share carries (greater than any earlier owner's), or
+        None when no other broker can own it."""
+        return None
 
     def bind(self, host) -> None:
         self.host = host

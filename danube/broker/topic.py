@@ -9,7 +9,8 @@ from google.protobuf.message import DecodeError
 from danube.broker._canon import DeliveryStamp, canonical_stream_message
 from danube.broker._fanout import fanout
 from danube.broker.errors import (BrokerError, InvalidArgument, MessageTooLarge,
-                                  PartlyPublished, PublishFailed, StorageFailed)
+                                  PartlyPublished, PublishFailed, TopicUnloaded,
+                                  storage_error)
 from danube.broker.rate import RateLimiter
 from danube.config import Policies
 from danube.metering import Summary
@@ -47,6 +48,7 @@ class Producer:
 class Topic:
     def __init__(self, broker, name, delivery=NON_RELIABLE):
         self.broker = broker
+        self.lease = broker.placement.lease
         self.name = name
         self.delivery = delivery
         self.producers = {}           # producer_id -> Producer
@@ -215,8 +217,15 @@ class Topic:
             first, last = log.append(raws) if ends is None else log.append_packed(raws, ends)
             if log.ack_waits:
                 await log.sync_to(last)
-        except WALError as exc:
-            raise StorageFailed(f"could not store the messages on {self.name}: {exc}") from exc
+        except (WALError, OSError) as exc:
+            # DiskFull and DescriptorLimit (RESOURCE_EXHAUSTED) or StorageFailed.
+            raise storage_error(exc, f"could not store the messages on {self.name}") from exc
+        if time.monotonic() >= self.lease.deadline:
+            # Paused past the lease: another broker may own the topic by now, and what was
+            # just stored may not be in its log. Not acknowledged: the client sends it again
+            # to whoever owns the topic (at least once).
+            raise TopicUnloaded(f"topic {self.name}: this broker's cluster lease ran out "
+                                f"before the ack; look the topic up and send again")
         self.messages_in += last - first + 1
         self.bytes_in += nbytes
         self.wake_subscriptions()

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import json
 
-from danube.devcluster.local import ClusterError, Options, down, status, up
+from danube.devcluster.local import FAILOVERS, ClusterError, Options, down, status, up
 from danube.devcluster.roll import DEFAULT_PAUSE, roll
 from danube.devcluster.tools import Missing
 
@@ -23,9 +23,10 @@ def add_parser(sub):
     p = sub.add_parser("cluster", help="a local cluster for trying and testing: up, status, "
                                        "down",
                        description="Start, check and stop a cluster on this machine: etcd, "
-                                   "an S3-compatible store (SeaweedFS) and N brokers with the "
-                                   "S3 tier on, each a process with its own data directory "
-                                   "and log, under --dir.")
+                                   "an S3-compatible store (SeaweedFS), a Redis primary and "
+                                   "replica as the write buffer, and N brokers with the S3 "
+                                   "tier on, each a process with its own data directory and "
+                                   "log, under --dir.")
     actions = p.add_subparsers(dest="action", required=True)
     u = actions.add_parser("up", help="start the cluster and wait until it serves")
     u.add_argument("--dir", default=DEFAULT_DIR, help=f"where everything lives ({DEFAULT_DIR})")
@@ -39,6 +40,16 @@ def add_parser(sub):
     u.add_argument("--etcd-port", type=_port, default=2379,
                    help="etcd's client port, its peer port the next (2379)")
     u.add_argument("--s3-port", type=_port, default=8333, help="SeaweedFS's S3 port (8333)")
+    u.add_argument("--failover", choices=[f.replace("_", "-") for f in FAILOVERS],
+                   default="write-buffer",
+                   help="how acknowledged messages outlive a lost broker: write-buffer (a "
+                        "Redis primary and replica started here, the default), uploaded "
+                        "(acknowledged once in S3), shared-wal-root (one WAL directory every "
+                        "broker uses)")
+    u.add_argument("--redis-port", type=_port, default=6379,
+                   help="the write buffer's Redis primary port, its replica the next (6379)")
+    u.add_argument("--redis", metavar="PATH",
+                   help="redis-server (or valkey-server) executable")
     u.add_argument("--free-ports", action="store_true",
                    help="let the system choose every port (printed at the end)")
     u.add_argument("--etcd", metavar="PATH", help="etcd executable (default: etcd on PATH)")
@@ -91,6 +102,8 @@ def _up(args):
         etcd_port=args.etcd_port, s3_port=args.s3_port, free_ports=args.free_ports,
         etcd=args.etcd, weed=args.weed, s3=s3, ingress_port=args.ingress,
         haproxy=args.haproxy, lease_ttl=args.lease_ttl, timeout=args.timeout,
+        failover=args.failover.replace("-", "_"), redis_port=args.redis_port,
+        redis=args.redis,
         etcd_endpoints=[e.strip() for e in (args.etcd_endpoints or "").split(",")
                         if e.strip()])
     try:

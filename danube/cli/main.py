@@ -150,13 +150,15 @@ def _warn_unbuilt(cfg, args):
     line = unbuilt_warning(cfg.unbuilt_keys + flags)
     if line:
         log.warning("%s", line)
-    if cfg.mode == "cluster" and cfg.write_buffer is None and cfg.wal_durability != "uploaded":
-        log.warning("cluster mode without storage.write_buffer: a reliable topic's "
-                    "acknowledged messages that are not uploaded yet are only on its owner's "
-                    "disk (storage.local_wal_root) and do not survive the loss of that disk "
-                    "unless every broker mounts it. Set storage.write_buffer (Valkey/Redis), "
-                    "or storage.wal.durability: uploaded to acknowledge only what is in the "
-                    "durable tier (docs/cluster.md)")
+    if cfg.failover_is_lossy:
+        log.warning("storage.failover: lossy_local_wal: a reliable topic's acknowledged "
+                    "messages not yet uploaded are only on its owner's disk; if that broker "
+                    "is lost, the next owner continues without them (they are kept aside if "
+                    "the disk comes back: `danube admin topics recover-stale`). "
+                    "write_buffer, uploaded or shared_wal_root lose nothing (docs/cluster.md)")
+    elif cfg.failover is not None:
+        log.info("storage.failover: %s (acknowledged messages outlive their owner)",
+                 cfg.failover)
     if cfg.mode == "cluster" and not cfg.etcd_endpoints:
         # Upstream's cluster mode with no seed nodes is a single-node Raft cluster; ours
         # without etcd is the same broker on the embedded store.

@@ -261,6 +261,10 @@ class Report:
         self.count = args.count
         self.json = args.output == "json"
         self.sent = self.failed = 0
+        # Each message counts once, sent or failed: the first outcome reported for it is
+        # its outcome. (send_many, when a batch fails, reports that error for every message
+        # of the call, those acknowledged before it included.)
+        self._settled = bytearray(self.count + 1)
         self.started = None
         self.bar = ProgressBar(self.count) if self.count > 1 and sys.stderr.isatty() else None
 
@@ -274,6 +278,9 @@ class Report:
             self.bar.started = self.started     # the rate counts sending, not connecting
 
     def result(self, index, outcome, quiet=False):
+        if not 1 <= index <= self.count or self._settled[index]:
+            return
+        self._settled[index] = 1
         ok = not isinstance(outcome, Exception)
         if ok:
             self.sent += 1
@@ -302,6 +309,9 @@ class Report:
     def finish(self, interrupted=False):
         if self.bar is not None:
             self.bar.clear()
+        if not interrupted and self.started is not None:
+            # A message no outcome was reported for was not acknowledged: failed.
+            self.failed = self.count - self.sent
         elapsed = time.monotonic() - self.started if self.started is not None else 0.0
         rate = self.sent / elapsed if elapsed > 0 else 0.0
         if self.json:

@@ -40,7 +40,7 @@ WATCHDOG_TICK = 0.05
 class Membership:
     def __init__(self, store, broker_id: str, record: dict, ttl: float, *,
                  on_fenced: Callable[[str], Awaitable[None]],
-                 on_restored: Callable[[], Awaitable[None]]):
+                 on_restored: Callable[[], Awaitable[None]], lease=None):
         self.store = store
         self.broker_id = broker_id
         self.record = record
@@ -48,6 +48,9 @@ class Membership:
         self.on_fenced = on_fenced
         self.on_restored = on_restored
         self.key = keys.cluster_register(broker_id)
+        #: The placement's Lease: its deadline is when the fence would fall without another
+        #: renewal (every publish checks it before its ack), 0 while fenced.
+        self.lease = lease
         self.fenced = False
         self.fences = 0
         self.leaving = False
@@ -96,7 +99,13 @@ class Membership:
                             self._ok_before_fence + self.ttl * UNLAPSED_FRACTION):
             self.lapsed = True
         self._last_ok_sent = sent
+        if not self.fenced:
+            self._extend_lease(sent)
         return sent
+
+    def _extend_lease(self, sent: float) -> None:
+        if self.lease is not None:
+            self.lease.deadline = max(self.lease.deadline, sent + self.ttl * FENCE_FRACTION)
 
     async def _refresh_forever(self) -> None:
         interval = self.ttl / 3
@@ -133,6 +142,7 @@ class Membership:
                 if fencing is not None:
                     await asyncio.shield(fencing)
                 self.fenced = False
+                self._extend_lease(sent)
                 log.warning("broker %s registered again after being fenced", self.broker_id)
                 await self.on_restored()
                 self.lapsed = False
@@ -159,6 +169,8 @@ class Membership:
         if self.fenced:
             return
         self.fenced = True
+        if self.lease is not None:
+            self.lease.deadline = 0.0
         self.fences += 1
         self._ok_before_fence = self._last_ok_sent
         self._last_ok_sent = None

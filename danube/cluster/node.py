@@ -15,7 +15,7 @@ import asyncio
 import logging
 
 from danube.broker.errors import TopicElsewhere, TopicUnloaded
-from danube.broker.placement import LOG_ERRORS, Placement
+from danube.broker.placement import LOG_ERRORS, Lease, Placement
 from danube.cluster.admin import ClusterOps
 from danube.cluster.election import LeaderElection
 from danube.cluster.load_manager import LoadManager
@@ -59,6 +59,8 @@ class ClusterNode(Placement):
         self.control_store = control_store or store
         self.cfg = cfg
         self.broker_id = None
+        # Nothing is acknowledged before the first registration.
+        self.lease = Lease(0.0)
         self._joined = False
         self.view = ClusterView(store)
         self._serve_slots = asyncio.Semaphore(SERVE_CONCURRENCY)
@@ -78,7 +80,8 @@ class ClusterNode(Placement):
         cfg, control = self.cfg, self.control_store
         self.broker_id = str(self.host.broker_id)
         self.membership = Membership(control, self.broker_id, None, cfg.lease_ttl_seconds,
-                                     on_fenced=self._fenced, on_restored=self._restored)
+                                     on_fenced=self._fenced, on_restored=self._restored,
+                                     lease=self.lease)
         self.election = LeaderElection(control, self.broker_id, cfg.lease_ttl_seconds,
                                        on_elected=self._elected, on_deposed=self._deposed,
                                        eligible=lambda: self.membership.registered)
@@ -145,6 +148,11 @@ class ClusterNode(Placement):
 
     async def forget(self, name: str) -> None:
         await self.forget_topic(name)
+
+    async def ownership_epoch(self, name: str) -> int:
+        """One atomic increment in etcd per ownership: a broker that owned the topic before
+        holds a smaller epoch, which the shared storage then refuses."""
+        return await self.store.allocate_id(keys.topic_owner_epoch(name))
 
     @property
     def leader_id(self) -> str:

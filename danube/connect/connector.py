@@ -79,6 +79,9 @@ class SourceConnector(Connector):
 class SinkConnector(Connector):
     kind = "sink"
 
+    # Set by the sink runtime (danube/connect/sink.py): what ``dead_letter`` calls.
+    _send_dead_letters = None
+
     def consumer_configs(self) -> list[ConsumerConfig]:
         raise NotImplementedError
 
@@ -87,7 +90,10 @@ class SinkConnector(Connector):
         their progress in the external system: the runtime skips (and acknowledges) every
         record at or below it, and below what the sink writes from then on. At-least-once
         sinks do not override it: a sink that does is taken to be the only reader of its
-        partitions (an exclusive or failover subscription)."""
+        partitions (an exclusive or failover subscription).
+
+        Such a sink must send the records it refuses to ``dead_letter`` before the commit
+        that carries their batch's offsets: once that commit is made, a restart skips them."""
         return {}
 
     def prepare(self, records):
@@ -102,5 +108,17 @@ class SinkConnector(Connector):
         """Write ``records`` (SinkRecords in topic order). Either all of them are written or
         an error is raised (``Unavailable``, ``RetryableError``, ``InvalidRecord`` naming a
         record, ``FatalError``). May return a list of ``InvalidRecord`` for records it left
-        out, which go to the dead-letter topic."""
+        out, which go to the dead-letter topic (those it gave ``dead_letter`` already are
+        not sent again)."""
         raise NotImplementedError
+
+    async def dead_letter(self, rejected):
+        """Send ``rejected`` (``InvalidRecord``s naming their records) to the dead-letter
+        topic and return once the broker has acknowledged each (without a dead-letter topic:
+        once each is logged and counted). An exactly-once sink calls it in
+        ``process_batch`` before its commit, so that no record the commit skips on restart
+        is missing from the dead-letter topic. A record is sent once per batch: the batch
+        retried (``Unavailable``, a conflict) or returned in ``process_batch``'s list does
+        not send it again. Raises what the publish raises once the runtime is stopping."""
+        if rejected:
+            await self._send_dead_letters(rejected)

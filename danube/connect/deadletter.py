@@ -25,7 +25,8 @@ class DeadLetters:
 
     async def send(self, payload, attributes, key, reason, source_topic, **extra):
         """Publish one record to the dead-letter topic (retrying while the broker is
-        unreachable), or log it when there is none."""
+        unreachable) and return once the broker acknowledged it, or log it when there is
+        none."""
         self.metrics.count(self.metrics.failed, source_topic)
         if self.topic is None:
             log.error("record dropped (no dead_letter_topic): %s", reason,

@@ -3,7 +3,13 @@ records, or what came within ``processing.batch_timeout_ms``) to ``process_batch
 acknowledge them only once it returned. Records at or below an exactly-once sink's
 committed offsets were written before a crash: they are acknowledged, not written again.
 Nor is a record this instance wrote itself and the broker sent again (its ack timeout ran
-out while the write was retried): its copy is acknowledged and left out."""
+out while the write was retried): its copy is acknowledged and left out.
+
+Refused records reach the dead-letter topic before the batch's offsets are committed: an
+exactly-once sink hands them to its ``dead_letter`` before its commit (the runtime returns
+once the broker acknowledged them), and any other sink's progress is the broker's ack, which
+comes after the runtime sent what ``process_batch`` refused. A record is dead-lettered once
+per batch however often the batch is retried."""
 
 import asyncio
 import collections
@@ -40,6 +46,10 @@ class SinkRuntime:
         self._written = RecentlyWritten(2 * self.window)
         self._queue = asyncio.Queue(READ_AHEAD)
         self._readers = []
+        # (partition, offset) of the batch's records in the dead-letter topic already: a
+        # retry of the batch, or process_batch returning what it sent itself, sends no copy.
+        self._dead = set()
+        connector._send_dead_letters = self.dead_letter
 
     async def start(self):
         rt = self.rt
@@ -192,6 +202,7 @@ class SinkRuntime:
         rt.metrics.inflight.labels(rt.name).set(len(records))
         rt.metrics.batch_size.labels(rt.name).observe(len(records))
         sink_records = [r for _c, r in records]
+        self._dead.clear()
         await self._process(sink_records, prepared)
         committed = self.committed
         last = {}
@@ -262,10 +273,20 @@ class SinkRuntime:
         done = self.committed.get(partition)
         return done is not None and offset <= done
 
+    async def dead_letter(self, rejected):
+        """``SinkConnector.dead_letter``: each InvalidRecord's record to the dead-letter
+        topic, acknowledged by the broker, in order."""
+        for item in rejected:
+            await self._dead_letter(item.record, item.reason)
+
     async def _dead_letter(self, record, reason):
+        sent = (record.partition, record.offset)
+        if sent in self._dead:
+            return
         await self.rt.dead_letters.send(record.payload, record.attributes, record.key, reason,
                                         record.topic, offset=record.offset,
                                         partition=record.partition)
+        self._dead.add(sent)
 
 
 class RecentlyWritten:

@@ -7,7 +7,9 @@ transactions (``txn`` actions: app id ``danube:{connector}:{subscription}:{parti
 version = the partition's last offset in the commit), how far each partition is written.
 At start the sink reads those versions back and the runtime skips every record at or below
 them, so a crash between the Delta commit and the broker's ack never writes a row twice.
-(Upstream writes and acks without a transaction: a crash there duplicates the batch.)"""
+(Upstream writes and acks without a transaction: a crash there duplicates the batch.) The
+records a batch refuses are in the dead-letter topic, acknowledged by the broker, before
+that commit: a restart skips them too."""
 
 import asyncio
 import logging
@@ -165,6 +167,8 @@ class DeltaLakeSink(SinkConnector):
     async def process_batch(self, records, prepared=None):
         rejected = []
         for route, table, bad, last in prepared or self.prepare(records):
+            # Before the commit that carries their offsets: a restart skips them.
+            await self.dead_letter(bad)
             rejected.extend(bad)
             txns = [Transaction(self.app_id(route, p), v) for p, v in last.items()]
             await self._call(self._write, route, table, txns)

@@ -15,6 +15,8 @@ every partition of the route's topic (JSON). At start the sink reads it back fro
 newest snapshot that has it and the runtime skips every record at or below, so a crash
 between the catalog commit and the broker's ack never writes a row twice. (Upstream's
 sidecar keeps its checkpoint in a separate object written after the commit: at least once.)
+The records a batch refuses are in the dead-letter topic, acknowledged by the broker, before
+that commit: a restart skips them too.
 
 Schema: the columns come from ``field_mappings``, the registry subject, or raw columns
 (``columns.py``, as sink-deltalake). A table that exists is evolved to them where Iceberg
@@ -397,6 +399,8 @@ class IcebergSink(SinkConnector):
                     await self._columns(route)
                     await self._call(self._load, route)
                 route, batch, bad, last, _ = self._split(route, group)
+            # Before the commit that carries their offsets: a restart skips them.
+            await self.dead_letter(bad)
             rejected.extend(bad)
             await self._call(self._append, route, batch, last)
         return rejected

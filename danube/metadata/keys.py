@@ -137,6 +137,12 @@ def topic_delivery(topic: str) -> str:
     return f"{topic_root(topic)}/delivery"
 
 
+def topic_owner_epoch(topic: str) -> str:
+    """Value: an integer raised by each broker that begins to own the reliable topic (ours;
+    the fencing token its writes to shared storage carry, docs/cluster.md)."""
+    return f"{topic_root(topic)}/owner_epoch"
+
+
 def topic_policy(topic: str) -> str:
     """Value: topic-level Policies JSON (optional; the namespace policy is the fallback)."""
     return f"{topic_root(topic)}/policy"

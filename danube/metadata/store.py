@@ -181,6 +181,13 @@ class MetadataStore(abc.ABC):
         returned. ``durable=False``: see the module docstring; a backend whose every commit
         is durable anyway ignores it."""
 
+    @abc.abstractmethod
+    async def put_many_if(self, items: Mapping[str, Any] | Iterable[tuple[str, Any]],
+                          guard_key: str, guard_value: Any, *, durable: bool = True) -> bool:
+        """Set several keys (no TTL) in one transaction, only if ``guard_key`` holds
+        ``guard_value`` at that moment; True if written. A fencing token's check: a writer
+        whose token was superseded (another owner raised it) writes nothing."""
+
     async def sync(self) -> None:
         """Return once every write that returned before this call is durable (a no-op for a
         backend whose every commit is)."""

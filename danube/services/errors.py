@@ -26,6 +26,9 @@ _CODES = {
     e.ConsumerTakenOver: StatusCode.ABORTED,
     e.BrokerShuttingDown: StatusCode.UNAVAILABLE,
     e.StorageFailed: StatusCode.UNAVAILABLE,
+    # A full disk or the descriptor limit (ours): the message names the volume and its
+    # free bytes, or the limit and how to raise it; the clients retry this code.
+    e.ResourceExhausted: StatusCode.RESOURCE_EXHAUSTED,
     e.InvalidPolicy: StatusCode.INVALID_ARGUMENT,
     e.InvalidArgument: StatusCode.INVALID_ARGUMENT,
     e.NotReliable: StatusCode.FAILED_PRECONDITION,

@@ -4,10 +4,15 @@ upstream v0.15.1 exports is here with its labels (docs/metrics.md says where eac
 ours, marked so, are beside them. Upstream's histograms are rendered as its exporter renders
 them without buckets: summaries."""
 
+import json
 import logging
 import re
+import socket
+import threading
+from wsgiref.simple_server import WSGIRequestHandler, make_server
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from danube.broker import reliable
@@ -62,6 +67,7 @@ class BrokerCollector:
         if core is not None:
             yield from _topic_metrics(core)
             yield from storage_metrics(core)
+            yield from _exhaustion_metrics(core.logs)
             if core.tiered is not None:
                 yield from _storage_metrics(core.tiered)
             if core.write_buffer is not None:
@@ -308,6 +314,30 @@ def _storage_metrics(tiered):
     yield durable
 
 
+def _exhaustion_metrics(logs):
+    """The WAL volume and the descriptor limit (ours): is the disk full, how much is free,
+    what was refused for lack of either."""
+    state = logs.exhaustion()
+    yield _gauge("danube_storage_disk_full", "1 while the WAL's volume is full: reliable "
+                 "publishes are refused (RESOURCE_EXHAUSTED) until space is freed",
+                 int(state["disk_full"] is not None))
+    free = GaugeMetricFamily("danube_storage_free_bytes",
+                             "Bytes free for the broker on the WAL's volume",
+                             labels=["mount_point"])
+    if state["free_bytes"] is not None:
+        free.add_metric([state["mount_point"]], state["free_bytes"])
+    yield free
+    refused = CounterMetricFamily("danube_storage_refused_appends",
+                                  "Appends and log openings refused for lack of a resource "
+                                  "(reason: disk_full, descriptor_limit)", labels=["reason"])
+    for reason, count in sorted(state["refused"].items()):
+        refused.add_metric([reason], count)
+    yield refused
+    if state["nofile_soft"] is not None:
+        yield _gauge("danube_process_nofile_limit", "The broker's RLIMIT_NOFILE (soft)",
+                     state["nofile_soft"])
+
+
 def _write_buffer_metrics(wb):
     """storage.write_buffer (ours; upstream has no write buffer metrics)."""
     stats = wb.stats
@@ -335,8 +365,21 @@ def _write_buffer_metrics(wb):
     yield confirmed
 
 
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format, *args):  # noqa: A002 - the base class's name
+        pass
+
+
+def _json(start_response, status, body):
+    data = json.dumps(body).encode() + b"\n"
+    start_response(status, [("Content-Type", "application/json"),
+                            ("Content-Length", str(len(data)))])
+    return [data]
+
+
 class MetricsExporter:
     def __init__(self, broker, host, port):
+        self.broker = broker
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(BrokerCollector(broker))
         self.host = host
@@ -345,9 +388,43 @@ class MetricsExporter:
         self._thread = None
 
     def start(self):
-        self._server, self._thread = start_http_server(self.port, self.host, self.registry)
+        """Serve ``/metrics`` and, beside it, ``/health/live`` (200 while the process
+        answers) and ``/health/ready`` (200, or 503 with the problems: a full WAL volume,
+        the descriptor limit reached)."""
+        metrics = make_wsgi_app(self.registry)
+
+        def app(environ, start_response):
+            path = environ.get("PATH_INFO", "")
+            if path in ("/health", "/health/live"):
+                return _json(start_response, "200 OK", {"status": "live"})
+            if path == "/health/ready":
+                problems = self._problems()
+                if problems:
+                    return _json(start_response, "503 Service Unavailable",
+                                 {"status": "not ready", "problems": problems})
+                return _json(start_response, "200 OK", {"status": "ready"})
+            return metrics(environ, start_response)
+
+        class Server(ThreadingWSGIServer):
+            address_family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+
+        self._server = make_server(self.host, self.port, app, Server,
+                                   handler_class=_QuietHandler)
+        self._thread = threading.Thread(target=self._server.serve_forever,
+                                        name="danube-metrics", daemon=True)
+        self._thread.start()
         self.port = self._server.server_port
         return self.port
+
+    def _problems(self):
+        core = self.broker.core
+        if core is None:
+            return {"starting": "the broker is starting"}
+        try:
+            return core.logs.problems()
+        except Exception as exc:  # noqa: BLE001 - a readiness probe answers, whatever
+            log.exception("readiness check failed")
+            return {"check_failed": f"the readiness check failed: {exc!r}"}
 
     def stop(self):
         if self._server is not None:

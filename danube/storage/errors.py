@@ -68,10 +68,55 @@ class WriteBufferFullError(WriteBufferError):
     or slow): the publish is refused before anything of it is stored."""
 
 
+class WriteBufferFencedError(WriteBufferError):
+    """A later owner of the topic has claimed its stream (a higher ownership epoch): this
+    broker's appends are refused there, and it must not acknowledge them."""
+
+
 class WriteBufferStartupError(TieredStartupError):
     """The write buffer is unusable at start-up (unreachable, a replica, a wrong URL)."""
+
+
+class OwnershipLostError(WALError):
+    """A cluster's later owner of the topic raised its ownership epoch: this broker's writes
+    to the shared storage (the catalogue, a shared WAL root) are refused, and nothing it
+    still holds may be acknowledged."""
 
 
 class UploadFailedError(WALError):
     """Durability ``uploaded``: the upload that was to carry an append failed. The append
     is not acknowledged; it stays in the local WAL and is uploaded by a later export."""
+
+
+class StorageExhaustedError(WALError):
+    """An append, or the opening of a log, refused for lack of a resource an operator can
+    give back: disk space (``DiskFullError``) or file descriptors (``DescriptorLimitError``).
+    Nothing of the refused batch was written (a batch larger than a segment may have had a
+    prefix written: ``next_offset`` says how far) and the WAL stays usable: the next append
+    tries again, so publishing resumes once the resource is back. ``__cause__`` holds the
+    OSError. Built by ``danube.storage.exhaustion.exhausted``, which also counts it."""
+
+
+class DiskFullError(StorageExhaustedError):
+    """ENOSPC or EDQUOT. ``directory``: the WAL directory; ``mount_point``: the volume it is
+    on; ``free_bytes``: what the volume had free for the broker just after the refusal
+    (None if unknown); ``needed_bytes``: what the refused allocation asked for (0 if
+    unknown)."""
+
+    def __init__(self, message, *, directory, mount_point, free_bytes, needed_bytes=0):
+        super().__init__(message)
+        self.directory = directory
+        self.mount_point = mount_point
+        self.free_bytes = free_bytes
+        self.needed_bytes = needed_bytes
+
+
+class DescriptorLimitError(StorageExhaustedError):
+    """EMFILE (this process's RLIMIT_NOFILE) or ENFILE (the system's table). ``soft`` and
+    ``hard``: the process's RLIMIT_NOFILE when refused."""
+
+    def __init__(self, message, *, soft, hard, system_wide=False):
+        super().__init__(message)
+        self.soft = soft
+        self.hard = hard
+        self.system_wide = system_wide

@@ -15,11 +15,17 @@ import shutil
 from typing import Callable, Iterable
 
 from danube.storage.errors import TieredStartupError
+from danube.storage.exhaustion import (STATE as EXHAUSTION, descriptor_limits, exhausted,
+                                       free_bytes, mount_point)
 from danube.storage.topic_log import UPLOADED, TopicLog
 from danube.storage.wal import ALWAYS, WALConfig
 from danube.tasks import TaskSet
 
 log = logging.getLogger("danube.storage")
+
+#: How long after a refusal for lack of descriptors the readiness check still reports it
+#: (the descriptors come back as soon as the failed call closed what it had opened).
+DESCRIPTOR_PROBLEM_SECONDS = 60.0
 
 #: What retention asks its owner for: (topic name, its log, the lowest offset a
 #: subscription still needs) for every open log.
@@ -84,9 +90,11 @@ class LogManager:
         ns, short = name.lstrip("/").split("/", 1)
         return os.path.join(self.root, ns, short)
 
-    async def open(self, name: str) -> TopicLog:
+    async def open(self, name: str, epoch: int | None = None) -> TopicLog:
         """Open (recover) the log of reliable topic ``name``, with its durability from the
-        configuration (storage.wal.durability, topic_durability)."""
+        configuration (storage.wal.durability, topic_durability). ``epoch``: this broker's
+        ownership epoch of the topic in a cluster (its writes to the write buffer carry it,
+        and a later owner's epoch makes the buffer refuse them)."""
         cfg = self.cfg
         durability = cfg.durability_for(name)
         hours = cfg.wal_segment_max_hours
@@ -95,10 +103,21 @@ class LogManager:
                             segment_max_bytes=cfg.wal_segment_max_bytes,
                             max_age_seconds=hours * 3600 if hours else None,
                             cache_capacity=cfg.wal_cache_capacity)
-        topic_log = await TopicLog.open(name, self.directory(name), wal_cfg,
-                                        executor=self.executor, tiered=self.tiered,
-                                        write_buffer=self.write_buffer,
-                                        ack_after_upload=durability == UPLOADED)
+        directory = self.directory(name)
+        try:
+            topic_log = await TopicLog.open(name, directory, wal_cfg,
+                                            executor=self.executor, tiered=self.tiered,
+                                            write_buffer=self.write_buffer,
+                                            ack_after_upload=durability == UPLOADED,
+                                            epoch=epoch)
+        except OSError as exc:
+            # A full disk or the descriptor limit (the WAL's directory, lock, segment and
+            # checkpoint files): a typed error naming the volume or the limit.
+            err = exhausted(exc, directory, f"open the log of {name}",
+                            wal_cfg.segment_initial_bytes)
+            if err is None:
+                raise
+            raise err from exc
         topic_log.durability = durability
         return topic_log
 
@@ -131,6 +150,35 @@ class LogManager:
     @property
     def has_durable_tier(self) -> bool:
         return self.tiered is not None
+
+    # -- running out of space or descriptors ---------------------------------------------
+
+    def exhaustion(self) -> dict:
+        """What the exporter and the readiness check say about the WAL volume and the
+        descriptor limit (read from any thread): ``disk_full`` (the message of the refusal
+        while the volume is full, else None), ``free_bytes`` and ``mount_point`` of the WAL
+        root's volume, ``refused`` (appends and log openings refused, by reason:
+        ``disk_full``, ``descriptor_limit``), ``descriptor_limit`` (the message of a refusal
+        for descriptors in the last ``DESCRIPTOR_PROBLEM_SECONDS``, else None) and
+        ``nofile_soft``/``nofile_hard`` (RLIMIT_NOFILE; None: unlimited)."""
+        full = EXHAUSTION.disk_full_now()
+        recent = EXHAUSTION.descriptors_recently(DESCRIPTOR_PROBLEM_SECONDS)
+        soft, hard = descriptor_limits()
+        return {"disk_full": None if full is None else str(full),
+                "free_bytes": free_bytes(self.root), "mount_point": mount_point(self.root),
+                "refused": dict(EXHAUSTION.refused),
+                "descriptor_limit": None if recent is None else str(recent),
+                "nofile_soft": soft, "nofile_hard": hard}
+
+    def problems(self) -> dict:
+        """Why the broker is not ready to take publishes, by name (empty: ready)."""
+        state = self.exhaustion()
+        problems = {}
+        if state["disk_full"]:
+            problems["disk_full"] = state["disk_full"]
+        if state["descriptor_limit"]:
+            problems["descriptor_limit"] = state["descriptor_limit"]
+        return problems
 
     # -- retention -----------------------------------------------------------------------
 

@@ -102,7 +102,7 @@ class TopicLog:
     async def open(cls, name: str, directory: str, config: WALConfig, *,
                    executor: concurrent.futures.Executor | None = None,
                    tiered=None, write_buffer=None,
-                   ack_after_upload: bool = False) -> TopicLog:
+                   ack_after_upload: bool = False, epoch: int | None = None) -> TopicLog:
         """Recover the topic's WAL in ``directory`` and, with ``tiered`` (the broker's
         ``TieredStorage``), load its durable catalogue and register it for uploads. With
         ``write_buffer`` (the broker's ``WriteBuffer``) the log continues from the durable
@@ -116,20 +116,23 @@ class TopicLog:
         if ack_after_upload and tiered is None:
             raise ValueError("durability uploaded needs a durable tier")
         log = await cls._open(name, directory, config, executor=executor, tiered=tiered,
-                              write_buffer=write_buffer)
+                              write_buffer=write_buffer, epoch=epoch)
         if ack_after_upload:
             log._wait_for_upload()
         return log
 
     @classmethod
-    async def _open(cls, name, directory, config, *, executor, tiered, write_buffer):
+    async def _open(cls, name, directory, config, *, executor, tiered, write_buffer,
+                    epoch=None):
         if write_buffer is not None:
             return await cls._open_buffered(name, directory, config, executor=executor,
-                                            tiered=tiered, write_buffer=write_buffer)
+                                            tiered=tiered, write_buffer=write_buffer,
+                                            epoch=epoch)
         if tiered is None:
             return cls(name, await WAL.open(directory, config, executor=executor))
         from danube.storage.tiered.manager import wal_is_missing
-        tier = await tiered.load_topic(name, wal_missing=wal_is_missing(directory))
+        tier = await tiered.load_topic(name, wal_missing=wal_is_missing(directory),
+                                       epoch=epoch)
         start = tier.uploaded_end + 1
         wal = await WAL.open(directory, config, start_offset=start, executor=executor)
         if wal.next_offset < start:
@@ -149,17 +152,22 @@ class TopicLog:
 
     @classmethod
     async def _open_buffered(cls, name, directory, config, *, executor, tiered,
-                             write_buffer) -> TopicLog:
+                             write_buffer, epoch=None) -> TopicLog:
         from danube.storage.tiered.manager import wal_is_missing
         from danube.storage.writebuffer.rebuild import open_wal
 
+        if epoch is not None:
+            # Before the stream is read: a previous owner still running (paused past its
+            # lease) can add nothing to it from now on.
+            await write_buffer.claim(name, epoch)
         missing = wal_is_missing(directory)
-        tier = None if tiered is None else await tiered.load_topic(name, wal_missing=missing)
+        tier = None if tiered is None else await tiered.load_topic(name, wal_missing=missing,
+                                                                   epoch=epoch)
         wal = await open_wal(name, directory, config, executor=executor, tier=tier,
                              wb=write_buffer, wal_missing=missing)
         if tier is not None:
             tier.wal = wal
-        return cls(name, wal, tier, write_buffer.topic(name, wal.next_offset))
+        return cls(name, wal, tier, write_buffer.topic(name, wal.next_offset, epoch))
 
     # -- the write buffer ----------------------------------------------------------------
 

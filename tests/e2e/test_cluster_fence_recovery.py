@@ -33,6 +33,7 @@ PAUSE = LEASE * 0.75 + 0.5
 STORAGE = """\
 storage:
   mode: shared_fs
+  failover: lossy_local_wal
   durable: {{backend: fs, root: "{root}", upload_interval_seconds: 3600}}
 """
 

@@ -43,7 +43,8 @@ def cluster_on_s3(tmp_path_factory, seaweedfs, shared_wal: bool, upload_interval
     durable = durable_config("s3", seaweedfs, name="cluster",
                              upload_interval_seconds=upload_interval)
     # Without local_wal_root each broker keeps its WAL under its own data directory.
-    wal = f'  local_wal_root: "{workdir}/shared-wal"\n' if shared_wal else ""
+    wal = (f'  local_wal_root: "{workdir}/shared-wal"\n  failover: shared_wal_root\n'
+           if shared_wal else "  failover: lossy_local_wal\n")
     brokers = ClusterBrokers(etcd, workdir, lease=3,
                              storage=STORAGE.format(wal=wal, durable=json.dumps(durable)))
     try:

@@ -97,7 +97,8 @@ def test_up_status_down_up_again(directory):
 
     status = cluster("status", "--dir", str(directory))
     assert status.returncode == 0, status.stdout + status.stderr
-    assert "5 of 5 processes running, 2 brokers active" in status.stdout
+    # etcd, SeaweedFS's master and server, the write buffer's Redis primary and replica
+    assert "7 of 7 processes running, 2 brokers active" in status.stdout
 
     again = cluster("up", "--dir", str(directory), "--free-ports")
     assert again.returncode == 1
@@ -107,7 +108,7 @@ def test_up_status_down_up_again(directory):
     assert down.returncode == 0, down.stdout + down.stderr
     assert "data kept" in down.stdout
     stopped = cluster("status", "--dir", str(directory))
-    assert stopped.returncode == 1 and "0 of 5 processes running" in stopped.stdout
+    assert stopped.returncode == 1 and "0 of 7 processes running" in stopped.stdout
 
     # Up again on the same data (new ports): the subscription is where it was, and the
     # messages it never acknowledged are delivered again (from the broker's WAL, or the
@@ -193,13 +194,16 @@ def test_up_on_a_given_etcd_and_s3_endpoint(directory, tmp_path, seaweedfs_serve
                         "--s3-secret-key", s3.secret_key)
         assert wrong.returncode == 1
         assert "refuses a write to bucket 'no-such-bucket'" in wrong.stderr, wrong.stderr
-        up = cluster("up", "--dir", str(directory), "--free-ports",
+        # Acknowledged once in S3: no write buffer to start.
+        up = cluster("up", "--dir", str(directory), "--free-ports", "--failover", "uploaded",
                      "--etcd-endpoints", etcd.endpoint, "--s3-endpoint", s3.endpoint,
                      "--s3-bucket", s3.bucket, "--s3-access-key", s3.access_key,
                      "--s3-secret-key", s3.secret_key)
         assert up.returncode == 0, up.stdout + up.stderr
         state = json.loads((directory / "cluster.json").read_text())
         assert [p["name"] for p in state["processes"]] == ["broker-1", "broker-2"]
+        config = (directory / "broker.yml").read_text()
+        assert "failover: uploaded" in config and "write_buffer" not in config
         assert s3.secret_key not in (directory / "cluster.json").read_text()
         url = state["processes"][0]["broker_url"]
         got = asyncio.run(publish_and_consume(url, "/default/up-given", ["x"]))
@@ -210,3 +214,25 @@ def test_up_on_a_given_etcd_and_s3_endpoint(directory, tmp_path, seaweedfs_serve
         s3.probe()
     finally:
         etcd.stop()
+
+
+def test_a_shared_wal_root_instead_of_the_write_buffer(directory):
+    """`--failover shared-wal-root`: every broker's WAL root is one directory (on one machine
+    it is shared by construction), and no Redis is started."""
+    up = cluster("up", "--dir", str(directory), "--free-ports", "--failover",
+                 "shared-wal-root")
+    assert up.returncode == 0, up.stdout + up.stderr
+    state = json.loads((directory / "cluster.json").read_text())
+    assert not any(p["name"].startswith("redis") for p in state["processes"])
+    config = (directory / "broker.yml").read_text()
+    assert "failover: shared_wal_root" in config
+    assert f'local_wal_root: "{directory / "shared-wal"}"' in config
+    url = next(p["broker_url"] for p in state["processes"] if p.get("broker_url"))
+    assert asyncio.run(publish_and_consume(url, "/default/up-shared", ["s"])) == ["s"]
+    assert any((directory / "shared-wal").iterdir())
+
+
+def test_an_unknown_failover_is_refused(directory):
+    bad = cluster("up", "--dir", str(directory), "--failover", "maybe")
+    assert bad.returncode == 2
+    assert "--failover: invalid choice: 'maybe'" in bad.stderr

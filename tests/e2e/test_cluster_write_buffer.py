@@ -9,8 +9,9 @@ offers:
   past its end);
 - no write buffer, durability ``uploaded``: a publish is acknowledged once it is in S3.
 
-Without either, each broker says once at start that acknowledged messages not yet uploaded
-do not survive the loss of its disk."""
+Without either named, a cluster acknowledges once in the durable tier (``uploaded``); only
+``storage.failover: lossy_local_wal`` acknowledges what is on the owner's disk alone, and
+each broker then says once at start what that risks."""
 
 import contextlib
 import json
@@ -80,6 +81,13 @@ storage:
   durable: {durable}
 """
 
+LOSSY = """\
+storage:
+  mode: object_store
+  failover: lossy_local_wal
+  durable: {durable}
+"""
+
 
 @contextlib.contextmanager
 def cluster_without_buffer(tmp_path_factory, seaweedfs, storage):
@@ -102,14 +110,19 @@ def uploaded_cluster(tmp_path_factory, seaweedfs_server):
         yield brokers
 
 
-WARNING = "cluster mode without storage.write_buffer"
+WARNING = "storage.failover: lossy_local_wal: a reliable topic's acknowledged messages"
 
 
-def test_without_buffer_or_uploaded_each_broker_warns_once(tmp_path_factory,
-                                                           seaweedfs_server):
-    with cluster_without_buffer(tmp_path_factory, seaweedfs_server, PLAIN) as brokers:
+def test_the_lossy_choice_is_explicit_and_each_broker_warns_once(tmp_path_factory,
+                                                                 seaweedfs_server):
+    with cluster_without_buffer(tmp_path_factory, seaweedfs_server, LOSSY) as brokers:
         for broker in brokers.brokers:
             assert broker.log().count(WARNING) == 1
+    # Without a choice: acknowledged once uploaded, and nothing to warn about.
+    with cluster_without_buffer(tmp_path_factory, seaweedfs_server, PLAIN) as brokers:
+        for broker in brokers.brokers:
+            assert WARNING not in broker.log()
+            assert "storage.failover: uploaded" in broker.log()
 
 
 @pytest.mark.parametrize("run", range(3))

@@ -314,6 +314,7 @@ def test_cluster_keys_load(tmp_path):
         meta_store: {etcd_endpoints: ["10.0.0.1:2379", "http://10.0.0.2:2379"],
                      lease_ttl_seconds: 3}
         load_manager: {assignment_strategy: weighted_load, load_report_interval_seconds: 5}
+        storage: {failover: lossy_local_wal}
         """))
     cfg.mode = "cluster"
     cfg.validate()
@@ -321,6 +322,59 @@ def test_cluster_keys_load(tmp_path):
     assert (cfg.lease_ttl_seconds, cfg.assignment_strategy,
             cfg.load_report_interval_seconds) == (3, "weighted_load", 5)
     assert unbuilt_warning(cfg.unbuilt_keys) is None
+
+
+ETCD = "meta_store: {etcd_endpoints: ['127.0.0.1:2379']}\n"
+S3_TIER = "  mode: shared_fs\n  durable: {backend: fs, root: /tmp/durable}\n"
+
+
+@pytest.mark.parametrize("storage, failover, durability", [
+    # None of the three ways to lose nothing named: acknowledged once in the durable tier.
+    (S3_TIER, "uploaded", "uploaded"),
+    (S3_TIER + "  wal: {durability: uploaded}\n", "uploaded", "uploaded"),
+    (S3_TIER + "  write_buffer: {endpoints: ['redis://127.0.0.1:6379'], wait_replicas: 1}\n",
+     "write_buffer", "always"),
+    (S3_TIER + "  failover: shared_wal_root\n", "shared_wal_root", "always"),
+    (S3_TIER + "  failover: lossy_local_wal\n  wal: {durability: always}\n",
+     "lossy_local_wal", "always"),
+    ("  failover: lossy_local_wal\n", "lossy_local_wal", "always"),
+])
+def test_a_cluster_loses_nothing_acknowledged_unless_told(tmp_path, storage, failover,
+                                                          durability):
+    cfg = load_config(_write(tmp_path, ETCD + "storage:\n" + storage))
+    cfg.mode = "cluster"
+    cfg.validate()
+    assert (cfg.failover, cfg.wal_durability) == (failover, durability)
+    assert cfg.failover_is_lossy == (failover == "lossy_local_wal")
+
+
+@pytest.mark.parametrize("storage, message", [
+    ("  mode: local\n", "storage.mode local keeps a topic's messages on its owner's disk"),
+    (S3_TIER + "  wal: {durability: always}\n", "durability always acknowledges a message "
+                                                "before it leaves its owner's disk"),
+    (S3_TIER + "  failover: uploaded\n  wal: {durability: interval}\n",
+     "interval contradicts storage.failover: uploaded"),
+    ("  failover: uploaded\n", "needs storage.mode object_store or shared_fs"),
+    ("  failover: write_buffer\n", "needs a storage.write_buffer section"),
+    ("  failover: maybe\n", "expected write_buffer, uploaded, shared_wal_root, "
+                            "lossy_local_wal, got 'maybe'"),
+])
+def test_a_cluster_that_could_lose_acknowledged_messages_must_say_so(tmp_path, storage,
+                                                                     message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        cfg = load_config(_write(tmp_path, ETCD + "storage:\n" + storage))
+        cfg.mode = "cluster"
+        cfg.validate()
+
+
+def test_failover_is_not_asked_of_one_broker(tmp_path):
+    """Standalone, or cluster mode without etcd (upstream's configs: a one-broker cluster):
+    there is no other owner to fail over to."""
+    for mode, text in (("standalone", ""), ("cluster", "")):
+        cfg = load_config(_write(tmp_path, text))
+        cfg.mode = mode
+        cfg.validate()
+        assert cfg.failover is None and cfg.wal_durability == "always"
 
 
 def test_transport_cap_set_below_the_policy_is_an_error(tmp_path):

@@ -1,7 +1,8 @@
 """Danube Connect's sink-iceberg against the real broker process, run as `danube connect
 run`, writing through pyiceberg's SQL catalog on SQLite: JSON records through field
 mappings into a day-partitioned table on the file system with bad records dead-lettered,
-three SIGKILLs mid-stream with every row exactly once (count and checksum), columns from an
+three SIGKILLs mid-stream with every row exactly once (count and checksum), a SIGKILL while
+a batch's dead letters wait for the broker's ack (none lost, none twice), columns from an
 Avro subject that evolves (a new optional column added to the table), raw columns, and the
 round trip with a kill on S3 (SeaweedFS)."""
 
@@ -16,10 +17,11 @@ import pytest
 from pyiceberg.catalog.sql import SqlCatalog
 
 from broker_process import BrokerProcess
-from connector_process import ConnectorProcess, runtime_toml
+from connector_process import Collector, ConnectorProcess, runtime_toml
 from waiting import async_wait_for
 from danube.client import DanubeClient, register_schema
 from danube.client.schema import schema_reference
+from danube.proto import DanubeAdmin_pb2 as adm
 
 MAPPINGS = '''field_mappings = [
     { json_path = "id", column = "id", data_type = "Int64", nullable = false },
@@ -193,6 +195,64 @@ async def test_three_sigkills_exactly_once(tmp_path, broker):
     assert conn.metric("danube_connector_messages_processed_total") < total
     assert conn.stop() == 0
     assert checksum(lake, ident) == (total, total, total * (total - 1) // 2)
+
+
+def refused(i):
+    """A record the sink refuses (``id`` is not an integer), told apart by ``i``."""
+    return json.dumps({"id": f"bad-{i}", "name": f"n{i}"}).encode()
+
+
+def retrying_dead_letters(conn):
+    return any(r.get("msg", "").startswith("dead-letter publish failed")
+               for r in conn.records())
+
+
+async def test_sigkill_before_the_dead_letters_are_acknowledged(tmp_path, broker, admin):
+    """Issue 51: the sink is killed while the broker has not acknowledged a batch's dead
+    letters (the dead-letter topic's namespace does not exist yet: the broker answers
+    UNAVAILABLE and the sink retries the publish). The batch's snapshot, whose summary
+    carries its last offset, waits for that ack: restarted once the namespace exists, the
+    sink writes the batch again. Every good row once, every refused record in the
+    dead-letter topic once."""
+    ns = f"dlq_{uuid.uuid4().hex[:8]}"
+    dlq = f"/{ns}/dead"
+    name = f"ice_dlq_{uuid.uuid4().hex[:8]}"
+    topic, ident = f"/default/{name}", ("default", name)
+    lake = Lake(tmp_path)
+    total = 1000
+    bad = [i for i in range(total) if i % 50 == 25]
+    payloads = [refused(i) if i in bad else row(i) for i in range(total)]
+    good = total - len(bad)
+    async with DanubeClient(f"http://{broker.client_addr}") as client:
+        producer = await make_topic(client, topic)
+        conn = ConnectorProcess(write_config(tmp_path / "c.toml", broker, topic, lake,
+                                             dlq=dlq, batch_size=100))
+        await asyncio.to_thread(conn.start)
+        await producer.send_many(payloads)
+        await async_wait_for(lambda: retrying_dead_letters(conn), 120,
+                             "the sink retrying its dead-letter publish")
+        conn.sigkill()
+        # Nothing at or past a refused record whose dead letter is not acknowledged is
+        # committed (the offsets are the ids: the topic's offsets start at 0).
+        t = lake.rows(ident)
+        written = [] if t is None else t.column("id").to_pylist()
+        assert all(i < bad[0] for i in written), \
+            f"committed up to id {max(written)} before the dead letter of {bad[0]} was acked"
+        await admin.call("NamespaceAdmin", "CreateNamespace", adm.NamespaceRequest(name=ns))
+        dead = await Collector(client, dlq, create_topic=True).start()
+        conn = ConnectorProcess(conn.config_path)
+        await asyncio.to_thread(conn.start)
+        await async_wait_for(lambda: lake.count(ident) >= good, 120, "every good row")
+        # Each batch's dead letters are acknowledged before its snapshot: all of them are
+        # in the topic once the last row is in the table.
+        assert conn.metric("danube_connector_messages_dead_lettered_total") == len(bad)
+        await async_wait_for(lambda: len(dead.messages) >= len(bad), 60, "every dead letter")
+        await dead.stop()
+    assert sorted(int(m.attributes["dlq.offset"]) for m in dead.messages) == bad
+    assert sorted(m.payload for m in dead.messages) == sorted(refused(i) for i in bad)
+    ids = [i for i in range(total) if i not in bad]
+    assert checksum(lake, ident) == (good, good, sum(ids))
+    assert conn.stop() == 0
 
 
 def avro_datum(schema, doc):

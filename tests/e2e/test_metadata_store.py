@@ -444,6 +444,32 @@ async def test_compare_and_swap(store):
     assert await store.compare_and_swap("/l", None, "e") is True  # expired counts as absent
 
 
+async def test_put_many_if_writes_only_under_the_guards_value(store):
+    """A fencing token: the writer holding epoch 1 writes; once another raised the epoch,
+    the same write changes nothing, and a watch sees only what was written."""
+    assert await store.allocate_id("/t/epoch") == 1
+    watch = await store.watch("/t/seg/")
+    try:
+        assert await store.put_many_if({"/t/seg/1": {"a": 1}, "/t/seg/cur": 1},
+                                       "/t/epoch", 1) is True
+        assert await store.get("/t/seg/1") == {"a": 1}
+        assert await store.allocate_id("/t/epoch") == 2
+        assert await store.put_many_if({"/t/seg/2": {"b": 2}, "/t/seg/cur": 2},
+                                       "/t/epoch", 1, durable=False) is False
+        assert await store.get("/t/seg/2") is None and await store.get("/t/seg/cur") == 1
+        assert await store.put_many_if({"/t/seg/2": {"b": 3}}, "/t/epoch", 2) is True
+        assert await store.put_many_if({"/x": 1}, "/no/such/key", 1) is False
+        events = []
+        async with asyncio.timeout(5):
+            async for event in watch:
+                events.append((event.key, event.value))
+                if len(events) == 3:
+                    break
+        assert events == [("/t/seg/1", {"a": 1}), ("/t/seg/cur", 1), ("/t/seg/2", {"b": 3})]
+    finally:
+        watch.close()
+
+
 async def test_concurrent_cas_exactly_one_wins(store):
     results = await asyncio.gather(*(store.compare_and_swap("/leader", None, i)
                                      for i in range(50)))

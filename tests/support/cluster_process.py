@@ -40,6 +40,7 @@ load_manager:
 SHARED_STORAGE = """\
 storage:
   mode: shared_fs
+  failover: shared_wal_root
   local_wal_root: "{shared}/wal"
   durable: {{backend: fs, root: "{shared}/durable", upload_interval_seconds: 1}}
 """

@@ -151,3 +151,38 @@ async def test_a_renewal_in_flight_across_a_stall_ends_no_fence_and_lapses_nothi
         if store.hold is not None:
             store.hold.set()
         await member.stop(deregister=False)
+
+
+async def test_the_lease_allows_acks_only_until_the_fence_would_fall():
+    """The placement's Lease, which every publish checks before its ack: a renewal moves it
+    to FENCE_FRACTION of the TTL after the renewal was sent; a stalled renewal lets it run
+    out on time (a paused broker acknowledges nothing once resumed, before its watchdog
+    runs); a fence drops it to 0 and a renewal after the fence restores it."""
+    from danube.broker.placement import Lease
+
+    store = HeldStore(await MemoryStore.open())
+    lease = Lease(0.0)
+
+    async def on_fenced(reason):
+        pass
+
+    async def on_restored():
+        pass
+
+    member = Membership(store, "1", {"broker_id": "1"}, TTL, on_fenced=on_fenced,
+                        on_restored=on_restored, lease=lease)
+    await member.start()
+    try:
+        sent = store.puts[-1]
+        # (the store's clock read is a moment after the membership's)
+        assert sent - 1 < lease.deadline - TTL * FENCE_FRACTION <= sent
+        assert time.monotonic() < lease.deadline
+        store.hold()                          # etcd stops answering
+        await async_wait_for(lambda: time.monotonic() >= lease.deadline, timeout=TTL * 3)
+        await async_wait_for(lambda: member.fenced, timeout=TTL * 3)
+        assert lease.deadline == 0.0
+        store.release()
+        await async_wait_for(lambda: not member.fenced, timeout=TTL * 5)
+        assert time.monotonic() < lease.deadline
+    finally:
+        await member.stop(deregister=False)

@@ -10,8 +10,8 @@ import dataclasses
 import pytest
 
 from danube.config_writebuffer import WriteBufferConfig
-from danube.storage.errors import (WriteBufferError, WriteBufferFullError,
-                                   WriteBufferStartupError)
+from danube.storage.errors import (WriteBufferError, WriteBufferFencedError,
+                                   WriteBufferFullError, WriteBufferStartupError)
 from danube.storage.topic_log import TopicLog
 from danube.storage.wal import WALConfig
 from danube.storage.writebuffer import WriteBuffer
@@ -204,6 +204,41 @@ async def test_new_owner_rebuilds_the_log_from_the_stream(tmp_path, redis_pair):
     finally:
         await log2.close()
         await wb.close()
+        await wb2.close()
+
+
+async def test_a_later_owner_fences_the_earlier_owners_appends(tmp_path, redis_pair):
+    """Ownership epochs: the owner with epoch 1 is still running (paused past its lease, then
+    resumed) when the owner with epoch 2 claims the stream and rebuilds from it. Whatever
+    the first appends after the claim is refused by the stream's script, its publishes are
+    not confirmed, and the stream stays exactly what the new owner rebuilt and appended."""
+    wb1 = await started(wb_config(redis_pair.url))
+    old = await TopicLog.open(TOPIC, str(tmp_path / "old"), WALConfig(durability="always"),
+                              write_buffer=wb1, epoch=1)
+    await old.sync_to(old.append([b"a", b"b"])[1])
+    wb2 = await started(wb_config(redis_pair.url))
+    new = await TopicLog.open(TOPIC, str(tmp_path / "new"), WALConfig(durability="always"),
+                              write_buffer=wb2, epoch=2)
+    try:
+        assert new.next_offset == 2
+        _, last = old.append([b"late"])               # offset 2, on the old owner only
+        with pytest.raises(WriteBufferFencedError, match="epoch 2"):
+            await old.sync_to(last)
+        with pytest.raises(WriteBufferFencedError):   # and every later wait at once
+            await old.sync_to(old.append([b"later"])[1])
+        assert old.durable_offset < 2
+        await new.sync_to(new.append([b"c"])[1])       # offset 2, the new owner's
+        got = []
+        async for batch in read_tail(wb2.reader, stream_key(TOPIC), 0):
+            got.extend(bytes(p) for _, p in batch)
+        assert got == [b"a", b"b", b"c"]
+        # An earlier epoch cannot claim the stream back.
+        with pytest.raises(WriteBufferFencedError, match="a later owner"):
+            await wb1.claim(TOPIC, 1)
+    finally:
+        await old.close()
+        await new.close()
+        await wb1.close()
         await wb2.close()
 
 

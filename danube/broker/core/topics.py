@@ -13,7 +13,8 @@ import logging
 from danube.broker import names, stats
 from danube.broker.errors import (InvalidTopicName, NamespaceNotFound, TopicAlreadyExists,
                                   TopicElsewhere, TopicNotFound, TopicUnloaded)
-from danube.broker.placement import SYSTEM_TOPIC
+from danube.broker.errors import storage_error
+from danube.broker.placement import LOG_ERRORS, SYSTEM_TOPIC
 from danube.broker.topic import DELIVERY_NAMES, NON_RELIABLE, RELIABLE
 from danube.metadata import keys
 
@@ -82,7 +83,8 @@ class TopicTable:
     async def _open_log(self, topic):
         # Not validate_topic: a topic recorded before a name rule tightened is still served.
         keys.split_topic(topic.name)
-        topic.log = await self.logs.open(topic.name)
+        epoch = await self.placement.ownership_epoch(topic.name)
+        topic.log = await self.logs.open(topic.name, epoch=epoch)
         topic.durability = topic.log.durability
         if topic.log.buffer is not None:
             # Appends whose publish failed are confirmed by a later pass: deliver them then.
@@ -252,10 +254,12 @@ class TopicTable:
             await self.store.put(keys.namespace_topic(name), None)
             await self.store.put(keys.topic_delivery(name), delivery_name)
             await self.placement.record_served(name)
-        except BaseException:
+        except BaseException as exc:
             # A topic recorded in metadata but not served would be listed by the admin API
             # and unknown to lookup; take back whatever got written.
             await self._discard_topic(topic)
+            if isinstance(exc, LOG_ERRORS):     # a full disk, the descriptor limit...
+                raise storage_error(exc, f"could not create topic {name}") from exc
             raise
         self.topics[name] = topic
         log.info("topic %s created (%s)", name, delivery_name)

@@ -21,7 +21,7 @@ import dataclasses
 import re
 
 SPARSE_EVERY = 1000          # upstream: one (offset, byte_pos) entry every 1000 frames
-_OBJECT_RE = re.compile(r"data-(\d{20})-(\d{20})\.dnb1$")
+_OBJECT_RE = re.compile(r"data-(\d{20})-(\d{20})(?:-e(\d+))?\.dnb1$")
 #: Upstream's ``metadata_prefix``, under which the catalogue lives.
 DEFAULT_METADATA_PREFIX = "/danube"
 OFFSET_DIGITS = 20
@@ -66,14 +66,25 @@ class CatalogKeys:
         """Value: ``{"start": "<20-digit start offset>", "end_offset": n}``."""
         return f"{self.segments_prefix(topic)}/cur"
 
+    @staticmethod
+    def owner_epoch(topic: str) -> str:
+        """The topic's ownership epoch (``danube.metadata.keys.topic_owner_epoch``, not under
+        the prefix): a descriptor is written only while it holds the writer's epoch."""
+        ns, name = split_topic(topic)
+        return f"/topics/{ns}/{name}/owner_epoch"
+
 
 def topic_object_prefix(topic: str) -> str:
     ns, name = split_topic(topic)
     return f"storage/topics/{ns}/{name}/segments/"
 
 
-def object_key(topic: str, start: int, end: int) -> str:
-    return f"{topic_object_prefix(topic)}data-{start:020d}-{end:020d}.dnb1"
+def object_key(topic: str, start: int, end: int, epoch: int | None = None) -> str:
+    """An owner with an ownership epoch (a cluster) names it in its objects, so two owners
+    never write the same object: an earlier owner still running writes beside the new
+    owner's objects, never over them, and the catalogue names only the owner's."""
+    tail = "" if epoch is None else f"-e{epoch}"
+    return f"{topic_object_prefix(topic)}data-{start:020d}-{end:020d}{tail}.dnb1"
 
 
 def segment_id(key: str) -> str:
@@ -84,6 +95,12 @@ def segment_id(key: str) -> str:
 def parse_object_key(key: str) -> tuple[int, int] | None:
     m = _OBJECT_RE.search(key)
     return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def object_epoch(key: str) -> int:
+    """The ownership epoch an object's name carries (-1 for none)."""
+    m = _OBJECT_RE.search(key)
+    return int(m.group(3)) if m and m.group(3) else -1
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

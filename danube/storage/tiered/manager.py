@@ -48,11 +48,12 @@ import zlib
 
 from danube.metering import Summary
 from danube.storage.durable.base import ObjectStoreConfigError, ObjectStoreError
-from danube.storage.errors import TieredStartupError, UploadFailedError, WALClosedError
+from danube.storage.errors import (OwnershipLostError, TieredStartupError, UploadFailedError,
+                                   WALClosedError)
 from danube.storage.segment_files import parse_segment_name
 from danube.storage.tiered.catalog import (DEFAULT_METADATA_PREFIX, Catalog, CatalogKeys,
-                                           SegmentDescriptor, parse_object_key, segment_id,
-                                           topic_object_prefix)
+                                           SegmentDescriptor, object_epoch, parse_object_key,
+                                           segment_id, topic_object_prefix)
 from danube.storage.tiered.segments import SegmentUploadError, upload_segment
 from danube.storage.tiered.upload_worker import IN_PROCESS_BACKENDS, ProcessUploader, run_idle
 from danube.tasks import TaskSet, cancel_and_wait
@@ -75,10 +76,14 @@ def export_phase(name: str, interval: float) -> float:
 class TopicTier:
     """A reliable topic's view of the durable tier."""
 
-    def __init__(self, tiered: TieredStorage, name: str, catalog: Catalog):
+    def __init__(self, tiered: TieredStorage, name: str, catalog: Catalog,
+                 epoch: int | None = None):
         self.tiered = tiered
         self.name = name
         self.catalog = catalog
+        #: This broker's ownership epoch of the topic (a cluster), which its objects' names
+        #: carry and its descriptors are written under; None: a single broker.
+        self.epoch = epoch
         self.wal = None
         self.lock = asyncio.Lock()          # one export at a time per topic
         self.phase = export_phase(name, tiered.interval)
@@ -139,6 +144,25 @@ class TopicTier:
         wal = self.wal
         return wal is not None and not wal.closed and wal.last_offset > self.uploaded_end
 
+    async def _record(self, desc: SegmentDescriptor, durable: bool) -> None:
+        """The descriptor and the `cur` pointer in one transaction (`cur` never names a
+        descriptor that is not there); in a cluster only while the topic's ownership epoch
+        is still this broker's, so an earlier owner that resumed after a pause cannot add to
+        the catalogue the new owner continues from."""
+        keys, metadata = self.tiered.keys, self.tiered.metadata
+        items = {keys.segment(self.name, desc.start_offset): desc.to_json(),
+                 keys.segments_cur(self.name): {"start": f"{desc.start_offset:020d}",
+                                                "end_offset": desc.end_offset}}
+        if self.epoch is None:
+            await metadata.put_many(items, durable=durable)
+        elif not await metadata.put_many_if(items, keys.owner_epoch(self.name), self.epoch,
+                                            durable=durable):
+            self.closed = True
+            raise OwnershipLostError(
+                f"{self.name}: another broker owns the topic now (its ownership epoch is no "
+                f"longer {self.epoch}); segment {desc.start_offset}..{desc.end_offset} is not "
+                f"recorded")
+
     async def export(self, *, seal: bool = True) -> int:
         """Upload every sealed segment not in the catalogue (sealing the active one first
         when ``seal``). Returns how many segments were uploaded; raises on the first
@@ -162,14 +186,8 @@ class TopicTier:
                                 seg.first_offset - 1)
                 started = time.perf_counter()
                 desc = await self.tiered.upload(self.name, seg.path, seg.first_offset,
-                                                seg.last_offset, seg.size)
-                # The descriptor and the `cur` pointer in one transaction (`cur` never names a
-                # descriptor that is not there).
-                await self.tiered.metadata.put_many({
-                    self.tiered.keys.segment(self.name, desc.start_offset): desc.to_json(),
-                    self.tiered.keys.segments_cur(self.name):
-                        {"start": f"{desc.start_offset:020d}", "end_offset": desc.end_offset}},
-                    durable=desc.end_offset > wal.durable_offset)
+                                                seg.last_offset, seg.size, self.epoch)
+                await self._record(desc, durable=desc.end_offset > wal.durable_offset)
                 self.catalog.add(desc)
                 # Upload and descriptor: upstream's "upload and finalize one segment".
                 self.tiered.upload_latency_ms.observe((time.perf_counter() - started) * 1000)
@@ -224,14 +242,14 @@ class TieredStorage:
         finally:
             self.list_latency_ms.observe((time.perf_counter() - started) * 1000)
 
-    async def upload(self, topic, path, first_offset, last_offset, size):
+    async def upload(self, topic, path, first_offset, last_offset, size, epoch=None):
         if self._uploader is None:
             return await asyncio.get_running_loop().run_in_executor(
                 self._upload_thread, upload_segment, self.objstore, topic, path, first_offset,
-                last_offset, size)
+                last_offset, size, epoch)
         try:
             return await asyncio.wrap_future(
-                self._uploader.submit(topic, path, first_offset, last_offset, size))
+                self._uploader.submit(topic, path, first_offset, last_offset, size, epoch))
         except BrokenProcessPool:
             self._uploader.broken()
             raise ObjectStoreError("the upload worker process died; it is restarted for the "
@@ -266,7 +284,8 @@ class TieredStorage:
 
     # -- topics ---------------------------------------------------------------------------
 
-    async def load_topic(self, name: str, *, wal_missing: bool) -> TopicTier:
+    async def load_topic(self, name: str, *, wal_missing: bool,
+                         epoch: int | None = None) -> TopicTier:
         """The topic's catalogue from metadata. When metadata has none and the local WAL is
         gone as well (a lost disk), it is rebuilt from the object listing, so the history
         and the next offset survive even that."""
@@ -280,7 +299,7 @@ class TieredStorage:
                     log.error("%s: ignoring overlapping descriptor %s", name, key)
         if not catalog.segments and wal_missing:
             catalog = await self._rebuild(name)
-        tier = TopicTier(self, name, catalog)
+        tier = TopicTier(self, name, catalog, epoch)
         tier.next_export = self._next_slot(tier, time.monotonic())
         self.topics[name] = tier
         return tier
@@ -293,6 +312,10 @@ class TieredStorage:
                       "cannot be listed (%s); the topic starts at offset 0", name, exc)
             return Catalog()
         catalog = Catalog()
+        # Of two objects at one start (an earlier owner's beside the new owner's), the later
+        # owner's is the topic's.
+        infos = sorted(infos, key=lambda i: ((parse_object_key(i.key) or (-1,))[0],
+                                             -object_epoch(i.key)))
         for info in infos:
             span = parse_object_key(info.key)
             if span is None or span[0] <= catalog.end_offset:
@@ -386,6 +409,11 @@ class TieredStorage:
             n = await tier.export()
         except asyncio.CancelledError:
             raise
+        except OwnershipLostError as exc:
+            # Not retried: another broker owns the topic; this one is letting it go.
+            log.error("%s", exc)
+            tier.settle_waiters(exc)
+            return
         except Exception as exc:  # noqa: BLE001 - every failure is retried with backoff
             self._failed(tier, exc)
             err = UploadFailedError(f"{tier.name}: upload to {self.objstore.describe()} "

@@ -26,7 +26,7 @@ class SegmentUploadError(Exception):
 
 
 def upload_segment(objstore: ObjectStore, topic: str, path: str, first_offset: int,
-                   last_offset: int, size: int) -> SegmentDescriptor:
+                   last_offset: int, size: int, epoch: int | None = None) -> SegmentDescriptor:
     """Upload a sealed segment file, checked frame by frame first (a corrupt segment is not
     copied to the durable tier, where it would outlive the local evidence). The put is
     conditional: an object already there with the same bytes (a retry after a lost response)
@@ -40,14 +40,15 @@ def upload_segment(objstore: ObjectStore, topic: str, path: str, first_offset: i
                 raise SegmentUploadError(f"{path}: {on_disk} bytes on disk, expected {size}")
             with mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ) as data:
                 return _upload_checked(objstore, topic, path, data, first_offset,
-                                       last_offset, size)
+                                       last_offset, size, epoch)
         data = f.read(size)
     if len(data) != size:
         raise SegmentUploadError(f"{path}: {len(data)} bytes on disk, expected {size}")
-    return _upload_checked(objstore, topic, path, data, first_offset, last_offset, size)
+    return _upload_checked(objstore, topic, path, data, first_offset, last_offset, size,
+                           epoch)
 
 
-def _upload_checked(objstore, topic, path, data, first_offset, last_offset, size):
+def _upload_checked(objstore, topic, path, data, first_offset, last_offset, size, epoch):
     offsets, positions, valid_end, status = scan_frames(data, 0, size, first_offset)
     if status != SCAN_CLEAN or valid_end != size or not len(offsets) \
             or int(offsets[-1]) != last_offset:
@@ -55,7 +56,7 @@ def _upload_checked(objstore, topic, path, data, first_offset, last_offset, size
             f"{path}: segment is not clean ({STATUS_NAMES.get(status, status)} at byte "
             f"{valid_end} of {size}, {len(offsets)} frames, expected offsets "
             f"{first_offset}..{last_offset})")
-    key = object_key(topic, first_offset, last_offset)
+    key = object_key(topic, first_offset, last_offset, epoch)
     try:
         if objstore.keeps_files:
             etag = objstore.put_sealed_file(key, path, size, if_absent=True).etag

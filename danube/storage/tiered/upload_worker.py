@@ -59,8 +59,8 @@ def _init(durable_cfg) -> None:
     _store = open_object_store(durable_cfg)
 
 
-def _upload(topic, path, first_offset, last_offset, size):
-    return upload_segment(_store, topic, path, first_offset, last_offset, size)
+def _upload(topic, path, first_offset, last_offset, size, epoch=None):
+    return upload_segment(_store, topic, path, first_offset, last_offset, size, epoch)
 
 
 def _ready():
@@ -82,14 +82,14 @@ class ProcessUploader:
                 initargs=(self._cfg,))
         return self._pool
 
-    def submit(self, topic, path, first_offset, last_offset, size):
+    def submit(self, topic, path, first_offset, last_offset, size, epoch=None):
         try:
             return self._get_pool().submit(_upload, topic, path, first_offset, last_offset,
-                                           size)
+                                           size, epoch)
         except concurrent.futures.process.BrokenProcessPool:
             self._pool = None
             return self._get_pool().submit(_upload, topic, path, first_offset, last_offset,
-                                           size)
+                                           size, epoch)
 
     def warm(self) -> None:
         """Start the child now and wait until it is ready (blocking: run it in a thread).

@@ -16,6 +16,7 @@ import sys
 from typing import Sequence
 
 from danube.storage._walframes import HEADER_SIZE as _HEADER, measure_frames
+from danube.storage.exhaustion import STATE as EXHAUSTION, exhausted
 from danube.storage.segment import Segment, SegmentInfo
 from danube.storage.wal.config import ALWAYS
 from danube.storage.wal.group_commit import GroupCommit
@@ -42,6 +43,8 @@ class Appender:
         # the two calls every append makes, bound once
         self._queue = commit.queue
         self._deferred = commit.deferred
+        #: An append was refused for lack of space or descriptors (see ``_refusal``).
+        self._refused = False
         #: Segment rotations, in all and by reason (upstream's danube_wal_* metrics).
         self.rotation_count = 0
         self.rotations = {"size": 0, "time": 0, "export": 0}
@@ -54,9 +57,12 @@ class Appender:
         package docstring). An empty batch returns ``(next_offset, next_offset - 1)``.
 
         Raises ``WALClosedError`` after close, ``WALFailedError`` after a failed sync,
-        ValueError for a payload over MAX_PAYLOAD (nothing of the batch is written) and
-        OSError when the disk is full (a prefix of a batch that spans several segments may
-        then have been written: ``next_offset`` says how far).
+        ValueError for a payload over MAX_PAYLOAD (nothing of the batch is written),
+        ``DiskFullError`` when the volume is full and ``DescriptorLimitError`` when no
+        file can be opened for a new segment (nothing of the batch is written, except that
+        a prefix of a batch spanning several segments may be: ``next_offset`` says how far;
+        the WAL stays usable, the next append tries again) and OSError for other failures
+        of the file.
         """
         s = self._s
         if s.status != OPEN or s.failed is not None:
@@ -68,12 +74,20 @@ class Appender:
         if n == 0:
             return first, first - 1
         max_age = self._max_age
-        if fit < n or (max_age is not None and seg.count
-                       and s.clock() - seg.created_at >= max_age):
-            self._append_slow(payloads, first, n, total)
-        else:
-            self._queue(seg.write(payloads, first, n, total, self._deferred(total)))
-            s.next_offset = first + n
+        try:
+            if fit < n or (max_age is not None and seg.count
+                           and s.clock() - seg.created_at >= max_age):
+                self._append_slow(payloads, first, n, total)
+            else:
+                self._queue(seg.write(payloads, first, n, total, self._deferred(total)))
+                s.next_offset = first + n
+        except OSError as exc:
+            err = self._refusal(exc, total)
+            if err is None:
+                raise
+            raise err from exc
+        if self._refused:
+            self._space_back()
         self._cache.extend(first, payloads)
         if self._always:
             self._kick.set()
@@ -102,7 +116,15 @@ class Appender:
             view = memoryview(data)
             starts = [0, *ends[:-1]]
             return self.append([view[a:b] for a, b in zip(starts, ends)])
-        self._queue(seg.write_packed(data, ends, first, n, total, self._deferred(total)))
+        try:
+            self._queue(seg.write_packed(data, ends, first, n, total, self._deferred(total)))
+        except OSError as exc:
+            err = self._refusal(exc, total)
+            if err is None:
+                raise
+            raise err from exc
+        if self._refused:
+            self._space_back()
         s.next_offset = first + n
         self._cache.extend_packed(first, data, ends)
         if self._always:
@@ -147,6 +169,24 @@ class Appender:
         finally:
             if done < n:        # a failure part way: keep the cache in line with the data
                 self._cache.extend(first, payloads[:done])
+
+    def _refusal(self, exc: OSError, total: int):
+        """The ``StorageExhaustedError`` an append that failed with ``exc`` raises for a
+        full disk or the descriptor limit, else None (``exc`` goes on). Nothing is torn:
+        the frames are written only after the room for them is allocated (``Segment.write``
+        grows the file first, a rotation creates the next segment whole or removes it), and
+        the offsets and the index move only after the write."""
+        s = self._s
+        seg = s.active
+        needed = max(total, min(self._max_bytes, 2 * seg.size) - seg.size)
+        err = exhausted(exc, s.directory, "append to the WAL", needed)
+        if err is not None:
+            self._refused = True
+        return err
+
+    def _space_back(self) -> None:
+        self._refused = False
+        EXHAUSTION.space_back()
 
     def _rotate(self, base: int, reason: str = "export") -> None:
         s = self._s

@@ -30,6 +30,7 @@ from typing import Callable
 from danube.storage.checkpoint import build_checkpoint, fsync_dir, write_checkpoint
 from danube.metering import Summary
 from danube.storage.errors import WALClosedError, WALFailedError
+from danube.storage.exhaustion import DESCRIPTOR_ERRNOS, DISK_FULL_ERRNOS
 from danube.storage.segment import Segment
 from danube.storage.segment_writes import PendingWrite, write_pending
 from danube.storage.wal.config import ALWAYS, INTERVAL, NONE
@@ -362,7 +363,15 @@ class GroupCommit:
         def done(_):
             self._ckpt_job = None
             exc = None if cf.cancelled() else cf.exception()
-            if exc is not None:
+            if exc is not None and _exhausted(exc):
+                # A full disk or the descriptor limit: the checkpoint is a hint (recovery
+                # checks it against the files, and the one before stays in place, whole),
+                # so the WAL goes on and the next pass writes it again; failing the WAL
+                # would keep it refusing appends after the space is back.
+                log.warning("WAL %s: checkpoint not written (%s); writing it again on the "
+                            "next pass", self._s.directory, exc)
+                self._ckpt_dirty = True
+            elif exc is not None:
                 self._fail(exc)
             elif self._ckpt_dirty and self._s.status == OPEN:
                 self._s.kick.set()
@@ -513,6 +522,11 @@ class GroupCommit:
             if seg.fd is not None:
                 os.close(seg.fd)
                 seg.fd = None
+
+
+def _exhausted(exc: BaseException) -> bool:
+    """Whether ``exc`` says the disk is full or no descriptor is left (see exhaustion.py)."""
+    return isinstance(exc, OSError) and exc.errno in (DISK_FULL_ERRNOS | DESCRIPTOR_ERRNOS)
 
 
 _ckpt_pool: concurrent.futures.ThreadPoolExecutor | None = None

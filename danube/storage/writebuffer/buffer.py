@@ -16,8 +16,10 @@ import asyncio
 import logging
 import time
 
-from danube.storage.errors import WriteBufferError, WriteBufferStartupError
-from danube.storage.writebuffer.entries import ENDS, PAYLOAD, entry_id, stream_key
+from danube.storage.errors import (WriteBufferError, WriteBufferFencedError,
+                                   WriteBufferStartupError)
+from danube.storage.writebuffer.entries import (APPEND_SCRIPT, CLAIM_SCRIPT, ENDS, PAYLOAD,
+                                                entry_id, epoch_key, stream_key)
 from danube.storage.writebuffer.topic import TopicBuffer
 from danube.tasks import cancel_and_wait
 
@@ -46,7 +48,7 @@ class WriteBuffer:
     def __init__(self, cfg):
         import redis.asyncio as aioredis
         from redis.backoff import NoBackoff
-        from redis.retry import Retry
+        from redis.asyncio.retry import Retry
 
         self.cfg = cfg
         self.endpoint = cfg.endpoints[0]
@@ -188,12 +190,29 @@ class WriteBuffer:
 
     # -- topics ---------------------------------------------------------------------------
 
-    def topic(self, name: str, next_offset: int) -> TopicBuffer:
-        """The buffer of a topic whose next append gets ``next_offset``."""
+    async def claim(self, name: str, epoch: int) -> None:
+        """Begin an ownership of ``name``'s stream with ``epoch``, before reading it back:
+        from then on the stream refuses any earlier owner's appends (so what the new owner
+        rebuilds from cannot change under it). WriteBufferFencedError if a later owner has
+        claimed it already."""
+        from redis.exceptions import RedisError
+
+        try:
+            stored = int(await self.reader.eval(CLAIM_SCRIPT, 1, epoch_key(name), epoch))
+        except (RedisError, OSError) as exc:
+            raise WriteBufferError(f"{name}: could not claim its write buffer stream on "
+                                   f"{self.endpoint}: {exc}") from exc
+        if stored > epoch:
+            raise WriteBufferFencedError(f"{name}: a later owner (epoch {stored}) holds its "
+                                         f"write buffer stream; this broker's epoch is {epoch}")
+
+    def topic(self, name: str, next_offset: int, epoch: int | None = None) -> TopicBuffer:
+        """The buffer of a topic whose next append gets ``next_offset``; ``epoch``: the
+        ownership its appends carry (None: no other broker can own the topic)."""
         old = self.topics.get(name)
         if old is not None:
             old.detach()
-        buf = TopicBuffer(self, name, next_offset)
+        buf = TopicBuffer(self, name, next_offset, epoch)
         self.topics[name] = buf
         return buf
 
@@ -209,6 +228,7 @@ class WriteBuffer:
             key = stream_key(name)
             await self.reader.delete(key)
             await self.reader.delete("{%s}%s" % (key, HEARTBEAT_SUFFIX))
+            await self.reader.delete(epoch_key(name))
         except (RedisError, OSError) as exc:
             log.error("%s: could not delete its write buffer stream %s on %s (%s): a topic "
                       "created again under this name would recover its messages; delete the "
@@ -272,14 +292,26 @@ class WriteBuffer:
             if t.resync:
                 await t.resync_from_stream()
         pipe = writer.pipeline(transaction=False)
-        sent: list[tuple[TopicBuffer, object]] = []
+        # (topic, its entries in one command): an XADD each, or in a cluster one script
+        # per topic that checks the ownership epoch first.
+        sent: list[tuple[TopicBuffer, list]] = []
         budget = PASS_BYTES
         for t in topics:
-            for entry in t.unsent(budget):
-                pipe.xadd(t.key, {PAYLOAD: entry.data, ENDS: entry.ends},
-                          id=entry_id(entry.first))
-                sent.append((t, entry))
-                budget -= entry.nbytes
+            if t.fenced:
+                continue
+            entries = t.unsent(budget)
+            budget -= sum(e.nbytes for e in entries)
+            if t.epoch is None:
+                for entry in entries:
+                    pipe.xadd(t.key, {PAYLOAD: entry.data, ENDS: entry.ends},
+                              id=entry_id(entry.first))
+                    sent.append((t, [entry]))
+            elif entries:
+                args = [t.epoch]
+                for entry in entries:
+                    args += (entry_id(entry.first), entry.data, entry.ends)
+                pipe.execute_command("EVAL", APPEND_SCRIPT, 2, t.key, t.epoch_key, *args)
+                sent.append((t, entries))
         confirm = [t for t in topics if t.needs_confirmation()]
         if not confirm:
             return
@@ -291,15 +323,21 @@ class WriteBuffer:
             pipe.execute_command("WAIT", wait, self.cfg.wait_timeout_ms)
         results = await pipe.execute(raise_on_error=False)
         failed = None
-        for (t, entry), result in zip(sent, results):
+        for (t, entries), result in zip(sent, results):
             if isinstance(result, Exception):
+                if str(result).startswith("FENCED"):
+                    t.fence(WriteBufferFencedError(
+                        f"{t.name}: the write buffer {self.endpoint} refused this broker's "
+                        f"appends: {result} (another broker owns the topic now)"))
+                    continue
                 t.resync = True      # what of it landed is read back before the next write
                 failed = failed or result
             elif not t.resync:
-                t.mark_written(entry)
+                for entry in entries:
+                    t.mark_written(entry)
         self.stats["passes"] += 1
-        self.stats["entries"] += len(sent)
-        self.stats["bytes"] += sum(e.nbytes for _, e in sent)
+        self.stats["entries"] += sum(len(es) for _, es in sent)
+        self.stats["bytes"] += sum(e.nbytes for _, es in sent for e in es)
         if failed is not None:
             raise WriteBufferError(f"{self.endpoint} refused a write: {failed}")
         if wait:

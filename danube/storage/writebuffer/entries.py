@@ -24,6 +24,37 @@ def stream_key(topic: str) -> str:
     return f"/topics/{topic.strip('/')}/stream"
 
 
+def epoch_key(topic: str) -> str:
+    """The topic's ownership epoch beside its stream, hash-tagged by the stream's key (one
+    slot in a Redis Cluster, so a script may touch both)."""
+    return "{%s}/owner_epoch" % stream_key(topic)
+
+
+#: A new owner's claim: the stored epoch is raised to ARGV[1] unless a later owner's is
+#: there already; returns the epoch stored.
+CLAIM_SCRIPT = """
+local cur = tonumber(redis.call('GET', KEYS[1]) or '-1')
+local mine = tonumber(ARGV[1])
+if cur > mine then return cur end
+redis.call('SET', KEYS[1], ARGV[1])
+return mine
+"""
+
+#: An owner's appends: refused whole (error FENCED) when a later owner has claimed the
+#: stream, else one XADD per (id, payload, ends) triple after ARGV[1], the epoch. A script
+#: runs alone on the server: no claim can come between the check and the writes.
+APPEND_SCRIPT = """
+local cur = tonumber(redis.call('GET', KEYS[2]) or '-1')
+if cur > tonumber(ARGV[1]) then
+  return redis.error_reply('FENCED owner epoch ' .. cur .. ' > ' .. ARGV[1])
+end
+for i = 2, #ARGV, 3 do
+  redis.call('XADD', KEYS[1], ARGV[i], 'payload', ARGV[i + 1], 'ends', ARGV[i + 2])
+end
+return (#ARGV - 1) / 3
+"""
+
+
 def entry_id(first_offset: int) -> str:
     return f"{first_offset}-1"
 

@@ -16,8 +16,9 @@ import heapq
 import logging
 
 from danube.storage.errors import WALClosedError, WriteBufferFullError
-from danube.storage.writebuffer.entries import (ENDS, entry_id, first_of, join_payloads,
-                                                pack_ends, stream_key, unpack_ends)
+from danube.storage.writebuffer.entries import (ENDS, entry_id, epoch_key, first_of,
+                                                join_payloads, pack_ends, stream_key,
+                                                unpack_ends)
 
 log = logging.getLogger("danube.storage.writebuffer")
 
@@ -34,10 +35,16 @@ class _Entry:
 
 
 class TopicBuffer:
-    def __init__(self, wb, name: str, next_offset: int):
+    def __init__(self, wb, name: str, next_offset: int, epoch: int | None = None):
         self._wb = wb
         self.name = name
         self.key = stream_key(name)
+        #: This broker's ownership epoch of the topic (None: a single broker), and the key
+        #: that holds the newest owner's; ``fenced``: the error a later owner's claim made
+        #: of every append since.
+        self.epoch = epoch
+        self.epoch_key = epoch_key(name)
+        self.fenced: BaseException | None = None
         self._unsent: collections.deque[_Entry] = collections.deque()
         self._unconfirmed: collections.deque[_Entry] = collections.deque()
         self.pending_bytes = 0
@@ -94,6 +101,8 @@ class TopicBuffer:
         if the pass carrying it fails, WALClosedError if the topic leaves first."""
         if offset <= self.confirmed:
             return self.confirmed
+        if self.fenced is not None:
+            raise self.fenced
         if self.detached:
             raise WALClosedError(f"{self.name}: the topic's write buffer is closed")
         fut = asyncio.get_running_loop().create_future()
@@ -121,7 +130,15 @@ class TopicBuffer:
         return out
 
     def needs_confirmation(self) -> bool:
-        return bool(self._unsent) or self.written > self.confirmed
+        return self.fenced is None and (bool(self._unsent) or self.written > self.confirmed)
+
+    def fence(self, exc: BaseException) -> None:
+        """A later owner claimed the stream: nothing unsent can be written there any more,
+        and nothing waiting may be acknowledged."""
+        if self.fenced is None:
+            log.error("%s", exc)
+        self.fenced = exc
+        self.fail_waiters(exc)
 
     def mark_written(self, entry: _Entry) -> None:
         assert self._unsent and self._unsent[0] is entry
