@@ -23,6 +23,11 @@ Sections, each against a peer measured in the same run:
 - ``publish``: aggregate batched reliable publish (1000 x 100 B per batch, fsync before the
   ack) to 6 reliable topics from 3 load processes, on a 3-broker cluster and on a 1-broker
   cluster of the same etcd and configuration; rounds alternate the order.
+- ``defaults``: the same load (4 reliable topics, 2 load processes) on what
+  `danube cluster up` starts with its defaults (2 brokers, the write buffer on a Redis
+  primary and replica, the S3 tier on SeaweedFS: nothing acknowledged is lost with a
+  broker) against one standalone broker (fsync before the ack, nothing else) on the same
+  machine; rounds alternate the order. Target: >= 0.7x.
 """
 
 from __future__ import annotations
@@ -286,6 +291,55 @@ def bench_publish(workdir, rounds, duration, topics, loaders, producers):
     return out
 
 
+def _publish_load(urls, names, loaders, producers, duration):
+    from bench._proc import REPO, popen, repo_env
+    shares = [",".join(names[i::loaders]) for i in range(loaders)]
+    procs = [popen([sys.executable, "-P", "-m", "bench.cluster.publish_worker",
+                    "--url", urls, "--topics", share, "--producers", str(producers),
+                    "--duration", str(duration)],
+                   stdout=subprocess.PIPE, text=True, env=repo_env(), cwd=REPO)
+             for share in shares]
+    results = [json.loads(p.communicate(timeout=duration + 180)[0]) for p in procs]
+    return (sum(x["acked"] / x["seconds"] for x in results),
+            sum(x["errors"] for x in results))
+
+
+def bench_defaults(workdir, rounds, duration, topics=4, loaders=2, producers=2):
+    from bench._proc import REPO, repo_env
+    out = {"cluster_up": [], "standalone": []}
+    danube = [sys.executable, "-P", "-m", "danube", "cluster"]
+    for r in range(rounds):
+        for kind in (("cluster_up", "standalone") if r % 2 == 0
+                     else ("standalone", "cluster_up")):
+            names = [f"/default/defaults-{r}-{i}" for i in range(topics)]
+            if kind == "standalone":
+                broker = BrokerProcess(data_dir=workdir / f"standalone-{r}").start()
+                try:
+                    rate, errors = _publish_load(f"http://{broker.client_addr}", names,
+                                                 loaders, producers, duration)
+                finally:
+                    broker.stop()
+            else:
+                directory = workdir / f"cluster-{r}"
+                up = subprocess.run([*danube, "up", "--dir", str(directory), "--free-ports"],
+                                    capture_output=True, text=True, env=repo_env(), cwd=REPO,
+                                    timeout=300)
+                if up.returncode:
+                    raise RuntimeError(f"danube cluster up failed: {up.stderr[-2000:]}")
+                try:
+                    state = json.loads((directory / "cluster.json").read_text())
+                    urls = ",".join(p["broker_url"] for p in state["processes"]
+                                    if p.get("broker_url"))
+                    rate, errors = _publish_load(urls, names, loaders, producers, duration)
+                finally:
+                    subprocess.run([*danube, "down", "--dir", str(directory), "--purge"],
+                                   capture_output=True, env=repo_env(), cwd=REPO,
+                                   timeout=300)
+            out[kind].append({"msgs_per_s": rate, "errors": errors})
+            print(f"  round {r} {kind}: {rate:,.0f} msgs/s ({errors} errors)", flush=True)
+    return out
+
+
 def bench_ingress(workdir, runs, lease):
     out = []
     for run in range(runs):
@@ -373,6 +427,17 @@ def main(argv=None):
             three = statistics.median(x["msgs_per_s"] for x in r["3"])
             print(f"  median: 1 broker {one:,.0f} msgs/s, 3 brokers {three:,.0f} msgs/s, "
                   f"{three / one:.2f}x")
+        if "defaults" in sections:
+            print("batched reliable publish, `danube cluster up`'s defaults against one "
+                  "standalone broker (4 topics, 2 load processes):")
+            r = results["defaults"] = bench_defaults(tmp / "defaults", args.publish_rounds,
+                                                     args.publish_duration)
+            alone = statistics.median(x["msgs_per_s"] for x in r["standalone"])
+            cluster = statistics.median(x["msgs_per_s"] for x in r["cluster_up"])
+            ratio = cluster / alone
+            print(f"  median: standalone {alone:,.0f} msgs/s, cluster up {cluster:,.0f} "
+                  f"msgs/s: {ratio:.2f}x (target >= 0.7x: "
+                  f"{'met' if ratio >= 0.7 else 'NOT met'})")
         if "ingress" in sections:
             print(f"official producer behind HAProxy, kill -9 of the owner (lease "
                   f"{args.lease:g} s, target {2 * args.lease:g} s):")

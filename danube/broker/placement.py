@@ -63,6 +63,13 @@ class PlacementHost(Protocol):
     async def delete_topic_data(self, name: str) -> None:
         """A deleted topic's log, local and durable, goes."""
 
+    def local_logs(self) -> list[str]:
+        """The reliable topics with a local WAL here, served or not."""
+
+    async def set_aside_past_ownership(self, name: str) -> None:
+        """A local WAL of a topic another broker has owned since: moved aside (and, in
+        lossy_local_wal, what it held that the next owner never had named)."""
+
 
 class Lease:
     """Until when (``time.monotonic()``) this broker may acknowledge publishes to the topics
@@ -88,11 +95,12 @@ class Placement:
     #: This broker's right to acknowledge (see Lease); a cluster's placement replaces it.
     lease = Lease()
 
-    async def ownership_epoch(self, name: str) -> int | None:
+    async def ownership_epoch(self, name: str) -> tuple[int | None, bool]:
         """A new ownership of reliable topic ``name`` begins here: the epoch every write of
-        it to storage other brokers share carries (greater than any earlier owner's), or
-        None when no other broker can own it."""
-        return None
+        it to storage other brokers share carries (greater than any earlier owner's; None
+        when no other broker can own it), and whether another broker began to own it since
+        this one last did (a local WAL of it here is then a past ownership's)."""
+        return None, False
 
     def bind(self, host) -> None:
         self.host = host

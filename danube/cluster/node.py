@@ -102,6 +102,8 @@ class ClusterNode(Placement):
         await self.view.start()
         self.view.listeners.append(self._on_event)
         await self.membership.start()
+        if self.cfg.failover_is_lossy:
+            await self._check_returning_logs()
         await self.store.put(keys.cluster_broker_state(self.broker_id),
                              {"mode": "active", "reason": "boot"})
         for topic in self.view.topics_of(self.broker_id):
@@ -110,6 +112,23 @@ class ClusterNode(Placement):
         self.reporter.start()
         log.info("broker %s joined the cluster (%d brokers registered, leader %s)",
                  self.broker_id, len(self.view.registered), self.view.leader or "not yet")
+
+    async def _check_returning_logs(self) -> None:
+        """Back after an absence (a kill, a lost host): a local WAL of a topic that another
+        broker began to own meanwhile is a past ownership's, and in lossy_local_wal it may
+        hold acknowledged messages the new owner never had. They are named now, not only if
+        the topic ever comes back here."""
+        mine = set(self.view.topics_of(self.broker_id))
+        for name in self.host.local_logs():
+            if name in mine:
+                continue            # served here: its opening decides
+            try:
+                owner = await self.store.get(keys.topic_owner(name))
+                if isinstance(owner, dict) and str(owner.get("broker")) != self.broker_id:
+                    await self.host.set_aside_past_ownership(name)
+            except (MetadataError, *LOG_ERRORS) as exc:
+                log.warning("could not check the local WAL of %s against its owner: %s",
+                            name, exc)
 
     async def stop(self) -> None:
         """Leave gracefully: hand the leadership on, stop serving every topic (its last
@@ -149,10 +168,15 @@ class ClusterNode(Placement):
     async def forget(self, name: str) -> None:
         await self.forget_topic(name)
 
-    async def ownership_epoch(self, name: str) -> int:
+    async def ownership_epoch(self, name: str) -> tuple[int, bool]:
         """One atomic increment in etcd per ownership: a broker that owned the topic before
-        holds a smaller epoch, which the shared storage then refuses."""
-        return await self.store.allocate_id(keys.topic_owner_epoch(name))
+        holds a smaller epoch, which the shared storage then refuses. The owner record says
+        who began to own it last (this broker, or another since it did)."""
+        previous = await self.store.get(keys.topic_owner(name))
+        epoch = await self.store.allocate_id(keys.topic_owner_epoch(name))
+        await self.store.put(keys.topic_owner(name), {"broker": self.broker_id, "epoch": epoch})
+        taken_over = isinstance(previous, dict) and str(previous.get("broker")) != self.broker_id
+        return epoch, taken_over
 
     @property
     def leader_id(self) -> str:

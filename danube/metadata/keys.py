@@ -143,6 +143,13 @@ def topic_owner_epoch(topic: str) -> str:
     return f"{topic_root(topic)}/owner_epoch"
 
 
+def topic_owner(topic: str) -> str:
+    """Value: ``{"broker": id, "epoch": n}``, the last broker that began to own the reliable
+    topic (ours): one that finds another broker named here knows its own local WAL of the
+    topic is a past ownership's."""
+    return f"{topic_root(topic)}/owner"
+
+
 def topic_policy(topic: str) -> str:
     """Value: topic-level Policies JSON (optional; the namespace policy is the fallback)."""
     return f"{topic_root(topic)}/policy"

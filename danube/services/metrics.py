@@ -336,6 +336,13 @@ def _exhaustion_metrics(logs):
     if state["nofile_soft"] is not None:
         yield _gauge("danube_process_nofile_limit", "The broker's RLIMIT_NOFILE (soft)",
                      state["nofile_soft"])
+    orphaned = CounterMetricFamily(
+        "danube_orphaned_messages", "Messages a past ownership's local WAL held that the "
+        "topic's next owner never had (storage.failover lossy_local_wal), found since start; "
+        "`danube admin topics republish-orphaned` publishes them again", labels=["topic"])
+    for topic, count in sorted(logs.orphaned.items()):
+        orphaned.add_metric([topic], count)
+    yield orphaned
 
 
 def _write_buffer_metrics(wb):

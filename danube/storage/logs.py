@@ -17,6 +17,7 @@ from typing import Callable, Iterable
 from danube.storage.errors import TieredStartupError
 from danube.storage.exhaustion import (STATE as EXHAUSTION, descriptor_limits, exhausted,
                                        free_bytes, mount_point)
+from danube.storage.ownership import guard_shared_wal, write_epoch
 from danube.storage.topic_log import UPLOADED, TopicLog
 from danube.storage.wal import ALWAYS, WALConfig
 from danube.tasks import TaskSet
@@ -46,6 +47,9 @@ class LogManager:
         self.tiered = None              # TieredStorage when storage.mode is not local
         self.write_buffer = None        # WriteBuffer when storage.write_buffer is set
         self._tasks = TaskSet("logs")      # the retention loop
+        #: topic -> messages an earlier ownership's WAL held that the next owner never had
+        #: (storage.failover lossy_local_wal; danube.storage.ownership), since start.
+        self.orphaned: dict[str, int] = {}
 
     async def start(self) -> None:
         self.executor = concurrent.futures.ThreadPoolExecutor(
@@ -90,20 +94,20 @@ class LogManager:
         ns, short = name.lstrip("/").split("/", 1)
         return os.path.join(self.root, ns, short)
 
-    async def open(self, name: str, epoch: int | None = None) -> TopicLog:
+    async def open(self, name: str, epoch: int | None = None,
+                   taken_over: bool = False) -> TopicLog:
         """Open (recover) the log of reliable topic ``name``, with its durability from the
         configuration (storage.wal.durability, topic_durability). ``epoch``: this broker's
         ownership epoch of the topic in a cluster (its writes to the write buffer carry it,
-        and a later owner's epoch makes the buffer refuse them)."""
-        cfg = self.cfg
-        durability = cfg.durability_for(name)
-        hours = cfg.wal_segment_max_hours
-        wal_cfg = WALConfig(durability=ALWAYS if durability == UPLOADED else durability,
-                            sync_interval_ms=cfg.wal_sync_interval_ms,
-                            segment_max_bytes=cfg.wal_segment_max_bytes,
-                            max_age_seconds=hours * 3600 if hours else None,
-                            cache_capacity=cfg.wal_cache_capacity)
+        and a later owner's epoch makes the buffer refuse them). ``taken_over``: another
+        broker opened the topic since this one last did, so a local WAL here is a past
+        ownership's (set aside, see danube.storage.ownership), unless every broker shares the
+        WAL root."""
+        durability = self.cfg.durability_for(name)
+        wal_cfg = self._wal_config(name)
         directory = self.directory(name)
+        if taken_over:
+            await self.set_aside_past_ownership(name)
         try:
             topic_log = await TopicLog.open(name, directory, wal_cfg,
                                             executor=self.executor, tiered=self.tiered,
@@ -119,7 +123,55 @@ class LogManager:
                 raise
             raise err from exc
         topic_log.durability = durability
+        if epoch is not None:
+            write_epoch(directory, epoch)
+            if self.cfg.failover == "shared_wal_root":
+                guard_shared_wal(topic_log, directory, epoch)
         return topic_log
+
+    def _wal_config(self, name: str) -> WALConfig:
+        cfg = self.cfg
+        durability = cfg.durability_for(name)
+        hours = cfg.wal_segment_max_hours
+        return WALConfig(durability=ALWAYS if durability == UPLOADED else durability,
+                         sync_interval_ms=cfg.wal_sync_interval_ms,
+                         segment_max_bytes=cfg.wal_segment_max_bytes,
+                         max_age_seconds=hours * 3600 if hours else None,
+                         cache_capacity=cfg.wal_cache_capacity)
+
+    def local_topics(self) -> list[str]:
+        """The topics whose WAL directory is under this broker's WAL root."""
+        out = []
+        try:
+            namespaces = os.listdir(self.root)
+        except FileNotFoundError:
+            return out
+        for ns in namespaces:
+            try:
+                entries = os.listdir(os.path.join(self.root, ns))
+            except (NotADirectoryError, FileNotFoundError):
+                continue
+            out.extend(f"/{ns}/{e}" for e in entries if ".stale-" not in e
+                       and os.path.isdir(os.path.join(self.root, ns, e)))
+        return sorted(out)
+
+    async def set_aside_past_ownership(self, name: str) -> dict | None:
+        """A local WAL of ``name`` from an ownership another broker has ended: moved aside,
+        never continued; in lossy_local_wal what it held that the next owner never had is
+        named (a warning, ``orphaned``, ``orphaned.json``). Nothing when every broker shares
+        the WAL root (the WAL is the next owner's too) or there is no local WAL."""
+        from danube.storage.ownership import set_aside
+        from danube.storage.tiered.manager import wal_is_missing
+
+        directory = self.directory(name)
+        if self.cfg.failover == "shared_wal_root" or wal_is_missing(directory):
+            return None
+        orphaned = await set_aside(name, directory, self._wal_config(name),
+                                   executor=self.executor, tiered=self.tiered,
+                                   report=self.cfg.failover_is_lossy)
+        if orphaned is not None:
+            self.orphaned[name] = self.orphaned.get(name, 0) + orphaned["count"]
+        return orphaned
 
     async def discard(self, name: str) -> None:
         """A topic created a moment ago is taken back: its local WAL and buffered entries go

@@ -22,7 +22,12 @@ from official_client import spawn_scenario
 from waiting import wait_for
 
 DANUBE = [sys.executable, "-P", "-m", "danube"]
-LEASE = 3
+# 3 s keeps the test short (`cluster up`'s own default is 10 s). The issue's measurements
+# (5 runs of each client setting, the default lease) set these from the environment.
+LEASE = int(os.environ.get("DANUBE_LOSSLESS_LEASE", "3"))
+RUNS = int(os.environ.get("DANUBE_LOSSLESS_RUNS", "1"))
+#: The official producer's options docs/cluster.md recommends for brokers restarted in turn.
+RECOMMENDED = {"max_retries": 5, "base_backoff_ms": 50, "max_backoff_ms": 500}
 TOPIC = "/default/lossless"
 PARTITIONS = 3
 
@@ -72,7 +77,10 @@ async def subscribe_first(urls, topic, subscription):
         await client.subscribe(topic, "audit", subscription)
 
 
-def test_defaults_lose_nothing_acknowledged_when_an_owner_is_killed(directory, tmp_path):
+@pytest.mark.parametrize("run", range(RUNS))
+@pytest.mark.parametrize("options", ["client defaults", "recommended options"])
+def test_defaults_lose_nothing_acknowledged_when_an_owner_is_killed(directory, tmp_path,
+                                                                    options, run):
     tools.redis_server()
     up = cluster("up", "--dir", str(directory), "--free-ports", "--brokers", "3",
                  "--ingress", "--lease-ttl", str(LEASE))
@@ -84,8 +92,8 @@ def test_defaults_lose_nothing_acknowledged_when_an_owner_is_killed(directory, t
     go, stop = tmp_path / "go", tmp_path / "stop"
     producer = spawn_scenario("proxy_producer.py", {
         "url": state["ingress"], "topic": TOPIC, "partitions": PARTITIONS,
-        "go_file": str(go), "stop_file": str(stop), "interval": 0.01,
-        "retry_pause": 0.05}, timeout=150)
+        "go_file": str(go), "stop_file": str(stop), "interval": 0.01, "retry_pause": 0.05,
+        "retry": RECOMMENDED if options == "recommended options" else None}, timeout=150)
 
     def acks():
         return [line.split() for line in list(producer.lines)
@@ -110,5 +118,6 @@ def test_defaults_lose_nothing_acknowledged_when_an_owner_is_killed(directory, t
     # The killed owner's partition is published to again within twice the lease.
     after = [t for p, t in acked.items() if t > killed_at and got[p].endswith("-part-0")]
     assert after, "nothing acknowledged on partition 0 after the kill"
-    print(f"first ack on partition 0 {min(after) - killed_at:.2f} s after the kill; "
+    print(f"{options}, lease {LEASE} s: first ack on partition 0 "
+          f"{min(after) - killed_at:.2f} s after the kill (2x the lease: {2 * LEASE} s); "
           f"{len(acked)} acknowledged, 0 lost")

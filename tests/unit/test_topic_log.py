@@ -226,3 +226,24 @@ def test_catalogue_keys_are_upstreams_layout_as_metadata_lists_it():
     for bad in (-1, True, 1.5):
         with pytest.raises(ValueError):
             CatalogKeys().segment(TOPIC, bad)
+
+
+async def test_a_shared_wal_root_refuses_acks_once_a_later_owner_wrote_its_epoch(tmp_path):
+    """storage.failover shared_wal_root: the WAL directory names its owner's epoch; an owner
+    that lost its lock (an NFS lease run out while it was paused) and goes on appending is
+    refused every ack once a later owner has rewritten the epoch file."""
+    from danube.storage.errors import OwnershipLostError
+    from danube.storage.ownership import guard_shared_wal, read_epoch, write_epoch
+
+    directory = str(tmp_path / "wal")
+    log = await TopicLog.open(TOPIC, directory, WALConfig(durability="always"))
+    try:
+        write_epoch(directory, 4)
+        guard_shared_wal(log, directory, 4)
+        assert read_epoch(directory) == 4
+        await log.sync_to(log.append([b"a"])[1])
+        write_epoch(directory, 5)                   # the next owner opened the log
+        with pytest.raises(OwnershipLostError, match="epoch 5; this broker's is 4"):
+            await log.sync_to(log.append([b"b"])[1])
+    finally:
+        await log.close()

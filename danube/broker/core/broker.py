@@ -161,6 +161,12 @@ class BrokerCore:
     async def delete_topic_data(self, name):
         await self.topic_table.delete_topic_data(name)
 
+    def local_logs(self):
+        return self.logs.local_topics()
+
+    async def set_aside_past_ownership(self, name):
+        await self.logs.set_aside_past_ownership(name)
+
     # -- the facade: what a Topic's subscriptions tell their broker ----------------------
 
     def consumer_removed(self, consumer):

@@ -83,8 +83,8 @@ class TopicTable:
     async def _open_log(self, topic):
         # Not validate_topic: a topic recorded before a name rule tightened is still served.
         keys.split_topic(topic.name)
-        epoch = await self.placement.ownership_epoch(topic.name)
-        topic.log = await self.logs.open(topic.name, epoch=epoch)
+        epoch, taken_over = await self.placement.ownership_epoch(topic.name)
+        topic.log = await self.logs.open(topic.name, epoch=epoch, taken_over=taken_over)
         topic.durability = topic.log.durability
         if topic.log.buffer is not None:
             # Appends whose publish failed are confirmed by a later pass: deliver them then.

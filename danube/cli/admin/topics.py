@@ -2,7 +2,7 @@
 JSON keys. Describe (with our statistics) is in topic_describe.py; the failure policy and
 the schema configuration in topic_config.py."""
 
-from danube.cli.admin import topic_config, topic_describe
+from danube.cli.admin import topic_config, topic_describe, topic_orphans
 from danube.cli.admin.common import CommandError, add_command, add_group, add_output, \
     add_topic, normalize_topic, u32
 from danube.cli.admin.output import debug_list, emit_json
@@ -55,6 +55,7 @@ def add_parser(groups):
                     "  danube admin topics unload /default/mytopic")
     add_topic(p)
     topic_config.add_schema_commands(cmds)
+    topic_orphans.add_commands(cmds)
 
 
 def _dispatch_strategy(text):
