@@ -99,6 +99,18 @@ def proc_cpu(pid):
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
+def tree_cpu(pid):
+    """utime+stime of a process and its live children (an upload worker), in seconds; 0 for
+    a process that is gone."""
+    try:
+        total = proc_cpu(pid)
+        with open(f"/proc/{pid}/task/{pid}/children", encoding="ascii") as f:
+            kids = f.read().split()
+    except OSError:
+        return 0.0
+    return total + sum(tree_cpu(int(k)) for k in kids)
+
+
 def system_busy():
     """CPU seconds spent busy by the whole machine (all CPUs) since boot, from /proc/stat."""
     with open("/proc/stat", "rb") as f:

@@ -304,6 +304,17 @@ def _publish_load(urls, names, loaders, producers, duration):
             sum(x["errors"] for x in results))
 
 
+def _cores(pids, work):
+    """(result of ``work()``, {name: cores each process tree used meanwhile})."""
+    from bench._proc import tree_cpu
+    before = {name: tree_cpu(pid) for name, pid in pids.items()}
+    t0 = time.monotonic()
+    result = work()
+    seconds = time.monotonic() - t0
+    return result, {name: round((tree_cpu(pid) - before[name]) / seconds, 2)
+                    for name, pid in pids.items()}
+
+
 def bench_defaults(workdir, rounds, duration, topics=4, loaders=2, producers=2):
     from bench._proc import REPO, repo_env
     out = {"cluster_up": [], "standalone": []}
@@ -315,8 +326,8 @@ def bench_defaults(workdir, rounds, duration, topics=4, loaders=2, producers=2):
             if kind == "standalone":
                 broker = BrokerProcess(data_dir=workdir / f"standalone-{r}").start()
                 try:
-                    rate, errors = _publish_load(f"http://{broker.client_addr}", names,
-                                                 loaders, producers, duration)
+                    (rate, errors), cores = _cores({"broker": broker.pid}, lambda: _publish_load(
+                        f"http://{broker.client_addr}", names, loaders, producers, duration))
                 finally:
                     broker.stop()
             else:
@@ -330,13 +341,16 @@ def bench_defaults(workdir, rounds, duration, topics=4, loaders=2, producers=2):
                     state = json.loads((directory / "cluster.json").read_text())
                     urls = ",".join(p["broker_url"] for p in state["processes"]
                                     if p.get("broker_url"))
-                    rate, errors = _publish_load(urls, names, loaders, producers, duration)
+                    pids = {p["name"]: p["pid"] for p in state["processes"]}
+                    (rate, errors), cores = _cores(pids, lambda: _publish_load(
+                        urls, names, loaders, producers, duration))
                 finally:
                     subprocess.run([*danube, "down", "--dir", str(directory), "--purge"],
                                    capture_output=True, env=repo_env(), cwd=REPO,
                                    timeout=300)
-            out[kind].append({"msgs_per_s": rate, "errors": errors})
-            print(f"  round {r} {kind}: {rate:,.0f} msgs/s ({errors} errors)", flush=True)
+            out[kind].append({"msgs_per_s": rate, "errors": errors, "cores": cores})
+            print(f"  round {r} {kind}: {rate:,.0f} msgs/s ({errors} errors); cores: "
+                  + ", ".join(f"{n} {c:.2f}" for n, c in cores.items()), flush=True)
     return out
 
 

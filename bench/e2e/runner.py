@@ -280,7 +280,13 @@ def targets(results):
                     f"(p99 {_ms(p99)} ms at {r['msgs_per_s']:,.0f} msg/s)",
                     verdict(p99 is not None and p99 < PACED_P99_TARGET and rate_ok)))
     done = [r for r in results if "error" not in r]
-    if done:
+    if not done:
+        # A sum over no measurement is no evidence: not met, and said so.
+        why = f"all {len(results)} scenarios failed or were skipped" if results \
+            else "no scenario ran"
+        out.append((f"no message lost or duplicated, no send errors: nothing was measured "
+                    f"({why})", "NOT met"))
+    else:
         lost = sum(r["consumer"]["missing"] for r in done)
         dup = sum(r["consumer"]["duplicates"] for r in done)
         errs = sum(r["producer"]["errors"] for r in done)

@@ -731,7 +731,9 @@ def targets(storage, replays, pubs, pstats=None):
                         f"reference: {reference}"))
             continue
         ups = [r for r in pubs if r.get("group") == g and "error" not in r]
-        uploaded = all((r["uploaded_segments_in_window"] or 0) > 0 for r in ups)
+        # Over no window, "in every window" would hold of nothing: MISSING.
+        uploaded = bool(ups) and all((r["uploaded_segments_in_window"] or 0) > 0
+                                     for r in ups)
         uploads = not publish_kind(g).startswith("local")
         if uploads:
             what = (f"uploads {'happened in every window' if uploaded else 'MISSING'}")

@@ -4,10 +4,10 @@ cluster mode. etcd (Debian's etcd-server, or a path given), an S3-compatible sto
 primary and replica as the write buffer (Debian's redis-server), and N brokers with the S3
 tier on, each a process of its own with its own data directory and log, all under one
 directory whose ``cluster.json`` remembers what runs. Whatever ``--failover`` picks, the
-cluster keeps every acknowledged message across the loss of any one broker. ``down`` stops them (brokers first,
-with SIGTERM: they hand their topics over and upload their last segments) and keeps the
-data unless asked; ``up`` on the same directory starts the same brokers (same ids) on the
-same data again."""
+cluster keeps every acknowledged message across the loss of any one broker. ``down`` stops
+them (brokers first, with SIGTERM: they hand their topics over and upload their last
+segments) and keeps the data unless asked; ``up`` on the same directory starts the same
+brokers (same ids) on the same data again."""
 
 from __future__ import annotations
 
