@@ -296,36 +296,40 @@ class Producer:
             if all(k == keys[0] for k in keys):
                 key, keys = (keys[0] if keys else None), None
         if self.client.batch_publish is not False and items:
+            # Filled in as batches are acknowledged: a failure is reported only for the
+            # payloads no acknowledgement covered (each payload has one outcome).
+            results = [None] * len(items)
             try:
                 return await self._send_batched(items, attributes, key, batch_size, on_result,
-                                                keys)
+                                                keys, results)
             except RpcError as exc:
-                if exc.code != StatusCode.UNIMPLEMENTED:
+                if exc.code != StatusCode.UNIMPLEMENTED or any(r is not None for r in results):
                     error = errors.from_rpc(exc, f"send to {self.topic}")
                     if not return_exceptions:
                         raise error from None
-                    results = [error] * len(items)
-                    for index in range(len(items)):
-                        if on_result is not None:
-                            on_result(index, error)
+                    for index, outcome in enumerate(results):
+                        if outcome is None:
+                            results[index] = error
+                            if on_result is not None:
+                                on_result(index, error)
                     return results
                 self.client.batch_publish = False
         return await self._send_pipelined(items, attributes, key, window, on_result,
                                           return_exceptions, keys)
 
-    async def _send_batched(self, items, attributes, key, batch_size, on_result, keys=None):
+    async def _send_batched(self, items, attributes, key, batch_size, on_result, keys,
+                            results):
         if len(self.producers) == 1 or (key is not None and keys is None):
             # One partition: consecutive slices, nothing to do per message.
             producer = self._pick(key)
-            results = []
             for start in range(0, len(items), batch_size):
                 ids = await producer.send_batch(
                     items[start:start + batch_size], attributes, key,
                     None if keys is None else keys[start:start + batch_size])
+                results[start:start + len(ids)] = ids
                 if on_result is not None:
                     for index, request_id in enumerate(ids, start):
                         on_result(index, request_id)
-                results.extend(ids)
             self.client.batch_publish = True
             return results
         # Group by partition, keeping payload order within each, then one batch call at a
@@ -334,7 +338,6 @@ class Producer:
         for index in range(len(items)):
             groups.setdefault(self._pick(key if keys is None else keys[index]),
                               []).append(index)
-        results = [None] * len(items)
 
         async def run(producer, indexes):
             for start in range(0, len(indexes), batch_size):
@@ -346,7 +349,14 @@ class Producer:
                     results[index] = request_id
                     if on_result is not None:
                         on_result(index, request_id)
-        await asyncio.gather(*(run(p, idx) for p, idx in groups.items()))
+        try:
+            # A partition that fails stops the others (a TaskGroup cancels them), so no
+            # acknowledgement arrives after the failure is reported.
+            async with asyncio.TaskGroup() as group:
+                for p, idx in groups.items():
+                    group.create_task(run(p, idx))
+        except BaseExceptionGroup as group_error:
+            raise group_error.exceptions[0] from None
         self.client.batch_publish = True
         return results
 
