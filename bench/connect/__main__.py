@@ -1,8 +1,9 @@
 """bench.connect: Danube Connect's connectors against the plain use of the same library, in
 one run (issue 39). Reported, not asserted.
 
-    python -m bench.connect [--quick] [--mqtt N] [--delta N] [--iceberg N] [--webhook N]
-                            [--only mqtt,delta,iceberg,webhook]
+    python -m bench.connect [--quick] [--mqtt N] [--mqtt-topics N] [--delta N]
+                            [--iceberg N] [--webhook N]
+                            [--only mqtt,mqtt_topics,delta,iceberg,webhook]
 
 BENCH_CONNECT_PROFILE=DIR records each connector run with py-spy (collapsed stacks in DIR).
 
@@ -12,6 +13,9 @@ BENCH_CONNECT_PROFILE=DIR records each connector run with py-spy (collapsed stac
    the broker's ack), timed from its first published message to its N-th (its processed
    counter, sampled every 10 ms).
    Target: connector >= 0.7x the direct subscriber.
+1b. MQTT source, metadata on (the default), messages from 7 MQTT topics interleaved (each
+   record its own `mqtt.topic` attribute) against the same number from one topic, same
+   run (one topic measured before and after). Target: >= 0.9x (issue 52).
 2. Delta Lake sink: N JSON records (id, name, amount) in a reliable topic, written in
    batches of 1,000. Peer: the same records as Arrow batches of 1,000 appended with
    `write_deltalake` directly (no parsing, no transaction), run before and after the
@@ -89,13 +93,16 @@ def register_session(port, client_id, topic):
 
 
 def publish(port, topic, n, size=200):
+    """``n`` QoS 1 messages to ``topic``, or round robin over a list of topics."""
+    topics = topic if isinstance(topic, list) else [topic]
     c, props = paho_client(port, uuid.uuid4().hex, clean=True)
     c.connect("127.0.0.1", port, properties=props)
     c.loop_start()
     payload = b"x" * size
     # In steps of 50,000: QoS 1 packet ids (65,535) must not run out.
     for start in range(0, n, 50000):
-        infos = [c.publish(topic, payload, qos=1) for _ in range(min(50000, n - start))]
+        infos = [c.publish(topics[i % len(topics)], payload, qos=1)
+                 for i in range(start, start + min(50000, n - start))]
         for info in infos:
             info.wait_for_publish(120)
     c.disconnect()
@@ -156,6 +163,47 @@ qos = "AtLeastOnce"
         proc.wait()
     return {"messages": n, "direct_msgs_per_s": round(n / direct),
             "connector_msgs_per_s": round(n / connector), "ratio": round(direct / connector, 2)}
+
+
+def bench_mqtt_topics(broker, workdir, n, devices=7):
+    """source-mqtt with `include_metadata = true` (the default): messages from ``devices``
+    MQTT topics interleaved (the docs' `sensors/+/temp` shape: each record its own
+    `mqtt.topic` attribute) against the same number from one MQTT topic, same run.
+    Target: >= 0.9x."""
+    proc, port = mosquitto(workdir)
+    rates = {}
+    try:
+        for label, topics in (("one_topic", ["bench/dev1/data"]),
+                              ("interleaved", [f"bench/dev{i}/data" for i in range(devices)]),
+                              ("one_topic_again", ["bench/dev1/data"])):
+            name = f"bench-mqttt-{uuid.uuid4().hex[:6]}"
+            text = core(broker, name, "source-mqtt", 1000) + f'''[mqtt]
+broker_host = "127.0.0.1"
+broker_port = {port}
+client_id = "{name}"
+clean_session = false
+include_metadata = true
+[[mqtt.routes]]
+from = "bench/+/data"
+to = "/default/{name}"
+qos = "AtLeastOnce"
+'''
+            conn = Connector(workdir, text)
+            while not conn.ready():
+                time.sleep(0.05)
+            conn.stop()             # the session and its subscription exist now
+            publish(port, topics, n)
+            conn = Connector(workdir, text)
+            seconds = conn.timed_until(n, interval=0.01)
+            conn.stop()
+            rates[label] = round(n / seconds)
+    finally:
+        proc.terminate()
+        proc.wait()
+    one = (rates["one_topic"] + rates["one_topic_again"]) / 2
+    return {"messages": n, "devices": devices, **{f"{k}_msgs_per_s": v for k, v in
+                                                   rates.items()},
+            "ratio": round(rates["interleaved"] / one, 2)}
 
 
 # -- Delta Lake ---------------------------------------------------------------------------
@@ -324,14 +372,18 @@ def main():
     parser.add_argument("--delta", type=int, default=None)
     parser.add_argument("--iceberg", type=int, default=None)
     parser.add_argument("--webhook", type=int, default=None)
-    parser.add_argument("--only", default="mqtt,delta,iceberg,webhook",
+    parser.add_argument("--mqtt-topics", type=int, default=None)
+    parser.add_argument("--only", default="mqtt,mqtt_topics,delta,iceberg,webhook",
                         help="comma-separated cases to run")
     args = parser.parse_args()
     sizes = {"mqtt": args.mqtt or (5000 if args.quick else 50000),
+             "mqtt_topics": args.mqtt_topics or (7000 if args.quick else 35000),
              "delta": args.delta or (10000 if args.quick else 100000),
              "iceberg": args.iceberg or (10000 if args.quick else 50000),
              "webhook": args.webhook or (2000 if args.quick else 20000)}
-    cases = {"mqtt": ("mqtt_qos1", bench_mqtt), "delta": ("delta", bench_delta),
+    cases = {"mqtt": ("mqtt_qos1", bench_mqtt),
+             "mqtt_topics": ("mqtt_interleaved_topics", bench_mqtt_topics),
+             "delta": ("delta", bench_delta),
              "iceberg": ("iceberg", bench_iceberg), "webhook": ("webhook", bench_webhook)}
     only = [c.strip() for c in args.only.split(",") if c.strip()]
     unknown = [c for c in only if c not in cases]

@@ -142,10 +142,12 @@ class TopicProducer:
         return b"".join((head.SerializeToString(), _payload_tag(len(payload)), payload,
                          msg.SerializeToString()))
 
-    async def send_batch(self, payloads, attributes=None, key=None, keys=None):
+    async def send_batch(self, payloads, attributes=None, key=None, keys=None,
+                         attributes_each=None):
         """Send payloads in order in one danube_ext.BatchProducer call; returns their request
-        ids. ``keys``: a routing key per payload (instead of ``key`` for all). Raises
-        RpcError (UNIMPLEMENTED from an upstream broker: use `send`)."""
+        ids. ``keys``: a routing key per payload (instead of ``key`` for all);
+        ``attributes_each``: the attributes of each payload (instead of ``attributes`` for
+        all). Raises RpcError (UNIMPLEMENTED from an upstream broker: use `send`)."""
         if self.closed_by_broker:
             await self._recreate(self._generation)
         now = int(time.time() * 1000)
@@ -153,7 +155,8 @@ class TopicProducer:
         first = self._next_send_id
         self._next_send_id = first + n
         ids = range(first, first + n)
-        if not attributes and key is None and keys is None and self.schema_id is None:
+        if not attributes and attributes_each is None and key is None and keys is None \
+                and self.schema_id is None:
             # Plain payloads: the whole request is encoded in C, no protobuf object per
             # message, and without msg_id and producer_name, which the broker stamps.
             batch = encode_message_batch(payloads, first if n else 0, self.producer_id,
@@ -161,11 +164,12 @@ class TopicProducer:
             send = self._stub.send_messages_raw
         else:
             keys = keys if keys is not None else [key] * n
+            each = attributes_each if attributes_each is not None else [attributes] * n
             batch = ext.MessageBatch(request_id=first if n else 0,
                                      producer_id=self.producer_id,
                                      messages=[self._message(i, p.encode() if isinstance(p, str)
-                                                             else p, attributes, k, now)
-                                               for i, p, k in zip(ids, payloads, keys)])
+                                                             else p, a, k, now)
+                                               for i, p, k, a in zip(ids, payloads, keys, each)])
             send = self._stub.send_messages
         policy = self.client.retry
         attempt = 0
@@ -274,10 +278,11 @@ class Producer:
             raise errors.from_rpc(exc, f"send to {producer.topic}") from None
 
     async def send_many(self, payloads, attributes=None, key=None, *, keys=None,
-                        window=DEFAULT_WINDOW, batch_size=DEFAULT_BATCH, on_result=None,
-                        return_exceptions=False):
+                        attributes_each=None, window=DEFAULT_WINDOW, batch_size=DEFAULT_BATCH,
+                        on_result=None, return_exceptions=False):
         """Send every payload and return the request ids in payload order. ``keys`` gives
-        each payload its own routing key (and partition), instead of ``key`` for all.
+        each payload its own routing key (and partition), instead of ``key`` for all;
+        ``attributes_each`` each payload its own attributes, instead of ``attributes``.
 
         Against this project's broker the payloads go in batches of `batch_size` through
         danube_ext.BatchProducer, one batch at a time per partition, so order is kept per
@@ -295,13 +300,21 @@ class Producer:
                 raise ValueError("keys: one per payload, and no key beside them")
             if all(k == keys[0] for k in keys):
                 key, keys = (keys[0] if keys else None), None
+        if attributes_each is not None:
+            attributes_each = attributes_each if type(attributes_each) is list \
+                else list(attributes_each)
+            if attributes or len(attributes_each) != len(items):
+                raise ValueError("attributes_each: one per payload, and no attributes beside")
+            if all(a == attributes_each[0] for a in attributes_each):
+                attributes, attributes_each = \
+                    (attributes_each[0] if attributes_each else None), None
         if self.client.batch_publish is not False and items:
             # Filled in as batches are acknowledged: a failure is reported only for the
             # payloads no acknowledgement covered (each payload has one outcome).
             results = [None] * len(items)
             try:
                 return await self._send_batched(items, attributes, key, batch_size, on_result,
-                                                keys, results)
+                                                keys, results, attributes_each)
             except RpcError as exc:
                 if exc.code != StatusCode.UNIMPLEMENTED or any(r is not None for r in results):
                     error = errors.from_rpc(exc, f"send to {self.topic}")
@@ -315,17 +328,20 @@ class Producer:
                     return results
                 self.client.batch_publish = False
         return await self._send_pipelined(items, attributes, key, window, on_result,
-                                          return_exceptions, keys)
+                                          return_exceptions, keys, attributes_each)
 
     async def _send_batched(self, items, attributes, key, batch_size, on_result, keys,
-                            results):
+                            results, attributes_each=None):
+        each = attributes_each
         if len(self.producers) == 1 or (key is not None and keys is None):
             # One partition: consecutive slices, nothing to do per message.
             producer = self._pick(key)
             for start in range(0, len(items), batch_size):
+                stop = start + batch_size
                 ids = await producer.send_batch(
-                    items[start:start + batch_size], attributes, key,
-                    None if keys is None else keys[start:start + batch_size])
+                    items[start:stop], attributes, key,
+                    None if keys is None else keys[start:stop],
+                    None if each is None else each[start:stop])
                 results[start:start + len(ids)] = ids
                 if on_result is not None:
                     for index, request_id in enumerate(ids, start):
@@ -344,7 +360,9 @@ class Producer:
                 chunk = indexes[start:start + batch_size]
                 ids = await producer.send_batch([items[i] for i in chunk], attributes, key,
                                                 None if keys is None else
-                                                [keys[i] for i in chunk])
+                                                [keys[i] for i in chunk],
+                                                None if each is None else
+                                                [each[i] for i in chunk])
                 for index, request_id in zip(chunk, ids):
                     results[index] = request_id
                     if on_result is not None:
@@ -361,15 +379,16 @@ class Producer:
         return results
 
     async def _send_pipelined(self, items, attributes, key, window, on_result,
-                              return_exceptions, keys=None):
+                              return_exceptions, keys=None, attributes_each=None):
         results = [None] * len(items)
         pending = iter(enumerate(items))
 
         async def worker():
             for index, payload in pending:
                 try:
-                    outcome = await self.send(payload, attributes,
-                                              key if keys is None else keys[index])
+                    outcome = await self.send(
+                        payload, attributes if attributes_each is None
+                        else attributes_each[index], key if keys is None else keys[index])
                 except errors.DanubeError as exc:
                     if not return_exceptions:
                         raise

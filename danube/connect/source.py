@@ -133,32 +133,26 @@ class SourceRuntime:
         rt.metrics.count(rt.metrics.processed, topic, len(records))
 
     async def _send_runs(self, producer, records):
-        """Send runs of records sharing attributes in batched calls, each record with its
-        own key; returns what is left unsent when a run fails (raising its error), else
-        []."""
-        start = 0
-        n = len(records)
-        while start < n:
-            first = records[start]
-            end = start + 1
-            while end < n and records[end].attributes == first.attributes:
-                end += 1
-            run = records[start:end]
-            payloads = [r.payload_bytes() for r in run]
-            done = 0
+        """Send the records in batched calls, each with its own key and attributes (records
+        from interleaved MQTT topics each carry their own `mqtt.topic`: one call for all of
+        them, not one per change of attributes); returns [] once all are acknowledged, or
+        raises the failure with what was acknowledged removed from ``records``."""
+        payloads = [r.payload_bytes() for r in records]
+        done = 0
 
-            def count(_index, _result):
-                nonlocal done
+        def count(_index, result):
+            nonlocal done
+            if not isinstance(result, BaseException):
                 done += 1
-            try:
-                await producer.send_many(payloads, first.attributes or None,
-                                         keys=[r.key for r in run], on_result=count)
-            except client_errors.DanubeError:
-                # Only a whole batch is ever acknowledged, and in order for one partition:
-                # what was acknowledged is not sent again.
-                del records[:start + (done if producer.partitions is None else 0)]
-                raise
-            start = end
+        try:
+            await producer.send_many(payloads, keys=[r.key for r in records],
+                                     attributes_each=[r.attributes or None for r in records],
+                                     on_result=count)
+        except client_errors.DanubeError:
+            # Only a whole batch is ever acknowledged, and in order for one partition:
+            # what was acknowledged is not sent again.
+            del records[:done if producer.partitions is None else 0]
+            raise
         return []
 
     async def _send_one_by_one(self, topic, records):
