@@ -12,7 +12,33 @@ from libc.string cimport memcpy
 
 from danube.broker._canon cimport _Decoded, _Id, _decode, _canon_size, _canon_write
 from danube.codec.grpcframe cimport _put_prefix
-from danube.codec.protowire cimport _put_varint, _varint_size
+from danube.codec.protowire cimport _put_varint, _varint_size, _read_field
+from danube.codec.streammsg cimport SM_PAYLOAD
+
+
+cdef inline Py_ssize_t _payload_size(const uint8_t *p, Py_ssize_t n) noexcept nogil:
+    # The payload's length in a canonical StreamMessage (fields in number order: at most
+    # request_id and msg_id come before it); 0 when it is absent.
+    cdef Py_ssize_t pos = 0, vstart = 0
+    cdef uint64_t field, value
+    cdef int wt
+    while pos < n:
+        if not _read_field(p, n, &pos, &field, &wt, &value, &vstart) or field > SM_PAYLOAD:
+            return 0
+        if field == SM_PAYLOAD:
+            return <Py_ssize_t>value
+    return 0
+
+
+cdef inline Py_ssize_t _decoded_payload_size(const uint8_t *p, _Decoded *d) noexcept nogil:
+    # The payload's length in a message _decode indexed (its last occurrence, as protobuf
+    # reads it); 0 when it is absent.
+    cdef Py_ssize_t pos = d.start[SM_PAYLOAD], vstart = 0
+    cdef uint64_t field, value
+    cdef int wt
+    if pos < 0 or not _read_field(p, d.end[SM_PAYLOAD], &pos, &field, &wt, &value, &vstart):
+        return 0
+    return <Py_ssize_t>value
 
 
 cdef inline uint32_t _fnv1a32(const uint8_t *p, Py_ssize_t n) noexcept nogil:
@@ -168,9 +194,11 @@ cdef class Outbox:
     cpdef bint offer(self, bytes message, DeliveryStamp stamp=None) except -1:
         """Frame ``message`` as one gRPC message: as it is (non-reliable topics canonicalise
         once at publish, for every subscription), or with ``stamp`` rewritten into canonical
-        form (a reliable topic's stored frames, which leave out what the stamp gives)."""
+        form (a reliable topic's stored frames, which leave out what the stamp gives).
+        ``delivered_bytes`` counts the payloads' bytes (as upstream's consumer does), not
+        the encoded messages'."""
         cdef Py_ssize_t size = PyByteArray_GET_SIZE(self._buf)
-        cdef Py_ssize_t n, at
+        cdef Py_ssize_t n, at, payload
         cdef uint8_t *o
         cdef const uint8_t *p = <const uint8_t *>PyBytes_AS_STRING(message)
         cdef _Decoded d
@@ -183,6 +211,7 @@ cdef class Outbox:
             n = _canon_size(&d, &stamp._s, &mid)
         if not self.enabled or (size and size + n + 5 > self.limit):
             return False
+        payload = _payload_size(p, n) if stamp is None else _decoded_payload_size(p, &d)
         # Grown in place and written into: the rewritten message needs no bytes of its own.
         at = self._reserve(n)
         o = <uint8_t *>PyByteArray_AS_STRING(self._buf) + at
@@ -192,7 +221,7 @@ cdef class Outbox:
             _canon_write(p, PyBytes_GET_SIZE(message), &d, &stamp._s, &mid, o)
         self.count += 1
         self.delivered += 1
-        self.delivered_bytes += n
+        self.delivered_bytes += payload
         if size == 0 and self.on_ready is not None:
             self.on_ready()
         return True

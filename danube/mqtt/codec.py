@@ -321,7 +321,7 @@ class Decoder:
         if found is None:
             return None
         count, end, topic, qos1 = found
-        if len(topic) > self.max_topic_length:
+        if not topic or len(topic) > self.max_topic_length:
             return None                     # the general path says why
         try:
             name = topic.decode("utf-8")
@@ -420,6 +420,10 @@ class Decoder:
         props = ()
         if self.level == 5:
             props, pos = _properties(body, pos, length)
+        if not topic and not any(pid == TOPIC_ALIAS for pid, _ in props):
+            # 3.1.1 [MQTT-4.7.3-1]: a topic name has at least one character; 5.0 (3.3.2.1):
+            # an empty one is a Protocol Error unless a Topic Alias stands for it.
+            raise ProtocolError(PROTOCOL_ERROR, "PUBLISH with an empty topic name")
         return Publish(topic, bytes(body[pos:length]), qos, packet_id, dup,
                        bool(flags & 0x01), props)
 

@@ -18,10 +18,12 @@ def test_fnv1a32_known_values():
 def test_outbox_frames_messages_and_signals_once_per_batch():
     calls = []
     box = Outbox(1000, lambda: calls.append(1))
-    assert box.offer(b"abc") and box.offer(b"de")
+    # StreamMessages with payloads b"abc" and b"de" (field 3): the bytes counted are the
+    # payloads', as upstream's consumer counts them, not the encoded messages'.
+    assert box.offer(b"\x1a\x03abc") and box.offer(b"\x08\x07\x1a\x02de")
     assert calls == [1]
     assert box.count == 2 and box.delivered == 2 and box.delivered_bytes == 5
-    assert GrpcDeframer().feed(bytes(box.take())) == [b"abc", b"de"]
+    assert GrpcDeframer().feed(bytes(box.take())) == [b"\x1a\x03abc", b"\x08\x07\x1a\x02de"]
     assert box.count == 0 and box.buffered == 0
     box.offer(b"x")
     assert calls == [1, 1]

@@ -47,7 +47,7 @@ class Session(asyncio.Protocol):
         self.closed = False
         self._timer = None
         self._timeout = cfg.limits.connect_timeout_ms / 1000
-        self._seen = False              # a packet arrived since the timer was set
+        self._seen = False              # bytes arrived since the keep-alive timer was set
         self._unacked = []              # [wal, offset, ack bytes, acks] in arrival order
         self._inflight = 0              # acks in _unacked (a run's entry holds many)
         self._qos2 = set()              # packet ids PUBREC'd, waiting for PUBREL
@@ -140,15 +140,17 @@ class Session(asyncio.Protocol):
     def _tick(self):
         if self.closed:
             return
+        if not self.connected:
+            # The CONNECT deadline counts from the connection's start, whatever bytes came
+            # before it: a CONNECT sent a byte at a time must not hold the slot open.
+            self.server.count("connect_timeouts")
+            log.warning("mqtt %s: no CONNECT within %gs: closing", self.peer_ip,
+                        self._timeout)
+            self.close()
+            return
         if not self._seen:
-            if self.connected:
-                self.fail(codec.KEEP_ALIVE_TIMEOUT,
-                          f"no packet within {self._timeout:g}s (keep-alive x 1.5)")
-            else:
-                self.server.count("connect_timeouts")
-                log.warning("mqtt %s: no CONNECT within %gs: closing", self.peer_ip,
-                            self._timeout)
-                self.close()
+            self.fail(codec.KEEP_ALIVE_TIMEOUT,
+                      f"no packet within {self._timeout:g}s (keep-alive x 1.5)")
             return
         self._arm_timer()
 
