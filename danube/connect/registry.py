@@ -7,6 +7,9 @@ from danube.connect.connector import SinkConnector, SourceConnector
 from danube.connect.errors import ConfigError
 
 GROUP = "danube.connectors"
+#: The pip extra of each connector whose library is not in the ``connect`` extra (a
+#: server's client with a dependency tree of its own).
+EXTRAS = {"sink-qdrant": "qdrant", "sink-surrealdb": "surrealdb"}
 
 
 def available():
@@ -24,8 +27,9 @@ def load(name):
     try:
         cls = found[name].load()
     except ImportError as exc:
+        extra = EXTRAS.get(name, "connect")
         raise ConfigError(f"connector {name!r} cannot be loaded: {exc} (install its "
-                          f"dependencies: pip install 'danube-broker-py[connect]')") from None
+                          f"dependencies: pip install 'danube-broker-py[{extra}]')") from None
     if not (isinstance(cls, type) and issubclass(cls, (SourceConnector, SinkConnector))):
         raise ConfigError(f"connector {name!r}: {found[name].value} is not a SourceConnector "
                           f"or SinkConnector class")

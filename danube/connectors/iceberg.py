@@ -1,5 +1,7 @@
 """sink-iceberg: topics -> Apache Iceberg tables, on ``pyiceberg`` with its SQL catalog
-(SQLite, or any SQLAlchemy URI) and the warehouse on the local file system or S3.
+(SQLite, or any SQLAlchemy URI; the warehouse on the local file system or S3) or a REST
+catalog (Nessie, Polaris, Unity, Lakekeeper, SeaweedFS ...: ``type = "rest"``, the data files
+where the catalog puts them, on S3).
 
 Upstream v0.15.1's ``danube-iceberg`` is a sidecar that reads sealed WAL segments from
 object storage; this is a Danube Connect sink that consumes the topic, so it works with any
@@ -7,7 +9,10 @@ storage tier. Its keys follow upstream's where they exist: ``[iceberg.catalog]``
 ``name`` / ``uri`` / ``warehouse`` (upstream's ``catalog.properties``), ``[iceberg.storage]``
 ``endpoint`` / ``region`` / ``access_key`` / ``secret_key`` (upstream's
 ``storage.options``), and per route ``namespace`` / ``table_name`` (upstream's topic entry;
-by default the topic's Danube namespace and name, as upstream).
+by default the topic's Danube namespace and name, as upstream). A REST catalog takes
+upstream's REST properties too: ``credential`` (OAuth2 client credentials, ``id:secret``) or
+``token`` (a bearer token), ``scope`` and ``oauth2_server_uri``; the ``[iceberg.storage]``
+keys become its FileIO's ``s3.*`` properties, as upstream's ``catalog.properties`` carry them.
 
 Exactly once: every batch is one Iceberg snapshot (a fast append) whose summary also
 carries, under ``danube.offsets.{connector}.{subscription}``, the last offset written of
@@ -16,7 +21,11 @@ newest snapshot that has it and the runtime skips every record at or below, so a
 between the catalog commit and the broker's ack never writes a row twice. (Upstream's
 sidecar keeps its checkpoint in a separate object written after the commit: at least once.)
 The records a batch refuses are in the dead-letter topic, acknowledged by the broker, before
-that commit: a restart skips them too.
+that commit: a restart skips them too. A commit the catalog refuses because the table moved
+on (another writer's snapshot: ``CommitFailedException``, HTTP 409 from a REST catalog) is
+made again on the table reloaded; a commit whose outcome is unknown (a REST call that failed
+after it was sent) is retried only if the reloaded table's offsets do not already cover the
+batch: the snapshot is there or it is not, never half.
 
 Schema: the columns come from ``field_mappings``, the registry subject, or raw columns
 (``columns.py``, as sink-deltalake). A table that exists is evolved to them where Iceberg
@@ -33,8 +42,8 @@ import re
 
 import pyarrow as pa
 
-from danube.connect import (ConfigError, ConsumerConfig, FatalError, Field, RetryableError,
-                            SinkConnector, Table, Tables, Unavailable)
+from danube.connect import (ConfigError, ConsumerConfig, FatalError, Field, SinkConnector,
+                            Table, Tables, Unavailable)
 from danube.connect.schemas import columns_of, is_avro, latest_schema, schema_document
 from danube.connect.settings import topic_name
 from danube.connectors.columns import Columns
@@ -42,9 +51,10 @@ from danube.connectors.deltalake import _mappings
 
 try:
     from pyiceberg.catalog.sql import SqlCatalog
-    from pyiceberg.exceptions import (CommitFailedException, NamespaceAlreadyExistsError,
-                                      NoSuchTableError, TableAlreadyExistsError,
-                                      ValidationError)
+    from pyiceberg.exceptions import (CommitFailedException, ForbiddenError,
+                                      NamespaceAlreadyExistsError, NoSuchTableError,
+                                      OAuthError, RESTError, TableAlreadyExistsError,
+                                      UnauthorizedError, ValidationError)
     from pyiceberg.transforms import parse_transform
 except ImportError as exc:      # pragma: no cover - reported by the registry with the extra
     raise ImportError(f"sink-iceberg needs pyiceberg: {exc}", name="pyiceberg") from None
@@ -109,15 +119,31 @@ ROUTE = {
     "partition_spec": Field(list, None, check=_spec),
 }
 
+
+def _nonempty(value):
+    return None if value is None or value else "must not be empty"
+
+
 CATALOG = {
-    "type": Field(str, "sql", choices=("sql",)),
+    "type": Field(str, "sql", choices=("sql", "rest")),
     "name": Field(str, "danube_catalog"),
+    # sql: a SQLAlchemy URI; rest: the catalog's http(s):// base URL (checked in __init__).
     "uri": Field(str, env="ICEBERG_CATALOG_URI",
                  check=lambda v: None if "://" in v else
-                 "expected a SQLAlchemy URI such as sqlite:////var/lib/iceberg/catalog.db"),
-    "warehouse": Field(str, env="ICEBERG_WAREHOUSE",
-                       check=lambda v: None if v else "must not be empty"),
+                 "expected a SQLAlchemy URI such as sqlite:////var/lib/iceberg/catalog.db "
+                 "(type sql) or the REST catalog's http(s):// URL (type rest)"),
+    # Required for sql; for rest whatever the catalog calls a warehouse (s3://bucket/path,
+    # a catalog name), or none when the catalog has a default.
+    "warehouse": Field(str, None, env="ICEBERG_WAREHOUSE", check=_nonempty),
+    # rest only: OAuth2 client credentials ("client_id:client_secret", exchanged at
+    # oauth2_server_uri for a token) or a bearer token; scope asked with the credential.
+    "credential": Field(str, None, env="ICEBERG_CATALOG_CREDENTIAL", check=_nonempty),
+    "token": Field(str, None, env="ICEBERG_CATALOG_TOKEN", check=_nonempty),
+    "scope": Field(str, None, check=_nonempty),
+    "oauth2_server_uri": Field(str, None, check=lambda v: None if v is None or re.match(
+        r"^https?://", v) else "expected an http(s):// URL"),
 }
+REST_ONLY = ("credential", "token", "scope", "oauth2_server_uri")
 
 STORAGE = {
     "endpoint": Field(str, None, env="S3_ENDPOINT"),
@@ -178,20 +204,54 @@ class IcebergSink(SinkConnector):
         if len(set(idents)) != len(idents):
             raise ConfigError("iceberg.routes: two routes write the same table "
                               "(namespace.table_name)")
-        warehouse = self.ice.catalog.warehouse
-        if warehouse.startswith("s3://") and not self.ice.storage.region:
-            raise ConfigError("iceberg.storage.region: required for an s3:// warehouse "
-                              "(or set AWS_REGION)")
+        c = self.ice.catalog
+        if c.type == "rest":
+            if not re.match(r"^https?://", c.uri):
+                raise ConfigError(f"iceberg.catalog.uri: {c.uri!r}: a REST catalog's URI is "
+                                  f"its http:// or https:// base URL")
+            if c.credential and c.token:
+                raise ConfigError("iceberg.catalog: credential and token are two ways to "
+                                  "authenticate: give one")
+            if c.credential and ":" not in c.credential:
+                raise ConfigError("iceberg.catalog.credential: expected "
+                                  "client_id:client_secret")
+        else:
+            given = [k for k in REST_ONLY if getattr(c, k) is not None]
+            if given:
+                raise ConfigError(f"iceberg.catalog.{given[0]}: a REST catalog key (set "
+                                  f'type = "rest")')
+            if c.warehouse is None:
+                raise ConfigError("iceberg.catalog.warehouse: required for the sql catalog "
+                                  "(or set ICEBERG_WAREHOUSE)")
+            if c.warehouse.startswith("s3://") and not self.ice.storage.region:
+                raise ConfigError("iceberg.storage.region: required for an s3:// warehouse "
+                                  "(or set AWS_REGION)")
         self.catalog = None
 
     # -- the catalog (called in a thread: pyiceberg blocks) -------------------------------
 
     def _properties(self):
+        """pyiceberg's catalog properties (``load_catalog``'s keys) from the config."""
         c, s = self.ice.catalog, self.ice.storage
-        warehouse = c.warehouse
-        if "://" not in warehouse:
-            warehouse = "file://" + os.path.abspath(warehouse)
-        props = {"uri": c.uri, "warehouse": warehouse}
+        props = {"uri": c.uri}
+        if c.type == "rest":
+            props["uri"] = c.uri.rstrip("/")
+            if c.warehouse:
+                props["warehouse"] = c.warehouse
+            if c.token:
+                props["token"] = c.token
+            if c.credential:
+                props["credential"] = c.credential
+                # pyiceberg's default token endpoint, named (unnamed it warns).
+                props["oauth2-server-uri"] = (c.oauth2_server_uri or
+                                              props["uri"] + "/v1/oauth/tokens")
+            if c.scope:
+                props["scope"] = c.scope
+        else:
+            warehouse = c.warehouse
+            if "://" not in warehouse:
+                warehouse = "file://" + os.path.abspath(warehouse)
+            props["warehouse"] = warehouse
         if s.endpoint:
             props["s3.endpoint"] = s.endpoint
         if s.region:
@@ -203,6 +263,8 @@ class IcebergSink(SinkConnector):
         return props
 
     def _connect(self):
+        if self.ice.catalog.type == "rest":
+            return self._connect_rest()
         uri = self.ice.catalog.uri
         if uri.startswith("sqlite:///"):
             folder = os.path.dirname(uri[len("sqlite:///"):])
@@ -212,6 +274,40 @@ class IcebergSink(SinkConnector):
         if "://" not in warehouse or warehouse.startswith("file://"):
             os.makedirs(warehouse.removeprefix("file://"), exist_ok=True)
         return SqlCatalog(self.ice.catalog.name, **self._properties())
+
+    def _connect_rest(self):
+        """The REST catalog, its configuration read (``/v1/config``) and, with a
+        credential, a token taken: errors name the catalog's URI (a refused credential is
+        fatal, an unreachable catalog is waited for)."""
+        from pyiceberg.catalog.rest import RestCatalog
+        try:
+            catalog = RestCatalog(self.ice.catalog.name, **self._properties())
+        except (OAuthError, UnauthorizedError, ForbiddenError) as exc:
+            raise FatalError(self._refused(exc)) from None
+        except RESTError as exc:
+            raise Unavailable(f"Iceberg REST catalog {self.ice.catalog.uri}: "
+                              f"{type(exc).__name__}: {exc}") from None
+        except OSError as exc:          # requests' ConnectionError, Timeout
+            raise Unavailable(f"Iceberg REST catalog {self.ice.catalog.uri} unreachable: "
+                              f"{type(exc).__name__}: {exc}") from None
+        except ValueError as exc:       # not a catalog's answer (pydantic, JSON)
+            raise Unavailable(f"Iceberg REST catalog {self.ice.catalog.uri}: not an "
+                              f"Iceberg REST catalog's answer to /v1/config: {exc}") from None
+        log.info("Iceberg REST catalog %s", self.ice.catalog.uri,
+                 extra={"warehouse": self.ice.catalog.warehouse or ""})
+        return catalog
+
+    def _refused(self, exc):
+        """A 401 (the credential or token is not accepted) or a 403 (it is, but may not do
+        this): the catalog's URI and what it said."""
+        c = self.ice.catalog
+        if isinstance(exc, ForbiddenError):
+            return (f"Iceberg REST catalog {c.uri} forbids it (the identity may not create "
+                    f"or write this namespace or table): {type(exc).__name__}: {exc}")
+        how = ("credential" if c.credential else "token" if c.token
+               else "request without a credential or token")
+        return (f"Iceberg REST catalog {c.uri} refused the {how}: "
+                f"{type(exc).__name__}: {exc}")
 
     def _load(self, route):
         """Open (or create) the route's table, shaped to its columns and partition spec."""
@@ -303,17 +399,36 @@ class IcebergSink(SinkConnector):
             snapshot = table.snapshot_by_id(parent) if parent is not None else None
         return {}
 
+    # A commit refused because the table moved on is made again at once on the table
+    # reloaded, this many times, before the runtime's retries take over.
+    CONFLICT_RETRIES = 5
+
     def _append(self, route, batch, offsets):
-        table = route.table or self._load(route)
-        merged = dict(route.offsets)
-        merged.update(offsets)
-        try:
-            table.append(batch, snapshot_properties={
-                route.property: json.dumps(merged, separators=(",", ":"), sort_keys=True)})
-        except BaseException:
-            route.table = None          # loaded afresh (the catalog may have moved on)
-            raise
-        route.offsets = merged
+        for attempt in range(self.CONFLICT_RETRIES + 1):
+            table = route.table or self._load(route)
+            if all(route.offsets.get(p, -1) >= o for p, o in offsets.items()):
+                # Reloaded after a commit whose answer was lost: the snapshot is there.
+                log.info("batch already in Iceberg table %s (its offsets are committed)",
+                         ".".join(route.identifier))
+                return
+            merged = dict(route.offsets)
+            merged.update(offsets)
+            try:
+                table.append(batch, snapshot_properties={
+                    route.property: json.dumps(merged, separators=(",", ":"),
+                                               sort_keys=True)})
+            except CommitFailedException as exc:
+                route.table = None      # another writer's snapshot came first: reload
+                if attempt == self.CONFLICT_RETRIES:
+                    raise
+                log.info("Iceberg commit conflict on %s, committing again on the table "
+                         "reloaded: %s", ".".join(route.identifier), exc)
+                continue
+            except BaseException:
+                route.table = None      # loaded afresh (the catalog may have moved on)
+                raise
+            route.offsets = merged
+            return
 
     # -- the connector --------------------------------------------------------------------
 
@@ -408,10 +523,17 @@ class IcebergSink(SinkConnector):
     async def _call(self, fn, *args):
         try:
             return await asyncio.to_thread(fn, *args)
-        except (FatalError, ConfigError):
+        except (FatalError, ConfigError, Unavailable):
             raise
         except CommitFailedException as exc:
-            raise RetryableError(f"Iceberg commit conflict: {exc}") from None
+            # Still conflicting after CONFLICT_RETRIES reloads: waited for, never
+            # dead-lettered (the records are good).
+            raise Unavailable(f"Iceberg commit conflict: {exc}") from None
+        except (OAuthError, UnauthorizedError, ForbiddenError) as exc:
+            raise FatalError(self._refused(exc)) from None
+        except RESTError as exc:        # 5xx, CommitStateUnknown, 429: reloaded, retried
+            raise Unavailable(f"Iceberg REST catalog {self.ice.catalog.uri}: "
+                              f"{type(exc).__name__}: {exc}") from None
         except (ValidationError, ValueError, TypeError) as exc:
             raise FatalError(f"Iceberg table refuses the batch: {exc}") from None
         except Exception as exc:        # noqa: BLE001 - storage and catalog outages
