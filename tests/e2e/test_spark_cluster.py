@@ -51,6 +51,7 @@ STREAM_TIMEOUT = 240
 STORAGE = """\
 storage:
   mode: object_store
+  failover: shared_wal_root
   local_wal_root: "{wal}"
   durable: {durable}
 """
