@@ -2,7 +2,9 @@
 (``ClusterLink``), and one replicator per local topic (``TopicReplicator``) that reads the
 WAL from its checkpoint, sends batches on a ReplicateData stream, and moves the checkpoint
 when the cluster acks one. In a cluster, each replicator streams to the broker serving its
-topic (TopicLookup; looked up again after any failure).
+topic (TopicLookup; looked up again after any failure); behind an ingress in proxy mode (the
+lookup's ``proxy``) the stream goes to the ingress with ``x-danube-broker-url`` naming that
+broker, as the client's calls do, and the ingress routes it there.
 
 Only what a WAL sync covers is sent: a message the edge could still lose in a machine crash
 must not reach the cluster, or the offset would be given to another message after the
@@ -31,6 +33,9 @@ MAX_BACKOFF = 5.0
 #: A batch not acked within this long: the stream is taken for dead and opened again.
 ACK_TIMEOUT = 30.0
 CALL_TIMEOUT = 15.0
+#: What an ingress in proxy mode routes a call on (danube.devcluster.ingress, the client's
+#: BrokerAddress.call_metadata).
+BROKER_URL_HEADER = "x-danube-broker-url"
 
 
 def backoff(attempt):
@@ -143,11 +148,15 @@ class ClusterLink:
         self.config_version = response.config_version
 
     async def channel_for(self, topic):
-        """The channel to the broker serving ``topic`` (TopicLookup, as upstream's edge
-        asks), remembered until ``forget``; the cluster_url broker when the lookup fails."""
+        """(channel, call metadata) to reach the broker serving ``topic`` (TopicLookup, as
+        upstream's edge asks), remembered until ``forget``; the cluster_url broker when the
+        lookup fails. Through an ingress in proxy mode the metadata is the
+        ``x-danube-broker-url`` header the ingress routes on (without it the call would go
+        to any broker)."""
         found = self._owners.get(topic)
         if found is not None:
             return found
+        metadata = None
         try:
             answer = await self._lookup(api.TopicLookupRequest(request_id=1, topic=topic),
                                         timeout=CALL_TIMEOUT)
@@ -155,6 +164,8 @@ class ClusterLink:
             # (its address may be one only the edge can reach, through a proxy or NAT).
             url = (answer.connect_url or answer.broker_url
                    if answer.response_type == api.TopicLookupResponse.Redirect else "")
+            if answer.proxy and answer.broker_url:
+                metadata = ((BROKER_URL_HEADER, answer.broker_url),)
         except RpcError as exc:
             log.warning("lookup of %s failed (%s): replicating through %s", topic, exc,
                         self.cfg.cluster_url)
@@ -165,8 +176,8 @@ class ClusterLink:
             channel = self._channels.get(target)
             if channel is None:
                 channel = self._channels[target] = Channel(target, metadata=self._metadata)
-        self._owners[topic] = channel
-        return channel
+        self._owners[topic] = channel, metadata
+        return channel, metadata
 
     def forget(self, topic):
         """Look the topic's broker up again before the next stream (it may have moved)."""
@@ -197,10 +208,10 @@ class TopicReplicator:
         while True:
             call = None
             try:
-                channel = await self.link.channel_for(name)
+                channel, metadata = await self.link.channel_for(name)
                 call = await channel.stream_stream(
                     SERVICE + "ReplicateData", pb.ReplicateBatch.SerializeToString,
-                    pb.ReplicateAck.FromString)()
+                    pb.ReplicateAck.FromString)(metadata=metadata)
                 while True:
                     batch = await self._next_batch()
                     await call.write(batch)

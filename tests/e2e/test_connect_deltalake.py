@@ -7,6 +7,7 @@ broker's ack (none lost, none twice, no row twice), and the same on S3 (SeaweedF
 
 import asyncio
 import json
+import re
 import uuid
 
 import pyarrow.compute as pc
@@ -114,35 +115,64 @@ def checksum(uri, storage_options=None):
 
 
 async def kill_and_restart(conn, at_least, uri, storage_options=None, timeout=120):
+    """SIGKILL the sink once ``at_least`` rows are in, start it again: (the new sink, the
+    last offset the table held when it started: the rows' ids are the topic's offsets)."""
     await async_wait_for(lambda: count(uri, storage_options) >= at_least, timeout,
                          f"{at_least} rows before the kill")
     conn.sigkill()
+    committed = pc.max(table_rows(uri, storage_options).column("id")).as_py()
     again = ConnectorProcess(conn.config_path, env=conn.env)
     await asyncio.to_thread(again.start)
-    return again
+    return again, committed
 
 
 async def test_three_sigkills_exactly_once(tmp_path, broker):
     """Each batch is one Delta commit carrying the partition's offset as an application
-    transaction: killed three times mid-stream, the table ends with every row once."""
+    transaction: killed three times mid-stream, the table ends with every row once, and
+    each restarted sink resumes from the offset the table holds (read back from the
+    transaction, not left to the broker's redelivery: a kill between a commit and its
+    acknowledgement would otherwise write rows twice, which only some runs see)."""
     topic = f"/default/delta_kill_{uuid.uuid4().hex[:8]}"
     uri = str(tmp_path / "table")
     total = 20000
+    restarts = []               # (the restarted sink, the offset committed when it started)
     async with DanubeClient(f"http://{broker.client_addr}") as client:
         producer = await make_topic(client, topic)
         conn = ConnectorProcess(write_config(tmp_path / "c.toml", broker, topic, uri,
                                              batch_size=250))
-        await asyncio.to_thread(conn.start)
-        feeding = asyncio.ensure_future(producer.send_many([row(i) for i in range(total)]))
-        for at_least in (2000, 7000, 12000):
-            conn = await kill_and_restart(conn, at_least, uri)
-        await feeding
-        await async_wait_for(lambda: count(uri) >= total, 180, "every row")
+        try:
+            await asyncio.to_thread(conn.start)
+            # A quarter of the rows before each kill (the sink writes them faster than a
+            # whole stream is sent, so the rows after a kill are sent after it): every
+            # restarted sink has rows to write after the offset it resumes from.
+            quarter = total // 4
+            for k, at_least in enumerate((2000, 7000, 12000)):
+                feeding = asyncio.ensure_future(producer.send_many(
+                    [row(i) for i in range(k * quarter, (k + 1) * quarter)]))
+                conn, committed = await kill_and_restart(conn, at_least, uri)
+                restarts.append((conn, committed))
+                await feeding
+            await producer.send_many([row(i) for i in range(3 * quarter, total)])
+            await async_wait_for(lambda: count(uri) >= total, 180, "every row")
+            assert checksum(uri) == (total, total, total * (total - 1) // 2)
+            # The last sink wrote exactly the rows after the offset it resumed from: none
+            # again, none skipped.
+            last = restarts[-1][1]
+            assert conn.metric("danube_connector_messages_processed_total") == total - last - 1
+            assert conn.stop() == 0
+        finally:
+            conn.stop()         # a failure above must not leave the sink running
     assert checksum(uri) == (total, total, total * (total - 1) // 2)
-    assert conn.stop() == 0
-    assert checksum(uri) == (total, total, total * (total - 1) // 2)
-    skipped = [r for r in conn.records() if "written before" in r.get("msg", "")]
-    assert conn.metric("danube_connector_messages_processed_total") <= total
+    for n, (sink, committed) in enumerate(restarts):
+        resumed = [r for r in sink.records()
+                   if r.get("msg", "").startswith("resuming after")]
+        assert [r.get("offsets") for r in resumed] == [str({topic: committed})], \
+            f"restart {n + 1} did not resume from the committed offset {committed}: {resumed}"
+        # What it acknowledged without writing (delivered again: committed, not yet
+        # acknowledged when the kill came) was at or below that offset.
+        skipped = sum(int(re.match(r"acknowledged (\d+) records", r["msg"]).group(1))
+                      for r in sink.records() if "written before" in r.get("msg", ""))
+        assert skipped <= committed + 1, (n, skipped, committed)
 
 
 def refused(i):
@@ -280,7 +310,7 @@ async def test_s3_exactly_once_across_a_kill_and_a_30s_outage(tmp_path, broker,
         conn = ConnectorProcess(path, env=env)
         await asyncio.to_thread(conn.start)
         await producer.send_many([row(i) for i in range(total // 2)])
-        conn = await kill_and_restart(conn, 1000, uri, options)
+        conn, _ = await kill_and_restart(conn, 1000, uri, options)
         await async_wait_for(lambda: count(uri, options) >= total // 2, 120, "half the rows")
         await asyncio.to_thread(s3.stop)
         await producer.send_many([row(i) for i in range(total // 2, total)])

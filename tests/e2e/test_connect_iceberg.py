@@ -4,7 +4,10 @@ mappings into a day-partitioned table on the file system with bad records dead-l
 three SIGKILLs mid-stream with every row exactly once (count and checksum), a SIGKILL while
 a batch's dead letters wait for the broker's ack (none lost, none twice), columns from an
 Avro subject that evolves (a new optional column added to the table), raw columns, and the
-round trip with a kill on S3 (SeaweedFS)."""
+round trip with a kill on S3 (SeaweedFS). The REST catalog (issue 52) on SeaweedFS's Iceberg
+REST endpoint, its data files on SeaweedFS's S3: the three SIGKILLs with every row exactly
+once, another writer's snapshot in between the sink's (a commit conflict), and a refused
+credential or token and an unreachable catalog reported with the catalog's URI."""
 
 import asyncio
 import datetime
@@ -18,7 +21,8 @@ from pyiceberg.catalog.sql import SqlCatalog
 
 from broker_process import BrokerProcess
 from connector_process import Collector, ConnectorProcess, runtime_toml
-from waiting import async_wait_for
+from ports import free_port
+from waiting import async_wait_for, wait_for
 from danube.client import DanubeClient, register_schema
 from danube.client.schema import schema_reference
 from danube.proto import DanubeAdmin_pb2 as adm
@@ -77,6 +81,50 @@ class Lake:
     def count(self, ident):
         t = self.rows(ident)
         return 0 if t is None else t.num_rows
+
+
+class RestLake:
+    """A REST catalog (SeaweedFS's Iceberg endpoint) and its table bucket: the sink's
+    ``[iceberg.catalog]`` for it (the credential in ICEBERG_CATALOG_CREDENTIAL, the S3 keys
+    in AWS_*: ``env``), read back through pyiceberg's RestCatalog with the same properties."""
+
+    def __init__(self, server, **catalog_keys):
+        self.server = server
+        self.keys = {"uri": server.catalog_uri, "warehouse": server.warehouse,
+                     **catalog_keys}
+        self.env = {"ICEBERG_CATALOG_CREDENTIAL": server.credential,
+                    "AWS_ACCESS_KEY_ID": server.access_key,
+                    "AWS_SECRET_ACCESS_KEY": server.secret_key}
+        self._catalog = None
+
+    def toml(self):
+        lines = ['[iceberg.catalog]', 'type = "rest"']
+        lines += [f'{k} = "{v}"' for k, v in self.keys.items()]
+        lines += ["[iceberg.storage]", f'endpoint = "{self.server.endpoint}"',
+                  f'region = "{self.server.region}"']
+        return "\n".join(lines)
+
+    def catalog(self):
+        if self._catalog is None:
+            from pyiceberg.catalog import load_catalog
+            self._catalog = load_catalog("check", **self.server.catalog_properties())
+        return self._catalog
+
+    def table(self, ident):
+        try:
+            return self.catalog().load_table(ident)
+        except Exception:       # noqa: BLE001 - not created yet
+            return None
+
+    def rows(self, ident):
+        t = self.table(ident)
+        return None if t is None else t.scan().to_arrow()
+
+    def count(self, ident):
+        """The current snapshot's total-records: one metadata read, not a scan."""
+        t = self.table(ident)
+        snap = t and t.current_snapshot()
+        return int(snap.summary["total-records"]) if snap else 0
 
 
 def write_config(path, broker, topic, lake, *, route_extra=MAPPINGS, dlq=None,
@@ -167,34 +215,64 @@ async def kill_and_restart(conn, at_least, lake, ident, timeout=120):
                          f"{at_least} rows before the kill")
     conn.sigkill()
     again = ConnectorProcess(conn.config_path, env=conn.env)
-    await asyncio.to_thread(again.start)
+    await asyncio.to_thread(again.start, timeout=max(60, timeout // 2))
     return again
 
 
-@pytest.mark.timeout(600)
-async def test_three_sigkills_exactly_once(tmp_path, broker):
+@pytest.fixture(scope="module")
+def seaweed_iceberg(tmp_path_factory):
+    """SeaweedFS with its Iceberg REST catalog (tests/support/iceberg_rest.py)."""
+    from iceberg_rest import SeaweedIceberg
+    from objstore_fixtures import serve
+    server = serve(SeaweedIceberg, tmp_path_factory)
+    yield server
+    server.close()
+
+
+@pytest.mark.timeout(1500)
+@pytest.mark.parametrize("catalog", ["sql", "rest"])
+async def test_three_sigkills_exactly_once(tmp_path, broker, catalog, request):
     """Each batch is one snapshot carrying the partition's offset in its summary: killed
-    three times mid-stream, the table ends with every row once."""
+    three times mid-stream, the table ends with every row once. ``rest``: the catalog is
+    SeaweedFS's Iceberg REST endpoint (the summary goes through its commit API and back),
+    the data files are on its S3."""
     name = f"ice_kill_{uuid.uuid4().hex[:8]}"
     topic, ident = f"/default/{name}", ("default", name)
-    lake = Lake(tmp_path)
+    env = None
+    if catalog == "rest":
+        lake = RestLake(request.getfixturevalue("seaweed_iceberg"))
+        env = lake.env
+    else:
+        lake = Lake(tmp_path)
     total = 8000
     async with DanubeClient(f"http://{broker.client_addr}") as client:
         producer = await make_topic(client, topic)
         conn = ConnectorProcess(write_config(tmp_path / "c.toml", broker, topic, lake,
-                                             batch_size=250))
-        await asyncio.to_thread(conn.start)
-        feeding = asyncio.ensure_future(producer.send_many([row(i) for i in range(total)]))
-        for at_least in (1000, 3000, 5000):
-            conn = await kill_and_restart(conn, at_least, lake, ident)
-        await feeding
-        await async_wait_for(lambda: lake.count(ident) >= total, 240, "every row")
+                                             batch_size=250), env=env)
+        try:
+            await asyncio.to_thread(conn.start, timeout=120)
+            feeding = asyncio.ensure_future(
+                producer.send_many([row(i) for i in range(total)]))
+            for at_least in (1000, 3000, 5000):
+                conn = await kill_and_restart(conn, at_least, lake, ident, timeout=300)
+            await feeding
+            await async_wait_for(lambda: lake.count(ident) >= total, 600, "every row")
+            assert checksum(lake, ident) == (total, total, total * (total - 1) // 2)
+            # The last restart resumed from the offsets in the table (not from nothing).
+            assert any(r.get("msg", "").startswith("resuming after")
+                       for r in conn.records())
+            assert conn.metric("danube_connector_messages_processed_total") < total
+            assert conn.stop() == 0
+        finally:
+            conn.stop()         # a failure above must not leave the sink running
     assert checksum(lake, ident) == (total, total, total * (total - 1) // 2)
-    # The last restart resumed from the offsets in the table (not from nothing).
-    assert any(r.get("msg", "").startswith("resuming after") for r in conn.records())
-    assert conn.metric("danube_connector_messages_processed_total") < total
-    assert conn.stop() == 0
-    assert checksum(lake, ident) == (total, total, total * (total - 1) // 2)
+    table = lake.table(ident)
+    summary = table.current_snapshot().summary.additional_properties
+    [offsets] = [json.loads(v) for k, v in summary.items() if k.startswith("danube.offsets.")]
+    assert offsets == {topic: total - 1}
+    if catalog == "rest":
+        files = table.inspect.files().column("file_path").to_pylist()
+        assert files and all(f.startswith(f"{lake.server.warehouse}/") for f in files)
 
 
 def refused(i):
@@ -379,3 +457,103 @@ async def test_s3_round_trip_exactly_once_across_a_kill(tmp_path, broker, own_se
     files = lake.table(ident).inspect.files().column("file_path").to_pylist()
     assert files and all(f.startswith(f"s3://{s3.bucket}/warehouse/") for f in files)
     assert conn.stop() == 0
+
+
+def conflicted(conn):
+    """The sink's commit was refused for another writer's snapshot and made again (by
+    pyiceberg's own retry on the table refreshed, or the sink's on the table reloaded)."""
+    return any(r.get("msg", "").startswith(("Commit failed due to a concurrent update",
+                                            "Iceberg commit conflict"))
+               for r in conn.records())
+
+
+@pytest.mark.timeout(900)
+async def test_rest_commit_conflict_with_another_writer(tmp_path, broker, seaweed_iceberg):
+    """Another writer appends a snapshot (no offsets in its summary) while the sink holds
+    the table: the sink's next commit is refused by the catalog (409, its snapshot's parent
+    is no longer the table's) and made again; a restart then finds the sink's offsets
+    below the other writer's snapshot. Every row once, the other writer's too."""
+    import pyarrow as pa
+    name = f"ice_conflict_{uuid.uuid4().hex[:8]}"
+    topic, ident = f"/default/{name}", ("default", name)
+    lake = RestLake(seaweed_iceberg)
+    async with DanubeClient(f"http://{broker.client_addr}") as client:
+        producer = await make_topic(client, topic)
+        conn = ConnectorProcess(write_config(tmp_path / "c.toml", broker, topic, lake,
+                                             batch_size=100), env=lake.env)
+        await asyncio.to_thread(conn.start, timeout=120)
+        await producer.send_many([row(i) for i in range(300)])
+        await async_wait_for(lambda: lake.count(ident) >= 300, 300, "the first 300 rows")
+        table = lake.table(ident)
+        other = pa.Table.from_pylist(
+            [{"id": -i, "name": "other", "amount": None, "ts": None,
+              "_danube_metadata": "{}"} for i in range(1, 6)],
+            schema=table.schema().as_arrow())
+        table.append(other)
+        await producer.send_many([row(i) for i in range(300, 600)])
+        await async_wait_for(lambda: lake.count(ident) >= 605, 300, "every row")
+        assert conflicted(conn), conn.log()
+        conn.sigkill()
+        # Restarted above the other writer's snapshot: resumes from the sink's offsets.
+        conn = ConnectorProcess(conn.config_path, env=lake.env)
+        await asyncio.to_thread(conn.start, timeout=120)
+        await producer.send_many([row(i) for i in range(600, 700)])
+        await async_wait_for(lambda: lake.count(ident) >= 705, 300, "the last rows")
+    ids = sorted(lake.rows(ident).column("id").to_pylist())
+    assert ids == [-5, -4, -3, -2, -1] + list(range(700))
+    assert any(r.get("msg", "").startswith("resuming after") for r in conn.records())
+    assert conn.stop() == 0
+
+
+def test_rest_catalog_errors_name_the_uri(tmp_path, broker, seaweed_iceberg):
+    """A refused credential or token stops the sink (exit 1) naming the catalog's URI; an
+    unreachable catalog is waited for (not ready, retried) with its URI in the log, and a
+    SIGTERM then stops it cleanly; REST keys on the sql catalog are configuration errors."""
+    s = seaweed_iceberg
+    uri = s.catalog_uri
+    wrong = RestLake(s)
+    wrong.env["ICEBERG_CATALOG_CREDENTIAL"] = f"{s.access_key}:not-the-secret"
+    done = ConnectorProcess(write_config(tmp_path / "wrong.toml", broker, "/default/x",
+                                         wrong), env=wrong.env).run_to_exit(timeout=300)
+    out = done.stdout + done.stderr
+    assert done.returncode == 1, out
+    assert f"Iceberg REST catalog {uri} refused the credential" in out, out
+
+    token = RestLake(s, token="not-a-token")
+    token.env.pop("ICEBERG_CATALOG_CREDENTIAL")
+    done = ConnectorProcess(write_config(tmp_path / "token.toml", broker, "/default/x",
+                                         token), env=token.env).run_to_exit(timeout=300)
+    out = done.stdout + done.stderr
+    assert done.returncode == 1, out
+    assert f"Iceberg REST catalog {uri} refused the token" in out, out
+
+    nowhere = f"http://127.0.0.1:{free_port()}"
+    gone = RestLake(s, uri=nowhere)
+    conn = ConnectorProcess(write_config(tmp_path / "gone.toml", broker, "/default/x", gone),
+                            env=gone.env).start(ready=False, timeout=120)
+    try:
+        wait_for(lambda: any(f"Iceberg REST catalog {nowhere} unreachable" in
+                             r.get("msg", "") + str(r.get("error", ""))
+                             for r in conn.records()) or conn._died(), 300,
+                 "the sink reporting the unreachable catalog")
+        assert not conn.ready()
+    finally:
+        assert conn.stop(timeout=300) == 0, conn.log()
+
+    for lake, message in [
+            (RestLake(s, uri="sqlite:////tmp/catalog.db"),
+             "iceberg.catalog.uri: 'sqlite:////tmp/catalog.db': a REST catalog's URI is its "
+             "http:// or https:// base URL"),
+            (RestLake(s, token="t"), "iceberg.catalog: credential and token are two ways"),
+    ]:
+        done = ConnectorProcess(write_config(tmp_path / "bad.toml", broker, "/default/x",
+                                             lake), env=lake.env).run_to_exit(timeout=300)
+        assert done.returncode == 2, done.stderr
+        assert message in done.stderr, done.stderr
+    sql = Lake(tmp_path)
+    (tmp_path / "sql.toml").write_text(
+        write_config(tmp_path / "sql.toml", broker, "/default/x", sql).read_text().replace(
+            "[iceberg.catalog]", '[iceberg.catalog]\ntoken = "t"'))
+    done = ConnectorProcess(tmp_path / "sql.toml").run_to_exit(timeout=300)
+    assert done.returncode == 2, done.stderr
+    assert "iceberg.catalog.token: a REST catalog key" in done.stderr, done.stderr

@@ -9,11 +9,10 @@ topic with the reason; three SIGKILLs in the middle of a stream with every recor
 
 import asyncio
 import json
-import time
 import uuid
 
 import pytest
-from surrealdb import AsyncSurreal, RecordID
+from surrealdb import AsyncSurreal
 
 from broker_process import BrokerProcess
 from connector_process import ConnectorProcess, runtime_toml
@@ -124,14 +123,14 @@ async def test_three_sigkills_every_record_once(tmp_path, broker, admin):
     times mid-stream, the batches written again replace the same records."""
     topic = f"/default/sr_kill_{uuid.uuid4().hex[:8]}"
     store = tmp_path / "surreal"
-    total = 20000
+    total = 6000
     async with DanubeClient(f"http://{broker.client_addr}") as client:
         producer = await make_topic(client, topic)
         conn = ConnectorProcess(write_config(tmp_path / "c.toml", broker, topic, store,
                                              batch_size=250))
         await asyncio.to_thread(conn.start)
         feeding = asyncio.ensure_future(producer.send_many([doc(i) for i in range(total)]))
-        for at in (2000, 7000, 12000):
+        for at in (600, 2500, 4000):
             await async_wait_for(lambda: acked_through(admin, topic, at), 180,
                                  f"offset {at} acknowledged before the kill")
             conn.sigkill()
@@ -146,46 +145,3 @@ async def test_three_sigkills_every_record_once(tmp_path, broker, admin):
     rows = await query(store, "SELECT id, n FROM events")
     assert sorted(tuple(r["id"].id) for r in rows) == [(topic, i) for i in range(total)]
     assert sorted(r["n"] for r in rows) == list(range(total))
-
-
-async def test_rate_against_the_sdk(tmp_path, broker, admin):
-    """The sink draining a backlog against the SDK writing the same documents with the same
-    ids in the same batches, embedded, in one process (the figures are printed; the floor
-    is loose: the sink's machine also runs the broker)."""
-    topic = f"/default/sr_rate_{uuid.uuid4().hex[:8]}"
-    total, batch = 20000, 1000
-    direct_store = tmp_path / "direct"
-    db = AsyncSurreal(f"file://{direct_store}")
-    await db.connect()
-    await db.use("danube", "events")
-    docs = [json.loads(doc(i)) for i in range(total)]
-    started = time.perf_counter()
-    for lo in range(0, total, batch):
-        # The SDK's fastest bulk write (its insert() returns every record: 5x slower).
-        await db.query("INSERT INTO events $rows RETURN NONE",
-                       {"rows": [{"id": RecordID("events", [topic, lo + j]), **d}
-                                 for j, d in enumerate(docs[lo:lo + batch])]})
-    client_rate = total / (time.perf_counter() - started)
-    await db.close()
-    store = tmp_path / "surreal"
-    async with DanubeClient(f"http://{broker.client_addr}") as client:
-        producer = await make_topic(client, topic)
-        path = write_config(tmp_path / "c.toml", broker, topic, store, batch_size=batch,
-                            route_extra="include_danube_metadata = false")
-        conn = ConnectorProcess(path)
-        await asyncio.to_thread(conn.start)        # subscribed: the backlog is kept
-        assert conn.stop() == 0
-        await producer.send_many([doc(i) for i in range(total)])
-        conn = ConnectorProcess(path)
-        await asyncio.to_thread(conn.start)
-        started = time.perf_counter()
-        await async_wait_for(lambda: acked_through(admin, topic, total - 1), 300,
-                             "the backlog written")
-        sink_rate = total / (time.perf_counter() - started)
-        assert conn.stop() == 0
-    print(f"\nsink-surrealdb (embedded file://, batches of {batch}): sink "
-          f"{sink_rate:,.0f} records/s, surrealdb SDK INSERT {client_rate:,.0f} records/s, "
-          f"ratio {sink_rate / client_rate:.2f}")
-    [count] = await query(store, "SELECT count() FROM events GROUP ALL")
-    assert count["count"] == total
-    assert sink_rate >= 0.35 * client_rate

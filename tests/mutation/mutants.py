@@ -13,6 +13,8 @@ CURSOR = f"{PC}::test_durable_ack_ranges_survive_a_power_cut"
 ORDER = "tests/e2e/test_power_cut_order.py"
 DENY = "tests/unit/test_security_default_deny.py"
 SCHEMA = "tests/e2e/test_schema_registry.py"
+WB = "tests/unit/test_write_buffer.py"
+DELTA_KILLS = "tests/e2e/test_connect_deltalake.py::test_three_sigkills_exactly_once"
 
 MUTANTS = [
     # WAL append and sync
@@ -96,6 +98,61 @@ MUTANTS = [
            '        if self.policy == "never":\n',
            [f"{SCHEMA}::test_unknown_version_is_refused_in_enforce"],
            "policy enforce only warns"),
+    # The write buffer's rebuild of a topic's log
+    Mutant("stale-wal-kept-with-a-tier", "storage/writebuffer/rebuild.py",
+           "            if last == end and (bounds is None or end < bounds[0]\n",
+           "            if True or (bounds is None or end < bounds[0]\n",
+           [f"{WB}::test_a_stale_local_wal_is_set_aside_for_the_stream"],
+           "with a durable tier, a former owner's local WAL is kept whatever it holds"),
+    Mutant("short-wal-not-extended", "storage/writebuffer/rebuild.py",
+           "                n = await _replay(name, wal, reader, key, bounds[1])\n",
+           "                n = 0\n",
+           [f"{WB}::test_without_a_tier_a_short_local_wal_is_extended_from_the_stream"],
+           "without a durable tier, a local WAL short of the stream is not extended from it"),
+    # Delta Lake sink: exactly once across kills
+    Mutant("delta-commit-without-offset", "connectors/deltalake.py",
+           "            txns = [Transaction(self.app_id(route, p), v) for p, v in last.items()]\n",
+           "            txns = []\n",
+           [DELTA_KILLS],
+           "the Delta commit does not carry the batch's offsets"),
+    Mutant("delta-offsets-not-read-back", "connectors/deltalake.py",
+           "                    out[partition] = version\n",
+           "                    pass\n",
+           [DELTA_KILLS],
+           "the restarted Delta sink does not read its committed offsets back"),
+    # The edge's acks
+    Mutant("edge-puback-before-sync", "edge/mqtt/session.py",
+           "                for wal, offset in needed.items():\n"
+           "                    if wal.durable_offset < offset:\n"
+           "                        await wal.sync_to(offset)\n"
+           "                done = 0\n"
+           "                out = []\n"
+           "                for wal, offset, ack, acks in self._unacked:\n"
+           "                    if wal is not None and wal.durable_offset < offset:\n",
+           "                for wal, offset in needed.items():\n"
+           "                    if wal.durable_offset < offset:\n"
+           "                        asyncio.ensure_future(wal.sync_to(offset))\n"
+           "                done = 0\n"
+           "                out = []\n"
+           "                for wal, offset, ack, acks in self._unacked:\n"
+           "                    if False:\n",
+           ["tests/e2e/test_edge_power_cut.py"],
+           "the edge sends PUBACK/PUBREC before the WAL's sync covers the message"),
+    Mutant("edge-replicator-without-broker-url", "edge/replicator.py",
+           "                    pb.ReplicateAck.FromString)(metadata=metadata)\n",
+           "                    pb.ReplicateAck.FromString)()\n",
+           ["tests/e2e/test_edge_cluster_mode.py::"
+            "test_through_an_ingress_each_stream_goes_to_the_owner"],
+           "the edge's ReplicateData streams carry no x-danube-broker-url (an ingress in "
+           "proxy mode sends them to any broker)"),
+    # Flow control of a server stream (TopicHistory.ReadRange's slow reader)
+    Mutant("stream-write-ignores-window", "rpc/server_stream.py",
+           "        if not self.send_data(self._frame(data)) or self.conn.write_paused:\n"
+           "            await self.drain()\n",
+           "        self.send_data(self._frame(data))\n",
+           ["tests/e2e/test_topic_history.py::"
+            "test_a_slow_reader_holds_the_stream_and_cancelling_closes_the_reader"],
+           "a streaming response's write does not wait for the client's window"),
     # Cluster fencing
     Mutant("fence-too-late", "cluster/membership.py",
            "FENCE_FRACTION = 0.75\n",

@@ -6,14 +6,19 @@ stream with exact offsets."""
 import array
 import asyncio
 import dataclasses
+import os
 
 import pytest
 
 from danube.config_writebuffer import WriteBufferConfig
+from danube.metadata.memory import MemoryStore
+from danube.storage.durable.config import DurableConfig
+from danube.storage.durable.fs import FsObjectStore
 from danube.storage.errors import (WriteBufferError, WriteBufferFencedError,
                                    WriteBufferFullError, WriteBufferStartupError)
+from danube.storage.tiered.manager import TieredStorage
 from danube.storage.topic_log import TopicLog
-from danube.storage.wal import WALConfig
+from danube.storage.wal import WAL, WALConfig
 from danube.storage.writebuffer import WriteBuffer
 from danube.storage.writebuffer.entries import ENDS, first_of, stream_key, unpack_ends
 from danube.storage.writebuffer.recovery import read_tail
@@ -242,20 +247,97 @@ async def test_a_later_owner_fences_the_earlier_owners_appends(tmp_path, redis_p
         await wb2.close()
 
 
-async def test_a_stale_local_wal_is_set_aside_for_the_stream(tmp_path, redis_pair):
-    """With a durable tier, a WAL ending past the acknowledged log (appends never
-    acknowledged) is not kept; here without one, a WAL short of the stream is extended."""
+@pytest.fixture
+async def tier_store(tmp_path):
+    """What the brokers of a cluster share for the durable tier: the metadata store (the
+    catalogue) and the object store's root (the fs store here). Each owner opens its own
+    TieredStorage on them (`tier_of`)."""
+    metadata = await MemoryStore.open()
+    root = str(tmp_path / "durable")
+    opened = []
+
+    def tier_of():
+        tiered = TieredStorage(DurableConfig(backend="fs", path=root), FsObjectStore(root),
+                               metadata)
+        opened.append(tiered)
+        return tiered
+
+    yield tier_of
+    for tiered in opened:
+        await tiered.close()
+    await metadata.close()
+
+
+async def test_a_stale_local_wal_is_set_aside_for_the_stream(tmp_path, redis_pair, tier_store):
+    """With a durable tier, a former owner getting the topic back after a failover: its local
+    WAL ends where the acknowledged log does, but the message it holds there was never
+    acknowledged (refused by the stream: a later owner had claimed it) and the later owner
+    gave that offset to another message. The WAL is set aside and the log rebuilt from the
+    stream: no offset is given twice."""
+    wal_cfg = WALConfig(durability="always")
+    wb1 = await started(wb_config(redis_pair.url))
+    first = await TopicLog.open(TOPIC, str(tmp_path / "first"), wal_cfg, write_buffer=wb1,
+                                tiered=tier_store(), epoch=1)
+    await first.sync_to(first.append([b"a0", b"a1"])[1])
+    wb2 = await started(wb_config(redis_pair.url))
+    second = await TopicLog.open(TOPIC, str(tmp_path / "second"), wal_cfg, write_buffer=wb2,
+                                 tiered=tier_store(), epoch=2)
+    wb3 = None
+    back = None
+    try:
+        # The first owner, paused past its lease, resumes: its append reaches its own disk,
+        # never the stream.
+        _, late = first.append([b"never-acknowledged"])
+        with pytest.raises(WriteBufferFencedError):
+            await first.sync_to(late)
+        await first.wal.sync_to(late)
+        await second.sync_to(second.append([b"b2"])[1])       # offset 2, acknowledged
+        assert late == 2
+        await second.close()
+        await first.close()
+        # The topic goes back to the first owner, on its own disk.
+        wb3 = await started(wb_config(redis_pair.url))
+        back = await TopicLog.open(TOPIC, str(tmp_path / "first"), wal_cfg, write_buffer=wb3,
+                                   tiered=tier_store(), epoch=3)
+        assert [(o, bytes(p)) for o, p in back.read(0, 10)] == [
+            (0, b"a0"), (1, b"a1"), (2, b"b2")]
+        assert back.append([b"c3"]) == (3, 3)
+        await back.sync_to(3)
+        assert stream_offsets(redis_pair.primary) == [0, 1, 2, 3]
+        aside = [n for n in os.listdir(tmp_path) if n.startswith("first.stale-")]
+        assert len(aside) == 1, os.listdir(tmp_path)
+    finally:
+        if back is not None:
+            await back.close()
+        await second.close()
+        await first.close()
+        for wb in (wb1, wb2, wb3):
+            if wb is not None:
+                await wb.close()
+
+
+async def test_without_a_tier_a_short_local_wal_is_extended_from_the_stream(tmp_path,
+                                                                           redis_pair):
+    """Without a durable tier the local WAL is the history: one that stops short of the
+    stream (a copy from before the last appends) is kept and extended from the stream."""
     wb = await started(wb_config(redis_pair.url))
-    log = await open_log(tmp_path, wb, "same")
-    await log.sync_to(log.append([b"one", b"two"])[1])
+    log = await open_log(tmp_path, wb, "owner")
+    await log.sync_to(log.append([b"one", b"two", b"three"])[1])
     log.buffer.detach()
     await log.wal.close()
-    # A copy of the WAL from before the second append: it stops short of the stream.
+    # A local WAL that holds the first message only.
+    short = await WAL.open(str(tmp_path / "short"), WALConfig(durability="always"))
+    short.append([b"one"])
+    await short.sync_to()
+    await short.close()
     wb2 = await started(wb_config(redis_pair.url))
-    log2 = await open_log(tmp_path, wb2, "same")
+    log2 = await open_log(tmp_path, wb2, "short")
     try:
-        assert log2.next_offset == 2
-        assert [bytes(p) for _, p in log2.read(0, 10)] == [b"one", b"two"]
+        assert [(o, bytes(p)) for o, p in log2.read(0, 10)] == [
+            (0, b"one"), (1, b"two"), (2, b"three")]
+        assert log2.append([b"four"]) == (3, 3)
+        await log2.sync_to(3)
+        assert stream_offsets(redis_pair.primary) == [0, 1, 2, 3]
     finally:
         await log2.close()
         await wb.close()
