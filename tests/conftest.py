@@ -104,6 +104,8 @@ HEAVY_FIRST = (
     "tests/e2e/test_spark_cluster.py",      # 138: Spark standalone + 3 brokers
     "tests/e2e/test_spark_oldest.py",       # 128: the connector's tests on PySpark 4.0.0
     "tests/e2e/test_soak.py",               # 123: a two-minute soak
+    "tests/e2e/test_connect_iceberg.py",    # ~120: the SQL and REST catalogs' kills
+    "tests/e2e/test_cluster_paused_owner.py",   # ~75: 3 clusters, SIGSTOP past the lease
     "tests/e2e/test_connect_deltalake.py",  # 65: a 30 s S3 outage
     "tests/e2e/test_tiered_e2e.py",         # 64
     "tests/e2e/test_edge_resilience.py",    # 64: a 60 s link cut
@@ -114,11 +116,13 @@ HEAVY_FIRST = (
     "tests/e2e/test_cluster_object_store.py",   # 43
     "tests/e2e/test_connect_postgres_sink.py",  # 42: a 30 s PostgreSQL outage
     "tests/e2e/test_cluster_roll.py",       # 36
-    "tests/e2e/test_connect_iceberg.py",    # 36
     "tests/e2e/test_cluster_fence_recovery.py",  # 36
     "tests/e2e/test_cluster_failover.py",   # 31
     "tests/e2e/test_admin_console.py",      # 29
     "tests/e2e/test_cluster_up.py",         # 25
+    "tests/e2e/test_cluster_up_lossless.py",    # ~50: cluster up twice, a kill -9 each
+    "tests/e2e/test_connect_qdrant.py",     # ~30
+    "tests/e2e/test_cluster_orphaned.py",   # ~30
     "tests/e2e/test_objstore_backends.py",  # 24
     "tests/e2e/test_connect_mqtt_client.py",    # 23
 )
