@@ -64,3 +64,26 @@ def test_tiered_uploads_missing_when_no_window_was_measured():
     [(text, verdict)] = [c for c in tiered.targets([], [], pubs, pstats)
                          if c[0].startswith("zero effect")]
     assert verdict == "met" and "happened in every window" in text
+
+
+def test_the_bench_extra_installs_what_the_load_workers_import():
+    """`pip install '.[bench]'` then `python -m bench.reliable` failed in every worker for
+    lack of numpy: the extra names every third-party module the load workers import."""
+    import ast
+    import pathlib
+    import tomllib
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    extras = tomllib.loads((root / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    declared = {d.split("[")[0].split(">")[0].split("=")[0].split("<")[0].strip().lower()
+                for d in extras["bench"]}
+    imported = set()
+    for worker in (root / "bench" / "reliable").glob("worker*.py"):
+        for node in ast.walk(ast.parse(worker.read_text())):
+            if isinstance(node, ast.Import):
+                imported.update(a.name.split(".")[0] for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                imported.add(node.module.split(".")[0])
+    assert "numpy" in imported
+    assert "numpy" in declared

@@ -446,3 +446,16 @@ async def test_without_a_durable_tier_the_stream_keeps_the_last_segments(tmp_pat
     finally:
         await log.close()
         await wb.close()
+
+
+async def test_the_clients_are_made_without_a_library_warning(redis_pair):
+    """redis-py warned at every start with a write buffer ("A synchronous
+    redis.retry.Retry was passed to an asyncio client"): the clients take redis.asyncio's
+    own Retry."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        wb = WriteBuffer(wb_config(redis_pair.url))
+        await wb.start()
+        await wb.close()
