@@ -18,7 +18,16 @@ SLEEPY_TESTS = textwrap.dedent("""\
 
     def _run(name):
         out = os.environ["SESSIONS_OUT"]
-        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+        # The child says when it sleeps: a Ctrl-C that came while its interpreter was
+        # still starting ended it with status 1 (a KeyboardInterrupt in its start-up),
+        # not by the signal (beside a CPU hog, once).
+        ready = os.path.join(out, f"{name}.child")
+        child = subprocess.Popen([sys.executable, "-c",
+                                  "import sys, time; open(sys.argv[1], 'w').close(); "
+                                  "time.sleep(120)", ready])
+        deadline = time.monotonic() + 120
+        while not os.path.exists(ready) and time.monotonic() < deadline:
+            time.sleep(0.01)
         with open(os.path.join(out, f"{name}.started"), "w") as f:
             f.write(f"{os.getpid()} {os.getsid(0)} {os.getpgrp()} {child.pid}")
         try:
