@@ -154,7 +154,7 @@ def _warn_unbuilt(cfg, args):
         log.warning("storage.failover: lossy_local_wal: a reliable topic's acknowledged "
                     "messages not yet uploaded are only on its owner's disk; if that broker "
                     "is lost, the next owner continues without them (they are kept aside if "
-                    "the disk comes back: `danube admin topics recover-stale`). "
+                    "the disk comes back: `danube admin topics republish-orphaned`). "
                     "write_buffer, uploaded or shared_wal_root lose nothing (docs/cluster.md)")
     elif cfg.failover is not None:
         log.info("storage.failover: %s (acknowledged messages outlive their owner)",

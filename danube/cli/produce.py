@@ -262,8 +262,8 @@ class Report:
         self.json = args.output == "json"
         self.sent = self.failed = 0
         # Each message counts once, sent or failed: the first outcome reported for it is
-        # its outcome. (send_many, when a batch fails, reports that error for every message
-        # of the call, those acknowledged before it included.)
+        # its outcome (the client's send_many reports one per message; the report keeps
+        # that rule itself rather than trust every path to it).
         self._settled = bytearray(self.count + 1)
         self.started = None
         self.bar = ProgressBar(self.count) if self.count > 1 and sys.stderr.isatty() else None

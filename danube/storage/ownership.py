@@ -27,7 +27,7 @@ import os
 import time
 
 from danube.storage.errors import OwnershipLostError
-from danube.storage.tiered.catalog import object_epoch
+from danube.storage.tiered.catalog import SegmentDescriptor, object_epoch
 from danube.storage.wal import WAL
 
 log = logging.getLogger("danube.storage")
@@ -53,17 +53,12 @@ def guard_shared_wal(topic_log, directory: str, epoch: int) -> None:
     the directory holds, which a later owner rewrote when it opened the log, and refuses
     the ack (OwnershipLostError) when it is no longer this owner's. One small read per
     publish call, in this mode only."""
-    path = os.path.join(directory, EPOCH_FILE)
     inner = topic_log.sync_to
 
     async def sync_to(offset=None):
         result = await inner(offset)
-        try:
-            with open(path, "rb") as f:
-                current = int(f.read().strip() or b"-1")
-        except (OSError, ValueError):
-            return result
-        if current > epoch:
+        current = read_epoch(directory)
+        if current is not None and current > epoch:
             raise OwnershipLostError(
                 f"{topic_log.name}: the shared WAL root names a later owner (epoch "
                 f"{current}; this broker's is {epoch}); not acknowledged")
@@ -90,15 +85,12 @@ async def continued_from(name: str, tiered, epoch: int | None) -> int:
         return 0
     starts, end = [], -1
     for _key, value in await tiered.metadata.scan(tiered.keys.segments_prefix(name)):
-        if not isinstance(value, dict) or "object_key" not in value:
-            continue
-        try:
-            start, last = int(value["start_offset"]), int(value["end_offset"])
-        except (KeyError, TypeError, ValueError):
-            continue
-        end = max(end, last)
-        if epoch is None or object_epoch(str(value["object_key"])) > epoch:
-            starts.append(start)
+        desc = SegmentDescriptor.from_json(value) if isinstance(value, dict) else None
+        if desc is None:
+            continue            # the `cur` pointer
+        end = max(end, desc.end_offset)
+        if epoch is None or object_epoch(desc.object_key) > epoch:
+            starts.append(desc.start_offset)
     return min(starts) if starts else end + 1
 
 

@@ -10,8 +10,6 @@ import asyncio
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
@@ -19,9 +17,9 @@ import pytest
 from danube.client import DanubeClient
 from danube.devcluster import tools
 from official_client import spawn_scenario
+from rolling_restart import cluster_command as cluster
 from waiting import wait_for
 
-DANUBE = [sys.executable, "-P", "-m", "danube"]
 # 3 s keeps the test short (`cluster up`'s own default is 10 s). The issue's measurements
 # (5 runs of each client setting, the default lease) set these from the environment.
 LEASE = int(os.environ.get("DANUBE_LOSSLESS_LEASE", "3"))
@@ -30,11 +28,6 @@ RUNS = int(os.environ.get("DANUBE_LOSSLESS_RUNS", "1"))
 RECOMMENDED = {"max_retries": 5, "base_backoff_ms": 50, "max_backoff_ms": 500}
 TOPIC = "/default/lossless"
 PARTITIONS = 3
-
-
-def cluster(*args, timeout=180):
-    return subprocess.run([*DANUBE, "cluster", *args], capture_output=True, text=True,
-                          timeout=timeout)
 
 
 @pytest.fixture

@@ -12,8 +12,7 @@ import logging
 
 from danube.broker import names, stats
 from danube.broker.errors import (InvalidTopicName, NamespaceNotFound, TopicAlreadyExists,
-                                  TopicElsewhere, TopicNotFound, TopicUnloaded)
-from danube.broker.errors import storage_error
+                                  TopicElsewhere, TopicNotFound, TopicUnloaded, storage_error)
 from danube.broker.placement import LOG_ERRORS, SYSTEM_TOPIC
 from danube.broker.topic import DELIVERY_NAMES, NON_RELIABLE, RELIABLE
 from danube.metadata import keys
