@@ -153,6 +153,26 @@ async def test_closed_topic_refuses_both_kinds(core):
         assert producer.sent == 0
 
 
+async def test_no_ack_once_the_brokers_lease_has_run_out(core):
+    """A cluster broker paused past its lease (its placement's Lease, moved by each renewal)
+    must not acknowledge what it stores when it resumes: the publish answers TopicUnloaded
+    (UNAVAILABLE: look the topic up, send again), a message and a batch alike."""
+    import time
+
+    from danube.broker.errors import TopicUnloaded
+    from danube.broker.placement import Lease
+
+    producer, topic, _ = await setup(core, "/default/r-lease", RELIABLE)
+    topic.lease = Lease(time.monotonic() - 0.001)
+    with pytest.raises(TopicUnloaded, match="lease ran out"):
+        await topic.publish(message(producer, b"late"), producer)
+    with pytest.raises(TopicUnloaded, match="lease ran out"):
+        await topic.publish(batch(producer, pb.StreamMessage(payload=b"late too")), producer)
+    assert producer.sent == 0
+    topic.lease = Lease(time.monotonic() + 60)          # renewed
+    assert await topic.publish(message(producer, b"on time"), producer) == range(2, 3)
+
+
 # -- a batch ---------------------------------------------------------------------------------
 
 async def test_non_reliable_batch_is_stamped_in_the_topic(core):

@@ -247,3 +247,32 @@ async def test_a_shared_wal_root_refuses_acks_once_a_later_owner_wrote_its_epoch
             await log.sync_to(log.append([b"b"])[1])
     finally:
         await log.close()
+
+
+async def test_an_earlier_owner_cannot_add_to_the_catalogue(tmp_path, tiered):
+    """Ownership epochs in the durable tier: an owner whose epoch was superseded (another
+    broker began to own the topic while it was paused) uploads nothing the catalogue then
+    names: its descriptor write is conditional on the epoch and refused, the export fails
+    with OwnershipLostError, and its object carries its epoch, beside any later owner's."""
+    from danube.storage.errors import OwnershipLostError
+    from danube.storage.tiered.catalog import CatalogKeys, object_epoch
+
+    meta = tiered.metadata
+    epoch_key = CatalogKeys.owner_epoch(TOPIC)
+    assert await meta.allocate_id(epoch_key) == 1
+    log = await TopicLog.open(TOPIC, str(tmp_path / "wal"), CONFIG, tiered=tiered, epoch=1)
+    try:
+        await append(log, 0, 100)
+        assert await log.tier.export() > 0
+        recorded = await meta.scan(tiered.keys.segments_prefix(TOPIC))
+        assert all(object_epoch(v["object_key"]) == 1 for k, v in recorded
+                   if not k.endswith("/cur"))
+        end = log.tier.uploaded_end
+        assert await meta.allocate_id(epoch_key) == 2      # the next owner
+        await append(log, 100, 50)
+        with pytest.raises(OwnershipLostError, match="no longer 1"):
+            await log.tier.export()
+        assert await meta.scan(tiered.keys.segments_prefix(TOPIC)) == recorded
+        assert log.tier.uploaded_end == end
+    finally:
+        await log.close()
