@@ -82,6 +82,12 @@ class BrokerConfig:
     policies: Policies = dataclasses.field(default_factory=Policies)
     max_unacked_messages: int = 10
     consumer_stream_grace_ms: int = 10000       # dispatch.consumer_stream_grace_ms (ours)
+    # topics.* (ours): a topic nobody uses is unloaded from memory (its log closed, its
+    # subscriptions and cursors kept in metadata) after idle_unload_seconds (0: never by
+    # age), and beyond max_idle_loaded idle ones, least recently used first; loaded again
+    # on first use. Bounds memory and descriptors whatever the number of topics.
+    topic_idle_unload_seconds: float = 300.0
+    topic_max_idle_loaded: int = 1000
     # Reliable topics (reference d.1 keys where upstream has them; durability is ours).
     wal_root: str | None = None                 # storage.local_wal_root (default data_dir/wal)
     # storage.wal.durability: always|interval|none, or uploaded (acknowledged once in the
@@ -97,6 +103,8 @@ class BrokerConfig:
     wal_segment_max_bytes: int = 64 * 1024 * 1024   # storage.wal.rotation.max_bytes
     wal_segment_max_hours: float | None = None  # storage.wal.rotation.max_hours
     wal_cache_capacity: int = 1024              # storage.wal.advanced.cache_capacity
+    wal_journal: bool = True                    # storage.wal.journal.enabled (ours)
+    wal_journal_file_mb: int = 8               # storage.wal.journal.file_mb (ours)
     retention_time_minutes: int = 2880          # storage.local_retention.time_minutes
     retention_size_mb: int = 20480              # storage.local_retention.size_mb
     retention_check_interval_minutes: float = 5  # storage.local_retention.check_interval_minutes
@@ -122,7 +130,7 @@ class BrokerConfig:
     grpc_max_resets_per_second: int = 1000
     grpc_handshake_timeout_ms: int = 10_000
     grpc_idle_timeout_ms: int = 300_000
-    grpc_max_connections: int | None = None     # per listener; None: half the fd limit
+    grpc_max_connections: int | None = None     # per listener; None: 3/4 of the fd limit
     # Cluster mode on etcd (docs/cluster.md): meta_store.etcd_endpoints, its lease, and
     # upstream's load_manager keys.
     etcd_endpoints: list = dataclasses.field(default_factory=list)
@@ -211,6 +219,11 @@ class BrokerConfig:
             raise ConfigError("dispatch.max_unacked_messages must be between 1 and 10000")
         if self.consumer_stream_grace_ms < 1:
             raise ConfigError("dispatch.consumer_stream_grace_ms must be at least 1")
+        if self.topic_idle_unload_seconds < 0:
+            raise ConfigError("topics.idle_unload_seconds must be 0 (never by age) or a "
+                              "positive number of seconds")
+        if self.topic_max_idle_loaded < 0:
+            raise ConfigError("topics.max_idle_loaded must be 0 or more")
         for where, mode in [("storage.wal.durability", self.wal_durability),
                             *((f"storage.wal.topic_durability[{t}]", m)
                               for t, m in self.wal_topic_durability.items())]:
@@ -374,6 +387,9 @@ def load_config(path: str | None) -> BrokerConfig:
                                     cfg.max_unacked_messages)
     cfg.consumer_stream_grace_ms = _int(tree, "dispatch.consumer_stream_grace_ms",
                                         cfg.consumer_stream_grace_ms)
+    cfg.topic_idle_unload_seconds = _number(tree, "topics.idle_unload_seconds",
+                                            cfg.topic_idle_unload_seconds)
+    cfg.topic_max_idle_loaded = _int(tree, "topics.max_idle_loaded", cfg.topic_max_idle_loaded)
     for field in dataclasses.fields(Policies):
         value = _int(tree, f"policies.{field.name}", getattr(cfg.policies, field.name))
         setattr(cfg.policies, field.name, value)
@@ -483,6 +499,14 @@ def _load_storage(cfg, tree):
         cfg.wal_segment_max_hours = float(hours)
     cfg.wal_cache_capacity = _int(tree, "storage.wal.advanced.cache_capacity",
                                   cfg.wal_cache_capacity)
+    journal = _get(tree, "storage.wal.journal.enabled", True)
+    if not isinstance(journal, bool):
+        raise ConfigError("storage.wal.journal.enabled: expected true or false")
+    cfg.wal_journal = journal
+    cfg.wal_journal_file_mb = _int(tree, "storage.wal.journal.file_mb", cfg.wal_journal_file_mb)
+    if not 1 <= cfg.wal_journal_file_mb <= 4096:
+        raise ConfigError(f"storage.wal.journal.file_mb: expected 1..4096 (MiB), got "
+                          f"{cfg.wal_journal_file_mb}")
     cfg.retention_time_minutes = _int(tree, "storage.local_retention.time_minutes",
                                       cfg.retention_time_minutes)
     cfg.retention_size_mb = _int(tree, "storage.local_retention.size_mb", cfg.retention_size_mb)

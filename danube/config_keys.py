@@ -87,6 +87,7 @@ SCHEMA = {
             "retention": _RETENTION,
             "durability": KEY,          # ours
             "topic_durability": OPAQUE,  # ours: topic name -> mode
+            "journal": {"enabled": KEY, "file_mb": KEY},     # ours: danube/storage/journal
         },
         "durable": OPAQUE,          # storage/durable/config.py checks it
         "object_store": OPAQUE,     # upstream's older name of durable
@@ -99,6 +100,10 @@ SCHEMA = {
         "max_unacked_messages": KEY,
         "consumer_stream_grace_ms": KEY,   # ours
         "failure_policy": OPAQUE,          # ours; FailurePolicy.from_config checks it
+    },
+    "topics": {                            # ours: idle topics unloaded, loaded on use
+        "idle_unload_seconds": KEY,
+        "max_idle_loaded": KEY,
     },
     "policies": {name: KEY for name in (
         "max_producers_per_topic", "max_subscriptions_per_topic", "max_consumers_per_topic",

@@ -7,6 +7,7 @@ tests/e2e/test_power_cut.py drops every entry whose directory was not synced."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 
 
@@ -37,3 +38,34 @@ def makedirs_durable(directory: str) -> None:
     os.makedirs(directory, exist_ok=True)
     for created in reversed(missing):
         fsync_dir(os.path.dirname(created))
+
+
+def sync_filesystem(path: str) -> None:
+    """Make everything written to the file system holding ``path`` durable: every file's
+    data and every directory entry (Linux ``syncfs``, errors reported since 5.8; ``sync``
+    elsewhere). One call instead of an fsync per file: the WAL journal trims itself with it
+    (danube/storage/journal), whatever the number of topics written since."""
+    libc = _libc()
+    syncfs = getattr(libc, "syncfs", None) if libc is not None else None
+    if syncfs is None:
+        os.sync()
+        return
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        if syncfs(fd) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"syncfs({path}): {os.strerror(err)}")
+    finally:
+        os.close(fd)
+
+
+_LIBC = []
+
+
+def _libc():
+    if not _LIBC:
+        try:
+            _LIBC.append(ctypes.CDLL(None, use_errno=True))
+        except OSError:
+            _LIBC.append(None)
+    return _LIBC[0]

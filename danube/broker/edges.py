@@ -213,7 +213,7 @@ class EdgeRegistry:
         if lock is None:
             lock = self._locks[topic_name] = asyncio.Lock()
         async with lock:
-            topic = self.core.topic_table.get_topic(topic_name)
+            topic = await self.core.topic_table.use(topic_name)
             key = keys.edge_replicated(topic_name)
             log_id = _log_of(messages)
             stored_log, marker = _marker(await self.store.get(key))

@@ -44,7 +44,7 @@ async def topic_offsets(topic_table, name):
     partitioned = not topic_table.serves(name)
     out = []
     for part_name in await topic_table.partitions(name):
-        topic = _reliable(topic_table.get_topic(part_name))
+        topic = _reliable(await topic_table.use(part_name))
         split = names.split_partition(names.validate_topic(part_name)[1])
         index = split[1] if split is not None else 0
         log = topic.log
@@ -63,13 +63,12 @@ async def open_range(topic_table, name, start, end, max_messages=0, max_bytes=BA
     offset kept)."""
     if end < start:
         raise InvalidArgument(f"end_offset {end} is below start_offset {start}")
-    topic = topic_table.served(name)
-    if topic is None:
+    if not topic_table.serves(name):
         parts = await topic_table.partitions(name)
         if parts:
             raise InvalidArgument(f"topic: {name} is a partitioned topic; read its partitions "
                                   f"({parts[0]} .. {parts[-1]}) one at a time")
-        topic = topic_table.get_topic(name)          # TopicNotFound
+    topic = await topic_table.use(name)             # loaded if it rests; TopicNotFound
     _reliable(topic)
     # Readers get what deliveries may carry: in mode `always`, only what a sync covers.
     end = min(end, topic.dispatchable_end)

@@ -28,6 +28,9 @@ class Producer:
     topic: "Topic"
     access_mode: int = 0
     active: bool = True
+    # The connection that created it (what has ``closed``), None in-process: a producer
+    # whose connection closed no longer keeps its topic loaded (danube.broker.core.idle).
+    client: object = None
     sent: int = 0
     _batch_stamp: tuple | None = None
 
@@ -71,6 +74,10 @@ class Topic:
         self.message_sizes = Summary()
         self.send_latency_ms = Summary()
         self.send_results = {}        # ("error", error_code) -> refused sends
+        # Since when nobody uses it (None: in use), and messages_in when last looked at
+        # (danube.broker.core.idle).
+        self.idle_since = None
+        self.idle_mark = 0
 
     @property
     def policies(self):

@@ -98,6 +98,12 @@ class Broker:
         return (self.client_server, self.admin_server)
 
     def topics_owned(self):
+        """Topics served here, loaded or resting (unloaded while idle)."""
+        if self.core is None:
+            return 0
+        return len(self.core.topics) + len(self.core.topic_table.resting)
+
+    def topics_loaded(self):
         return len(self.core.topics) if self.core is not None else 0
 
     async def start(self):

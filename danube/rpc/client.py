@@ -62,6 +62,9 @@ class ClientConnection(H2Connection):
     is_client = True
     head_parser = ResponseHead
 
+    __slots__ = ("next_sid", "plaintext", "heard", "lost_reason", "on_lost", "ready",
+                 "_slot_waiters", "send_limit")
+
     def __init__(self, config, loop, on_lost=None, plaintext=False):
         super().__init__(config, loop)
         self.next_sid = 1

@@ -72,5 +72,5 @@ class TransportConfig:
     # sending only keepalive PINGs is bounded too; gRPC clients reconnect on the next call.
     idle_timeout_ms: int = 300_000
     # Open connections per server; beyond it new connections are closed at once. None:
-    # half the process's open-file limit (read when the server starts).
+    # three quarters of the process's open-file limit (read when the server starts).
     max_connections: int | None = None

@@ -72,6 +72,18 @@ class H2Connection(asyncio.Protocol):
 
     head_parser = list
 
+    # Slots, not a __dict__: a broker holds one of these per client connection, idle ones
+    # by the ten thousand (bench/scale/connections.py), and a dict of this many attributes
+    # costs ~1 KB more each.
+    __slots__ = ("config", "loop", "transport", "reader", "decoder", "streams", "blocked",
+                 "window_blocked", "buffered", "reading_paused", "_backlog", "_backlog_paused",
+                 "abuse_logged", "lost", "received_at", "_settings_budget", "_reset_budget",
+                 "drain_waiters", "peer_max_frame", "peer_initial_window", "peer_max_streams",
+                 "send_window", "recv_unacked", "recv_window", "write_paused", "closed",
+                 "_lingering", "goaway_sent", "goaway_received", "last_peer_stream", "_out",
+                 "_out_bytes", "_out_pieces", "_flush_scheduled", "_in_receive",
+                 "_header_block", "_ping_waiters", "peername")
+
     def __init__(self, config: TransportConfig, loop=None):
         self.config = config
         self.loop = loop or asyncio.get_event_loop()
@@ -112,7 +124,9 @@ class H2Connection(asyncio.Protocol):
         self._flush_scheduled = False
         self._in_receive = False
         self._header_block = None         # [sid, flags, [fragments]] while CONTINUATIONs are due
-        self._ping_waiters = collections.deque()
+        # A deque once ping() is first called: an empty deque costs ~700 bytes, and most
+        # connections (every server-side one) never send a PING.
+        self._ping_waiters = ()
         self.peername = None
 
     # -- asyncio.Protocol ----------------------------------------------------------------
@@ -269,10 +283,10 @@ class H2Connection(asyncio.Protocol):
         for stream in streams:
             stream.on_connection_lost(exc)
             stream._wake_drain()
-        for waiter in self._ping_waiters:
+        waiters, self._ping_waiters = self._ping_waiters, ()
+        for waiter in waiters:
             if not waiter.done():
                 waiter.set_exception(ConnectionError("connection lost"))
-        self._ping_waiters.clear()
 
     # -- output --------------------------------------------------------------------------
 
@@ -390,6 +404,8 @@ class H2Connection(asyncio.Protocol):
     async def ping(self, timeout=None):
         """Send PING and wait for the ACK; returns the round-trip time in seconds."""
         waiter = self.loop.create_future()
+        if not self._ping_waiters:
+            self._ping_waiters = collections.deque()
         self._ping_waiters.append(waiter)
         start = self.loop.time()
         self.write(ping_frame(start.hex().encode()[:8].ljust(8, b"0")))

@@ -61,18 +61,87 @@ def encode_headers(fields) -> bytes:
     return bytes(out)
 
 
+#: The last index of HPACK's static table (RFC 7541 Appendix A); above it, the dynamic table.
+_STATIC_LAST = 61
+#: Blocks up to this size are shared between connections (see HeaderDecoder): what a gRPC
+#: client sends for a call is a few hundred bytes.
+SHARED_BLOCK_MAX = 1024
+
+
+def _hpack_int_at(block, i, prefix_bits):
+    """The HPACK integer at block[i] and the index after it; None past the end."""
+    limit = (1 << prefix_bits) - 1
+    value = block[i] & limit
+    i += 1
+    if value < limit:
+        return value, i
+    shift = 0
+    while i < len(block):
+        b = block[i]
+        i += 1
+        value += (b & 0x7F) << shift
+        shift += 7
+        if not b & 0x80:
+            return value, i
+    return None
+
+
+def hpack_static_only(block: bytes) -> bool:
+    """True when the block's fields are indexed in the static table or literal without
+    indexing (or never indexed), with literal names or static ones: it decodes to the same
+    fields on every connection, whatever its dynamic table holds."""
+    i, n = 0, len(block)
+    if n == 0:
+        return False
+    while i < n:
+        b = block[i]
+        if b & 0x80:
+            got = _hpack_int_at(block, i, 7)
+            if got is None or not 0 < got[0] <= _STATIC_LAST:
+                return False
+            i = got[1]
+        elif b & 0xE0 == 0x00 or b & 0xF0 == 0x10:
+            got = _hpack_int_at(block, i, 4)
+            if got is None or got[0] > _STATIC_LAST:
+                return False
+            name_index, i = got
+            for _ in range(1 if name_index else 2):
+                if i >= n:
+                    return False
+                got = _hpack_int_at(block, i, 7)
+                if got is None or got[1] + got[0] > n:
+                    return False
+                i = got[1] + got[0]
+        else:
+            return False
+    return True
+
+
 class HeaderDecoder:
     """HPACK decoding for one connection, with repeated table-neutral blocks served from a
     cache: such a block decodes to the same fields for as long as the dynamic table does not
-    change, and the table changes only through other blocks, which clear the cache."""
+    change, and the table changes only through other blocks, which clear the cache.
 
-    __slots__ = ("_decoder", "_cache", "_parse")
+    A block that refers to no entry of the dynamic table (hpack_static_only: what our own
+    client sends, which never indexes) decodes to the same fields on every connection, so
+    its parsed object is shared by every decoder with the same `parse` and limit (`_shared`):
+    a connection's cache then holds the shared object, and a connection that sends only
+    such blocks, all seen before, never needs an hpack.Decoder of its own (made on the first
+    block that needs decoding). Ten thousand connections making the same calls hold one
+    copy of each call's header fields, not ten thousand."""
+
+    __slots__ = ("_decoder", "_cache", "_parse", "_limit", "_shared")
     _CACHE_LIMIT = 512
+    # (parse, max_header_list_size) -> {block: (block, parsed)}, each at most _CACHE_LIMIT blocks of
+    # at most SHARED_BLOCK_MAX bytes.
+    _SHARED = {}
 
     def __init__(self, max_header_list_size: int, parse=list):
-        self._decoder = hpack.Decoder(max_header_list_size=max_header_list_size)
+        self._decoder = None
         self._cache = {}
         self._parse = parse
+        self._limit = max_header_list_size
+        self._shared = self._SHARED.setdefault((parse, max_header_list_size), {})
 
     def decode(self, block: bytes):
         """Decode a block and return `parse(fields)`, fields being (name, value) bytes pairs;
@@ -80,13 +149,27 @@ class HeaderDecoder:
         cached = self._cache.get(block)
         if cached is not None:
             return cached
-        fields = self._parse(self._decoder.decode(block, raw=True))
-        if hpack_table_neutral(block):
-            if len(self._cache) >= self._CACHE_LIMIT:
-                self._cache.clear()
-            self._cache[block] = fields
+        cache = self._cache
+        shared = self._shared
+        entry = shared.get(block)
+        if entry is not None:
+            # The shared key too, so that this connection keeps no copy of the block.
+            block, fields = entry
         else:
-            self._cache.clear()
+            decoder = self._decoder
+            if decoder is None:
+                decoder = self._decoder = hpack.Decoder(max_header_list_size=self._limit)
+            fields = self._parse(decoder.decode(block, raw=True))
+            if not hpack_table_neutral(block):
+                cache.clear()
+                return fields
+            if len(block) <= SHARED_BLOCK_MAX and hpack_static_only(block):
+                if len(shared) >= self._CACHE_LIMIT:
+                    shared.clear()
+                shared[block] = (block, fields)
+        if len(cache) >= self._CACHE_LIMIT:
+            cache.clear()
+        cache[block] = fields
         return fields
 
 

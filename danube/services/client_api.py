@@ -75,7 +75,7 @@ class ProducerService:
         try:
             producer_id = await self.producers.create_producer(
                 request.topic_name, request.producer_name, request.dispatch_strategy,
-                request.producer_access_mode, subject)
+                request.producer_access_mode, subject, client=context.conn)
         except e.TopicElsewhere as exc:
             count_redirect(self.core, exc, request.topic_name)
             raise

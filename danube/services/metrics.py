@@ -56,6 +56,11 @@ class BrokerCollector:
                                    "Topics served by this broker")
         topics.add_metric([], self.broker.topics_owned())
         yield topics
+        loaded = GaugeMetricFamily("danube_broker_topics_loaded",
+                                   "Topics served by this broker that are loaded in memory "
+                                   "(the others rest until their next use)")
+        loaded.add_metric([], self.broker.topics_loaded())
+        yield loaded
         guard = getattr(self.broker, "guard", None)
         if guard is not None:
             yield from _authz_metrics(guard)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import logging
 import os
 import shutil
@@ -46,6 +47,7 @@ class LogManager:
         self.executor = None
         self.tiered = None              # TieredStorage when storage.mode is not local
         self.write_buffer = None        # WriteBuffer when storage.write_buffer is set
+        self.journal = None             # Journal: one group commit for every topic
         self._tasks = TaskSet("logs")      # the retention loop
         #: topic -> messages an earlier ownership's WAL held that the next owner never had
         #: (storage.failover lossy_local_wal; danube.storage.ownership), since start.
@@ -54,10 +56,31 @@ class LogManager:
     async def start(self) -> None:
         self.executor = concurrent.futures.ThreadPoolExecutor(
             2, thread_name_prefix="danube-wal")
+        if self.uses_journal:
+            await self._start_journal()
         if self.cfg.durable is not None:
             await self._start_tiered()
         if self.cfg.write_buffer is not None:
             await self._start_write_buffer()
+
+    @property
+    def uses_journal(self) -> bool:
+        """Whether reliable topics in mode always share the broker's journal: unless it
+        is turned off, or every broker's WALs are in one root (shared_wal_root: a topic's
+        WAL must hold its own acknowledged data for the next owner)."""
+        return (bool(getattr(self.cfg, "wal_journal", False))
+                and getattr(self.cfg, "failover", None) != "shared_wal_root")
+
+    async def _start_journal(self) -> None:
+        from danube.storage.journal import open_journal
+
+        def replay_config(key: str) -> WALConfig:
+            return dataclasses.replace(self._wal_config("/" + key), durability=ALWAYS,
+                                       journal=None)
+
+        self.journal = await open_journal(
+            self.root, file_bytes=self.cfg.wal_journal_file_mb << 20, executor=self.executor,
+            config_for=replay_config)
 
     async def _start_tiered(self) -> None:
         # Imported here: a broker without tiered storage never loads the cloud SDKs.
@@ -137,7 +160,8 @@ class LogManager:
                          sync_interval_ms=cfg.wal_sync_interval_ms,
                          segment_max_bytes=cfg.wal_segment_max_bytes,
                          max_age_seconds=hours * 3600 if hours else None,
-                         cache_capacity=cfg.wal_cache_capacity)
+                         cache_capacity=cfg.wal_cache_capacity,
+                         journal=self.journal)
 
     def local_topics(self) -> list[str]:
         """The topics whose WAL directory is under this broker's WAL root."""
@@ -147,6 +171,8 @@ class LogManager:
         except FileNotFoundError:
             return out
         for ns in namespaces:
+            if ns.startswith("."):      # the journal's directory
+                continue
             try:
                 entries = os.listdir(os.path.join(self.root, ns))
             except (NotADirectoryError, FileNotFoundError):
@@ -166,6 +192,8 @@ class LogManager:
         directory = self.directory(name)
         if self.cfg.failover == "shared_wal_root" or wal_is_missing(directory):
             return None
+        if self.journal is not None:
+            await self.journal.forget(directory)
         orphaned = await set_aside(name, directory, self._wal_config(name),
                                    executor=self.executor, tiered=self.tiered,
                                    report=self.cfg.failover_is_lossy)
@@ -196,6 +224,8 @@ class LogManager:
             await self.tiered.delete_topic(name)
 
     async def _remove_local(self, name: str) -> None:
+        if self.journal is not None:
+            await self.journal.forget(self.directory(name))
         await asyncio.get_running_loop().run_in_executor(
             self.executor, shutil.rmtree, self.directory(name), True)
 
@@ -288,5 +318,8 @@ class LogManager:
             await self.tiered.close()
         if self.write_buffer is not None:
             await self.write_buffer.close()
+        if self.journal is not None:
+            await self.journal.close()
+            self.journal = None
         if self.executor is not None:
             self.executor.shutdown(wait=True)

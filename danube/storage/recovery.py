@@ -67,7 +67,7 @@ class RecoveryReport:
 
 @dataclasses.dataclass(slots=True)
 class Recovered:
-    lock_fd: int
+    lock_fd: int | None
     segments: list[Segment]
     report: RecoveryReport
 
@@ -112,8 +112,17 @@ def _empty_tail(directory: str, found: list) -> int:
 
 def recover(directory: str, config, start_offset: int, clock) -> Recovered:
     started = time.perf_counter()
-    makedirs_durable(directory)
-    lock_fd = lock_directory(directory)
+    # Under the broker's journal (mode always) nothing here is synced: the journal's replay
+    # at start synced what the previous process left, and anything written since is in
+    # the journal until its trim syncs the file system (danube/storage/journal). Its lock
+    # covers the whole root; the WAL claims the directory in the journal instead.
+    journaled = config.journal is not None and config.durability == "always"
+    if journaled:
+        os.makedirs(directory, exist_ok=True)
+        lock_fd = None
+    else:
+        makedirs_durable(directory)
+        lock_fd = lock_directory(directory)
     segments: list[Segment] = []
     try:
         remove_stale_tmp(directory)
@@ -185,7 +194,7 @@ def recover(directory: str, config, start_offset: int, clock) -> Recovered:
                 if active_entry and active_entry.get("name") == name:
                     created = _number(active_entry, "created_at", now)
                 seg, dropped, status = Segment.recover_active(
-                    path, base, initial_size=config.segment_initial_bytes,
+                    path, base, initial_size=config.first_segment_bytes,
                     max_size=config.segment_max_bytes, created_at=created)
                 segments.append(seg)
                 if dropped:
@@ -204,7 +213,7 @@ def recover(directory: str, config, start_offset: int, clock) -> Recovered:
         if not segments:
             base = max(start_offset, ckpt["next_offset"] if ckpt else 0)
             segments.append(Segment.create(directory, base,
-                                           size=min(config.segment_initial_bytes,
+                                           size=min(config.first_segment_bytes,
                                                     config.segment_max_bytes),
                                            max_size=config.segment_max_bytes, created_at=now))
         elif start_offset > segments[-1].end_offset:
@@ -212,7 +221,7 @@ def recover(directory: str, config, start_offset: int, clock) -> Recovered:
                         directory, start_offset, segments[-1].end_offset - 1)
         # Make the recovered state durable, so later promises cover it.
         for seg in segments[:-1]:
-            if seg.synced_pos < seg.write_pos:
+            if seg.synced_pos < seg.write_pos and not journaled:
                 fd = os.open(seg.path, os.O_RDONLY | os.O_CLOEXEC)
                 try:
                     os.fdatasync(fd)
@@ -220,10 +229,12 @@ def recover(directory: str, config, start_offset: int, clock) -> Recovered:
                     os.close(fd)
                 seg.synced_pos = seg.write_pos
         active = segments[-1]
-        os.fdatasync(active.fd)
-        active.synced_pos = active.write_pos
+        if not journaled:
+            os.fdatasync(active.fd)
+            active.synced_pos = active.write_pos
         write_checkpoint(directory, build_checkpoint(segments, active.end_offset,
-                                                     active.end_offset - 1, now))
+                                                     active.end_offset - 1, now),
+                         not journaled)
         report = RecoveryReport(
             segments=len(found), first_offset=segments[0].base, next_offset=active.end_offset,
             dropped_bytes=dropped, dropped_status=dropped_status, trimmed_bytes=trimmed,
@@ -235,7 +246,8 @@ def recover(directory: str, config, start_offset: int, clock) -> Recovered:
             seg.unmap()
             if seg.fd is not None:
                 os.close(seg.fd)
-        os.close(lock_fd)
+        if lock_fd is not None:
+            os.close(lock_fd)
         raise
 
 
@@ -246,4 +258,5 @@ def release(recovered: Recovered) -> None:
         if seg.fd is not None:
             os.close(seg.fd)
             seg.fd = None
-    os.close(recovered.lock_fd)
+    if recovered.lock_fd is not None:
+        os.close(recovered.lock_fd)

@@ -30,6 +30,7 @@ import threading
 import time
 
 import grpc
+import pytest
 
 from broker_process import BrokerProcess
 from danube.proto import DanubeApi_pb2 as pb
@@ -48,13 +49,15 @@ def reliable_producer(ch, topic, name):
                            dispatch_strategy=pb.Reliable), timeout=30).producer_id
 
 
-def write_config(tmp_path, durability, interval_ms=5000):
+def write_config(tmp_path, durability, interval_ms=5000, journal=True):
     path = tmp_path / "broker.yml"
-    # Small segments: rotations (a new file, a directory sync) happen within a round.
+    # Small segments: rotations (a new file, a directory sync) happen within a round; a
+    # small journal file (mode always): its rolls and trims (syncfs) too.
     path.write_text(f"""\
 storage:
   wal:
     durability: {durability}
+    journal: {{enabled: {str(journal).lower()}, file_mb: 1}}
     rotation: {{max_bytes: 131072}}
     advanced: {{file_sync: {{interval_ms: {interval_ms}}}}}
 dispatch:
@@ -200,15 +203,24 @@ def wal_syncs(records):
     return [r for r in records if r.kind == "F" and "/wal/" in r.path and r.path.endswith(".log")]
 
 
-def test_always_every_acknowledged_message_survives_power_cuts(tmp_path):
+def journal_syncs(records):
+    """Syncs of the broker's journal (mode always: danube/storage/journal)."""
+    return [r for r in records if r.kind == "F" and "/wal/.journal/journal." in r.path]
+
+
+@pytest.mark.parametrize("journal", [True, False], ids=["journal", "own-syncs"])
+def test_always_every_acknowledged_message_survives_power_cuts(tmp_path, journal):
+    """With the broker's journal (the default) and without it (each WAL syncs its own
+    segments: storage.wal.journal.enabled false)."""
     rng = random.Random()
     cut = PowerCut(tmp_path / "data", tmp_path / "cut")
-    config = write_config(tmp_path, "always")
+    config = write_config(tmp_path, "always", journal=journal)
     topic = "/default/power-always"
     acked = []
     for _ in range(3):
         got, records = publish_then_cut(tmp_path, cut, config, topic, rng)
-        assert wal_syncs(records), "the shim saw no WAL sync: it is not watching the broker"
+        synced = journal_syncs(records) if journal else wal_syncs(records)
+        assert synced, "the shim saw no WAL or journal sync: it is not watching the broker"
         acked += [p for p, _ in got]
     broker = BrokerProcess("--config-file", str(config), data_dir=cut.root).start(timeout=60)
     try:
@@ -218,7 +230,7 @@ def test_always_every_acknowledged_message_survives_power_cuts(tmp_path):
     payloads = {p for _, p in received}
     lost = [p for p in acked if p not in payloads]
     assert not lost, (f"{len(lost)} of {len(acked)} acknowledged messages were lost by a "
-                      f"power cut in mode always, e.g. {lost[:3]}")
+                      f"power cut in mode always, e.g. {lost[:3]}\n{broker.log()[-3000:]}")
     offsets = [o for o, _ in received]
     assert offsets == list(range(len(offsets))), "offsets are not contiguous from 0"
     assert len(payloads) == len(received), "a message was stored twice"

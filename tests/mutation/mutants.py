@@ -8,7 +8,9 @@ import collections
 Mutant = collections.namedtuple("Mutant", "name file original replacement tests what")
 
 PC = "tests/e2e/test_power_cut.py"
-ALWAYS = f"{PC}::test_always_every_acknowledged_message_survives_power_cuts"
+ALWAYS = f"{PC}::test_always_every_acknowledged_message_survives_power_cuts[journal]"
+OWN_SYNCS = f"{PC}::test_always_every_acknowledged_message_survives_power_cuts[own-syncs]"
+JOURNAL = "tests/e2e/test_journal_power_cut.py"
 CURSOR = f"{PC}::test_durable_ack_ranges_survive_a_power_cut"
 ORDER = "tests/e2e/test_power_cut_order.py"
 DENY = "tests/unit/test_security_default_deny.py"
@@ -26,7 +28,7 @@ MUTANTS = [
     Mutant("sync-without-fdatasync", "storage/wal/group_commit.py",
            "        else:\n            _fdatasync(fd)\n",
            "        else:\n            pass\n",
-           [ALWAYS],
+           [OWN_SYNCS],
            "the WAL's sync job skips the fdatasync of the segments it holds open"),
     Mutant("wal-dir-synced-last", "storage/wal/group_commit.py",
            "                job.after_dir = sum(seg in new for seg, _, _ in job.sync)\n",
@@ -39,10 +41,32 @@ MUTANTS = [
            [f"{ORDER}::test_a_cut_around_the_directory_s_sync_leaves_a_prefix"],
            "recovery keeps the empty segments a power cut after rotations can leave"),
     Mutant("wal-dir-not-durable", "storage/recovery.py",
-           "    makedirs_durable(directory)\n",
-           "    os.makedirs(directory, exist_ok=True)\n",
-           [ALWAYS],
+           "        makedirs_durable(directory)\n",
+           "        os.makedirs(directory, exist_ok=True)\n",
+           [OWN_SYNCS],
            "a topic's new WAL directory is created without syncing its parents"),
+    # The broker's journal (mode always, the default)
+    Mutant("journal-without-fdatasync", "storage/journal/journal.py",
+           "        _fdatasync(self._fd)\n        self._pos = pos\n",
+           "        self._pos = pos\n",
+           [ALWAYS],
+           "a journal commit acknowledges its group without the fdatasync"),
+    Mutant("journal-trim-without-syncfs", "storage/journal/journal.py",
+           "            sync_filesystem(self.root)\n        except OSError as exc:\n",
+           "            pass\n        except OSError as exc:\n",
+           [f"{JOURNAL}::test_every_acknowledged_message_of_every_topic_survives_rolls_trims_"
+            "and_cuts"],
+           "a closed journal file is recycled before the file system is synced behind it"),
+    Mutant("journal-dir-not-durable", "storage/journal/journal.py",
+           "    makedirs_durable(directory)         # (its files' entries are synced",
+           "    os.makedirs(directory, exist_ok=True)  # (its files' entries are synced",
+           [ALWAYS],
+           "the journal's directory is created without syncing its parents"),
+    Mutant("deleted-topic-not-forgotten", "storage/logs.py",
+           "            await self.journal.forget(self.directory(name))\n",
+           "            pass\n",
+           [f"{JOURNAL}::test_a_deleted_topic_does_not_come_back_from_the_journal"],
+           "a topic's WAL is deleted with no FORGET record before it: a replay brings it back"),
     # Cursor persistence (and the metadata store under it)
     Mutant("durable-ack-not-flushed", "services/batch_consumer.py",
            "            await dispatcher.flush_cursor()\n",

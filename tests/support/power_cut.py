@@ -18,7 +18,9 @@ The baseline is the directory as it was when `arm()` was called (every file then
 already: the test made it, or it is what the previous cut left). Files are followed by inode;
 an inode freed and reused by a new file within one run would be mistaken for the old one (the
 tests' files are few and a reuse would only make a lost file look kept, never the reverse).
-Not modelled, because the product uses none of them: sync(), syncfs(), O_SYNC/O_DSYNC.
+A successful syncfs() (the WAL journal's trim) makes the whole directory, as it was when the
+call was made, durable. Not modelled, because the product uses none of them: sync(),
+O_SYNC/O_DSYNC.
 """
 
 import os

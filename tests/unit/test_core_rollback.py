@@ -30,14 +30,26 @@ async def core(tmp_path):
 
 
 def fail_puts(core, monkeypatch, predicate):
-    real = core.store.put
+    """Writes of a key ``predicate`` picks fail, alone or among others (put_many)."""
+    real, real_many = core.store.put, core.store.put_many
 
     async def put(key, *args, **kwargs):
         if predicate(key):
             raise StoreDown(key)
         return await real(key, *args, **kwargs)
+
+    async def put_many(items, *args, **kwargs):
+        items = dict(items)
+        if any(predicate(key) for key in items):
+            raise StoreDown(items)
+        return await real_many(items, *args, **kwargs)
     monkeypatch.setattr(core.store, "put", put)
-    return lambda: monkeypatch.setattr(core.store, "put", real)
+    monkeypatch.setattr(core.store, "put_many", put_many)
+
+    def restore():
+        monkeypatch.setattr(core.store, "put", real)
+        monkeypatch.setattr(core.store, "put_many", real_many)
+    return restore
 
 
 async def test_failed_subscribe_leaves_no_consumer_or_subscription(core, monkeypatch):

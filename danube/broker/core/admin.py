@@ -69,10 +69,10 @@ class Admin:
         """ListNamespaceTopics/ListBrokerTopics rows: name, serving broker, delivery."""
         out = []
         for name in names_:
-            topic = self.topic_table.served(name)
-            if topic is not None:
+            delivery = await self.topic_table.delivery_name(name)     # loaded or resting
+            if delivery is not None:
                 out.append({"name": name, "broker_id": str(self.identity.value),
-                            "delivery": topic.delivery_name})
+                            "delivery": delivery})
             else:
                 out.append(await self.placement.unserved_row(name))
         return out

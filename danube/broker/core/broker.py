@@ -69,7 +69,8 @@ class BrokerCore:
         self.unloaded = UnloadedIds()     # ids of topics unloaded a moment ago
         # The reliable topics' logs: opened, deleted, kept (retention) by their owner.
         self.logs = LogManager(cfg, store)
-        self._tasks = TaskSet("broker core", self.loop)   # the reaper and the rate sampler
+        # The idle-subscription reaper, the rate sampler and the idle-topic unloader.
+        self._tasks = TaskSet("broker core", self.loop)
 
         self.namespaces = Namespaces(cfg, store)
         self.topic_table = TopicTable(
@@ -101,6 +102,7 @@ class BrokerCore:
         await self.topic_table.create_system_topic()
         self._tasks.spawn(self.subscription_table.reap_idle(), name="idle-subscription reaper")
         self._tasks.spawn(self.admin.sample_rates(), name="rate sampler")
+        self._tasks.spawn(self.topic_table.unload_idle(), name="idle-topic unloader")
         self.logs.start_retention(self.topic_table.retained_logs)
 
     async def register(self):

@@ -23,6 +23,11 @@ class Namespaces:
     async def namespace_exists(self, ns):
         return await self.store.get_entry(keys.namespace_policy(ns)) is not None
 
+    async def namespace_entry(self, ns):
+        """The namespace's policy record (an Entry), None if the namespace does not exist:
+        existence and the policies topics start with in one read."""
+        return await self.store.get_entry(keys.namespace_policy(ns))
+
     async def list_namespaces(self):
         out = []
         for key in await self.store.keys(keys.NAMESPACES):
@@ -64,12 +69,14 @@ class Namespaces:
             policies.update({k: v for k, v in value.items() if k in policies})
         return policies
 
-    async def policies_for(self, topic):
-        """The Policies a topic is served with: its own record's, else its namespace's."""
+    async def policies_for(self, topic, namespace=None):
+        """The Policies a topic is served with: its own record's, else its namespace's
+        (``namespace``: that record's Entry when the caller has read it already)."""
         ns, _ = keys.split_topic(topic)
         value = await self.store.get(keys.topic_policy(topic))
         if value is None:
-            value = await self.store.get(keys.namespace_policy(ns))
+            value = namespace.value if namespace is not None else \
+                await self.store.get(keys.namespace_policy(ns))
         policies = Policies()
         for field in dataclasses.fields(Policies):
             if isinstance(value, dict) and isinstance(value.get(field.name), int):

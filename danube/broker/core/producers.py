@@ -22,7 +22,9 @@ class ProducerTable:
         self.producers = {}                 # producer_id -> Producer
 
     async def create_producer(self, topic_name, producer_name, delivery, access_mode=0,
-                              schema_subject=None):
+                              schema_subject=None, client=None):
+        """``client``: the connection creating it (anything with ``closed``), None
+        in-process; once it closes the producer no longer keeps its topic loaded."""
         names.validate_topic(topic_name)
         names.validate_client_name(producer_name, "producer_name")
         if delivery not in DELIVERY_NAMES:
@@ -41,13 +43,19 @@ class ProducerTable:
         try:
             if schema_subject:
                 await self.schemas.bind_producer_subject(topic, schema_subject)
-            return await self._add_producer(topic, producer_name, delivery, access_mode)
+            producer_id = await self._add_producer(topic, producer_name, delivery, access_mode,
+                                                   client)
         except BaseException:
             if created is not None:
                 await self.topic_table.discard_unused(created)
             raise
+        if topic.closed:
+            # Unloaded (idle) or moved while this call waited: the client looks it up and
+            # creates the producer again, which loads the topic anew.
+            raise topic.closed_error()
+        return producer_id
 
-    async def _add_producer(self, topic, producer_name, delivery, access_mode):
+    async def _add_producer(self, topic, producer_name, delivery, access_mode, client):
         topic_name = topic.name
         if topic.delivery != delivery:
             raise DispatchMismatch("Producer requested dispatch strategy does not match "
@@ -56,6 +64,7 @@ class ProducerTable:
         existing = topic.producers_by_name.get(producer_name)
         if existing is not None:
             existing.active = True
+            existing.client = client
             return existing.producer_id
         policies = topic.policies
         if policies.max_producers_per_topic and \
@@ -63,7 +72,7 @@ class ProducerTable:
             raise ProducerLimit(f"topic {topic_name} already has {len(topic.producers)} "
                                 f"producers (max_producers_per_topic)")
         producer_id = random_id(self.producers)
-        producer = Producer(producer_id, producer_name, topic, access_mode)
+        producer = Producer(producer_id, producer_name, topic, access_mode, client=client)
         topic.producers[producer_id] = producer
         topic.producers_by_name[producer_name] = producer
         self.producers[producer_id] = producer

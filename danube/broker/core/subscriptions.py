@@ -133,7 +133,7 @@ class SubscriptionTable:
         names.validate_client_name(sub_name, "subscription")
         if sub_type not in TYPE_NAMES:
             raise InvalidArgument(f"subscription_type: unknown value {sub_type}")
-        topic = self.topic_table.get_topic(topic_name)
+        topic = await self.topic_table.use(topic_name)
         sub = topic.subscriptions.get(sub_name)
         if sub is not None:
             existing = sub.by_name.get(consumer_name)
@@ -190,6 +190,9 @@ class SubscriptionTable:
             # registered would refuse its next attempt ("already has a consumer").
             await self._undo_subscribe(topic, sub, consumer, new_sub)
             raise
+        if topic.closed:
+            # Unloaded or moved while this call waited: the client subscribes again.
+            raise topic.closed_error()
         return consumer_id
 
     async def _undo_subscribe(self, topic, sub, consumer, new_sub):

@@ -40,6 +40,9 @@ class Appender:
         self._cache = state.cache
         self._kick = state.kick
         self._always = state.mode == ALWAYS
+        # In mode always the sync worker syncs what is appended; with the journal, the
+        # journal does (each append was handed to it by ``queue``).
+        self._kick_worker = self._always and state.journal is None
         # the two calls every append makes, bound once
         self._queue = commit.queue
         self._deferred = commit.deferred
@@ -89,7 +92,7 @@ class Appender:
         if self._refused:
             self._space_back()
         self._cache.extend(first, payloads)
-        if self._always:
+        if self._kick_worker:
             self._kick.set()
         if self._reader.waiting:
             self._reader.wake(None)
@@ -127,7 +130,7 @@ class Appender:
             self._space_back()
         s.next_offset = first + n
         self._cache.extend_packed(first, data, ends)
-        if self._always:
+        if self._kick_worker:
             self._kick.set()
         if self._reader.waiting:
             self._reader.wake(None)

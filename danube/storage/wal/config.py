@@ -34,6 +34,13 @@ class WALConfig:
       already checked everything written before the open).
     * ``max_mapped_sealed``: sealed segments kept mapped for readers (least recently read
       ones are unmapped beyond this).
+    * ``first_segment_bytes``: the preallocation of a log's first segment (and of its
+      active one when it is opened again): a topic reserves no more disk than it has
+      written, rounded up to this, until it rotates.
+    * ``journal``: the broker's ``Journal`` (danube/storage/journal): in mode ``always``
+      appends are made durable by its group commits instead of this WAL's own syncs; the
+      WAL then takes no directory lock file (the journal keeps the open directories) and
+      syncs nothing at open and close. None: the WAL syncs its own segments.
     """
     durability: str = ALWAYS
     sync_interval_ms: int = 5000
@@ -44,6 +51,8 @@ class WALConfig:
     validate_sealed: str = "lazy"
     verify_reads: bool = False
     max_mapped_sealed: int = 8
+    first_segment_bytes: int = 4096
+    journal: object = dataclasses.field(default=None, compare=False, repr=False)
 
     def __post_init__(self):
         if self.durability not in _MODES:
@@ -53,8 +62,8 @@ class WALConfig:
                              f"{self.validate_sealed!r}")
         if self.segment_max_bytes < 4096:
             raise ValueError("segment_max_bytes must be at least 4096")
-        if self.segment_initial_bytes < 1:
-            raise ValueError("segment_initial_bytes must be positive")
+        if self.segment_initial_bytes < 1 or self.first_segment_bytes < 1:
+            raise ValueError("segment_initial_bytes and first_segment_bytes must be positive")
         if self.sync_interval_ms <= 0:
             raise ValueError("sync_interval_ms must be positive")
         if self.max_age_seconds is not None and self.max_age_seconds <= 0:

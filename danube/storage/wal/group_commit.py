@@ -111,6 +111,10 @@ class GroupCommit:
         # In mode always appends are written by the sync job, just before its fdatasync
         # (see "Writes" in the package docstring).
         self._defer = state.mode == ALWAYS
+        # The broker's journal makes the appends durable instead (mode always; see
+        # ``journaled``): the frames then go to the segment file from its writer thread.
+        self._journal = state.journal
+        self._drain_waiters: list[asyncio.Future] = []
         self._sync_requested = False
         self._tick = False
         self._retiring: list[Segment] = []           # sealed, writable fd still open
@@ -158,8 +162,9 @@ class GroupCommit:
         fut = s.loop.create_future()
         self._waiter_seq += 1
         heapq.heappush(self._sync_waiters, (offset, self._waiter_seq, fut))
-        self._sync_requested = True
-        s.kick.set()
+        if self._journal is None:       # (the journal answers by itself: ``journaled``)
+            self._sync_requested = True
+            s.kick.set()
         return await fut
 
     # ------------------------------------------------------------------ pending writes
@@ -168,12 +173,16 @@ class GroupCommit:
         """Whether an append of ``nbytes`` of frames is left to the sync job. A small one
         (a single message, say) costs less written at once, which keeps the file in order
         only while nothing is pending."""
-        return self._defer and (nbytes >= _DEFER_MIN or bool(self._s.pending))
+        return self._defer and (nbytes >= _DEFER_MIN or bool(self._s.pending)
+                                or self._journal is not None)
 
     def queue(self, pending: PendingWrite | None) -> None:
         """Take an append's pending write (None: it was written at once)."""
         if pending is not None:
             self._s.pending.append(pending)
+            if self._journal is not None:
+                self._journal.submit(self._s.journal_key, self, pending)
+                return
             self._unclaimed += pending.nbytes
             self._write_ahead()
 
@@ -182,6 +191,11 @@ class GroupCommit:
         segment): a segment is sealed, and the next one created, only once the sealed one
         holds all its frames, so a process crash never leaves a gap between segments. Jobs
         writing some of them are waited for; what they wrote is not written twice."""
+        if self._journal is not None:
+            # The journal's writer may be writing some of them: one of the two writes each.
+            with self._journal.segment_lock:
+                write_pending(list(self._s.pending))
+            return
         running = [f for f in (self._inflight, self._writing and self._writing[0]) if f]
         if running:
             concurrent.futures.wait(running)
@@ -356,7 +370,8 @@ class GroupCommit:
         waits for the next pass. They run in a thread of their own, shared by every WAL of
         the process, so that checkpoints (a rotation makes one for each topic uploaded at
         the same time) never occupy the threads that syncs wait for."""
-        cf = _checkpoint_executor().submit(write_checkpoint, self._s.directory, body)
+        cf = _checkpoint_executor().submit(write_checkpoint, self._s.directory, body,
+                                           self._journal is None)
         fut = asyncio.wrap_future(cf, loop=self._s.loop)
         self._ckpt_job = (cf, fut)
 
@@ -383,17 +398,24 @@ class GroupCommit:
         job = _Job()
         active = s.active
         want = self._sync_requested or s.status != OPEN
-        if s.mode == ALWAYS and s.durable < s.next_offset - 1:
+        journal = self._journal is not None
+        if s.mode == ALWAYS and s.durable < s.next_offset - 1 and not journal:
             want = True         # plain appends are synced too, just not waited for
         if self._tick:
             want = want or s.durable < s.next_offset - 1
             self._tick = False
-        if s.mode != NONE and any(seg.synced_pos < seg.write_pos for seg in self._retiring):
+        if (s.mode != NONE and not journal
+                and any(seg.synced_pos < seg.write_pos for seg in self._retiring)):
             want = True         # sync sealed segments as they are sealed
         self._sync_requested = False
         if s.failed is not None:
             want = False
-        if want:
+        if want and journal:
+            # The journal covers every append; its trim syncs the segments (and their
+            # directory entries) with the file system.
+            self._dir_dirty = False
+            self._new_entries = []
+        elif want:
             job.writes = list(s.pending)
             for pending in job.writes:
                 pending.claimed = True          # the write-ahead leaves them to this job
@@ -430,6 +452,8 @@ class GroupCommit:
         s = self._s
         for seg, _ in job.retire:
             seg.fd = None
+            if self._journal is not None:
+                continue
             if seg.synced_pos < seg.write_pos and not any(x is seg for x, _, _ in job.sync):
                 self._unsynced_sealed.append(seg)
         self.fdatasync_count += job.fdatasyncs
@@ -448,16 +472,44 @@ class GroupCommit:
             synced = {id(seg) for seg, _, _ in job.sync}
             self._unsynced_sealed = [x for x in self._unsynced_sealed if id(x) not in synced]
         if job.target is not None:
-            s.durable = max(s.durable, job.target)
-            self.sync_count += 1
-            if self.on_sync is not None:
-                self.on_sync(s.durable)
-            waiters = self._sync_waiters
-            while waiters and waiters[0][0] <= s.durable:
-                fut = heapq.heappop(waiters)[2]
-                if not fut.done():
-                    fut.set_result(s.durable)
+            self._covered(job.target)
         self._finish_pass()
+
+    def _covered(self, offset: int) -> None:
+        """A sync (or a journal commit) covers ``offset``: answer the callers it covers."""
+        s = self._s
+        if offset > s.durable:
+            s.durable = offset
+        self.sync_count += 1
+        if self.on_sync is not None:
+            self.on_sync(s.durable)
+        waiters = self._sync_waiters
+        while waiters and waiters[0][0] <= s.durable:
+            fut = heapq.heappop(waiters)[2]
+            if not fut.done():
+                fut.set_result(s.durable)
+
+    def journaled(self, pendings: list, exc: BaseException | None) -> None:
+        """On the loop: the journal committed ``pendings`` (this WAL's, in order) and wrote
+        them to their segment file, or failed with ``exc``."""
+        s = self._s
+        if exc is not None:
+            self._fail(exc)
+            return
+        queue = s.pending
+        for pending in pendings:
+            if queue and queue[0] is pending:
+                queue.popleft()
+            pending.done()
+        self._covered(pendings[-1].first_offset + pendings[-1].count - 1)
+        if not queue:
+            self._drained()
+
+    def _drained(self) -> None:
+        waiters, self._drain_waiters = self._drain_waiters, []
+        for fut in waiters:
+            if not fut.done():
+                fut.set_result(None)
 
     def _finish_pass(self) -> None:
         waiters, self._pass_waiters = self._pass_waiters, []
@@ -476,12 +528,19 @@ class GroupCommit:
             if not fut.done():
                 fut.set_exception(err)
         self._sync_waiters = []
+        self._drained()
 
     # ------------------------------------------------------------------ closing
 
     async def stop(self) -> None:
         """Closing (the state says so already): let the worker make its last sync and
-        checkpoint, and wait for the write and checkpoint jobs still running."""
+        checkpoint, and wait for the write and checkpoint jobs still running (with the
+        journal: first for it to commit every append)."""
+        s = self._s
+        if self._journal is not None and s.pending and s.failed is None:
+            fut = s.loop.create_future()
+            self._drain_waiters.append(fut)
+            await fut
         self._s.kick.set()
         if self.worker is not None:
             await asyncio.shield(self.worker)
@@ -505,6 +564,9 @@ class GroupCommit:
         since the last pass."""
         if self.worker is not None and not self.worker.done():
             self.worker.cancel()
+        if self._journal is not None:
+            self._journal.barrier()     # its writer is done with this WAL's files
+        self._drained()
         running = [f for f in (self._inflight, self._writing and self._writing[0],
                                self._ckpt_job and self._ckpt_job[0]) if f]
         if running:
@@ -543,14 +605,16 @@ def _checkpoint_executor() -> concurrent.futures.ThreadPoolExecutor:
         return _ckpt_pool
 
 
-def close_active(directory: str, fd: int, write_pos: int, ckpt: dict | None) -> None:
-    """Trim the active segment's preallocated tail, make that durable, close it, and write the
-    final checkpoint."""
+def close_active(directory: str, fd: int, write_pos: int, ckpt: dict | None,
+                 durable: bool = True) -> None:
+    """Trim the active segment's preallocated tail, make that durable (unless the journal
+    does: ``durable`` False), close it, and write the final checkpoint."""
     try:
         if ckpt is not None:
             os.ftruncate(fd, write_pos)
-            _fdatasync(fd)
+            if durable:
+                _fdatasync(fd)
     finally:
         os.close(fd)
     if ckpt is not None:
-        write_checkpoint(directory, ckpt)
+        write_checkpoint(directory, ckpt, durable)

@@ -74,6 +74,9 @@ class WAL:
         if start_offset < 0:
             raise ValueError("start_offset must be >= 0")
         directory = os.fspath(directory)
+        journal = config.journal if config.durability == "always" else None
+        if journal is not None:
+            journal.claim(directory)        # instead of the directory's lock file
         own = executor is None
         if own:
             # Two threads: a sync and a deletion can run at once (syncs themselves
@@ -90,6 +93,8 @@ class WAL:
         except BaseException:
             if own:
                 executor.shutdown(wait=False)
+            if journal is not None:
+                journal.unclaim(directory)
             raise
         wal = cls(directory, config, recovered, executor, own, clock)
         if recovered.report.dropped_bytes or recovered.report.segments:
@@ -242,7 +247,8 @@ class WAL:
             final = self._commit.final_checkpoint()
             fd, active.fd = active.fd, None     # the job below closes it
             await asyncio.wrap_future(state.executor.submit(
-                close_active, state.directory, fd, active.write_pos, final))
+                close_active, state.directory, fd, active.write_pos, final,
+                state.journal is None))
         except BaseException as exc:
             if not isinstance(exc, asyncio.CancelledError):
                 log.exception("WAL %s: error while closing", state.directory)
@@ -263,6 +269,8 @@ class WAL:
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
+        if state.journal is not None:
+            state.journal.unclaim(state.directory)
         if self._own_executor:
             state.executor.shutdown(wait=False)
 

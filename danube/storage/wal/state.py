@@ -17,6 +17,7 @@ from typing import Callable
 from danube.storage._tailcache import TailCache
 from danube.storage.errors import WALClosedError, WALFailedError
 from danube.storage.segment import Segment
+from danube.storage.wal.config import ALWAYS
 
 OPEN, CLOSING, CLOSED = 0, 1, 2
 
@@ -26,7 +27,7 @@ class WalState:
 
     __slots__ = ("directory", "config", "mode", "executor", "clock", "loop", "segments",
                  "bases", "active", "next_offset", "first_offset", "durable", "cache",
-                 "pending", "kick", "status", "failed")
+                 "pending", "kick", "status", "failed", "journal", "journal_key")
 
     def __init__(self, directory: str, config, segments: list[Segment],
                  executor: concurrent.futures.Executor, clock: Callable[[], float]):
@@ -53,6 +54,10 @@ class WalState:
         self.status = OPEN
         #: The error of a failed sync or write: the WAL then refuses appends.
         self.failed: BaseException | None = None
+        #: The broker's journal when it makes this WAL's appends durable (mode always),
+        #: and this WAL's name in its records.
+        self.journal = journal = config.journal if self.mode == ALWAYS else None
+        self.journal_key = journal.key(directory) if journal is not None else b""
 
     def check_usable(self) -> None:
         if self.status != OPEN or self.failed is not None:

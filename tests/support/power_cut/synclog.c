@@ -11,13 +11,16 @@
  *     $SYNCLOG_SHADOW/<seq> and "D <seq> <ino> 0 <t0> <t1> <path>" is appended.
  * t0/t1: CLOCK_MONOTONIC nanoseconds when the sync was called and when it returned.
  * sync_file_range, msync and plain writes promise nothing on a power cut and are not
- * recorded. Not modelled (the product uses none of them; tests/support/power_cut.py checks
- * the log is not empty): sync(), syncfs(), O_SYNC/O_DSYNC descriptors.
+ * recorded. After a successful syncfs (the WAL journal's trim) every file and directory
+ * under $SYNCLOG_ROOT is recorded as it was when the call was made. Not modelled (the
+ * product uses none of them; tests/support/power_cut.py checks the log is not empty):
+ * sync(), O_SYNC/O_DSYNC descriptors.
  *
  * Built by the test with gcc (cc -shared -fPIC -O2 synclog.c -o synclog.so -ldl). */
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <dlfcn.h>
+#include <ftw.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -92,6 +95,8 @@ static void copy_file(int fd, int out, off_t size)
 static void list_dir(const char *path, int out)
 {
     DIR *d = opendir(path);
+    if (d == NULL && errno == ENOENT)
+        return;                     /* removed meanwhile (syncfs walks by path) */
     if (d == NULL)
         fail("opening a synced directory");
     int dfd = dirfd(d);
@@ -112,46 +117,119 @@ static void list_dir(const char *path, int out)
     closedir(d);
 }
 
-static void record(int fd, int64_t t0)
-{
+/* One sync's copy: what a successful sync of a descriptor made durable. */
+struct taken {
+    char kind;                  /* 'F' or 'D' */
+    int pid;
+    unsigned long n;
+    unsigned long ino;
+    long long size;
     char path[PATH_MAX];
+};
+
+/* Copy what a sync of `fd` makes durable into the shadow directory (the mutex held);
+ * returns 0 when `fd` is not watched. */
+static int take(int fd, struct taken *t)
+{
     struct stat st;
-    int saved = errno;
-    if (!watched(fd, path, sizeof path) || fstat(fd, &st) != 0) {
-        errno = saved;
-        return;
-    }
-    if (!S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)) {
-        errno = saved;
-        return;
-    }
-    int64_t t1 = now_ns();
+    if (!watched(fd, t->path, sizeof t->path) || fstat(fd, &st) != 0)
+        return 0;
+    if (!S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode))
+        return 0;
     const char *shadow = getenv("SYNCLOG_SHADOW");
-    char name[PATH_MAX], logname[PATH_MAX];
-    pthread_mutex_lock(&lock);
-    unsigned long n = ++seq;
-    snprintf(name, sizeof name, "%s/%d-%lu", shadow, (int)getpid(), n);
+    char name[PATH_MAX];
+    t->n = ++seq;
+    t->pid = (int)getpid();
+    snprintf(name, sizeof name, "%s/%d-%lu", shadow, t->pid, t->n);
     int out = open(name, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (out < 0)
         fail("creating a shadow copy");
-    off_t size = 0;
+    t->size = 0;
     if (S_ISREG(st.st_mode)) {
-        size = st.st_size;
-        copy_file(fd, out, size);
+        t->size = st.st_size;
+        copy_file(fd, out, st.st_size);
     } else {
-        list_dir(path, out);
+        list_dir(t->path, out);
     }
     close(out);
-    snprintf(logname, sizeof logname, "%s/log", shadow);
+    t->kind = S_ISDIR(st.st_mode) ? 'D' : 'F';
+    t->ino = (unsigned long)st.st_ino;
+    return 1;
+}
+
+static void emit(const struct taken *t, int64_t t0, int64_t t1)
+{
+    char logname[PATH_MAX];
+    snprintf(logname, sizeof logname, "%s/log", getenv("SYNCLOG_SHADOW"));
     FILE *log = fopen(logname, "a");
     if (log == NULL)
         fail("opening the sync log");
-    fprintf(log, "%c %d-%lu %lu %lld %lld %lld %s\n", S_ISDIR(st.st_mode) ? 'D' : 'F',
-            (int)getpid(), n, (unsigned long)st.st_ino, (long long)size, (long long)t0,
-            (long long)t1, path);
+    fprintf(log, "%c %d-%lu %lu %lld %lld %lld %s\n", t->kind, t->pid, t->n, t->ino,
+            t->size, (long long)t0, (long long)t1, t->path);
     fclose(log);
+}
+
+static void record(int fd, int64_t t0)
+{
+    struct taken t;
+    int saved = errno;
+    pthread_mutex_lock(&lock);
+    if (take(fd, &t))
+        emit(&t, t0, now_ns());
     pthread_mutex_unlock(&lock);
     errno = saved;
+}
+
+/* syncfs: everything under $SYNCLOG_ROOT as it was when the call was made is durable once
+ * it returns. Each file and directory is copied before the real call (what was written
+ * before it), and the records are logged, with the time it returned, after it. */
+static struct taken *walk_taken;
+static size_t walk_count, walk_cap;
+
+static int walk_one(const char *path, const struct stat *st, int type, struct FTW *ftw)
+{
+    (void)st; (void)ftw;
+    if (type != FTW_F && type != FTW_D && type != FTW_DP)
+        return 0;
+    int fd = open(path, O_RDONLY | O_CLOEXEC | (type == FTW_F ? 0 : O_DIRECTORY));
+    if (fd < 0)
+        return 0;                   /* removed meanwhile */
+    if (walk_count == walk_cap) {
+        walk_cap = walk_cap ? 2 * walk_cap : 256;
+        walk_taken = realloc(walk_taken, walk_cap * sizeof *walk_taken);
+        if (walk_taken == NULL)
+            fail("growing the syncfs list");
+    }
+    if (take(fd, &walk_taken[walk_count]))
+        walk_count++;
+    close(fd);
+    return 0;
+}
+
+int syncfs(int fd)
+{
+    static int (*real)(int);
+    if (real == NULL)
+        real = (int (*)(int))dlsym(RTLD_NEXT, "syncfs");
+    const char *root = getenv("SYNCLOG_ROOT");
+    if (root == NULL || getenv("SYNCLOG_SHADOW") == NULL)
+        return real(fd);
+    pthread_mutex_lock(&lock);
+    int64_t t0 = now_ns();
+    walk_count = 0;
+    int saved = errno;
+    nftw(root, walk_one, 64, FTW_PHYS);
+    errno = saved;
+    int rc = real(fd);
+    saved = errno;
+    if (rc == 0) {
+        int64_t t1 = now_ns();
+        for (size_t i = 0; i < walk_count; i++)
+            emit(&walk_taken[i], t0, t1);
+    }
+    pthread_mutex_unlock(&lock);
+    errno = saved;
+    return rc;
 }
 
 int fsync(int fd)
