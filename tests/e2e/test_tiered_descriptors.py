@@ -117,7 +117,7 @@ async def test_a_lost_descriptor_is_adopted_not_uploaded_again(tmp_path):
 
     broker = await InProcBroker(tmp_path, tree).start()
     try:
-        tier = broker.topic(TOPIC).log.tier
+        tier = (await broker.use(TOPIC)).log.tier
         assert tier.uploaded_end == before.end_offset
         counting = CountingStore(broker.tiered.objstore)
         await upload_in_process(broker, counting)

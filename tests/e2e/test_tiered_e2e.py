@@ -160,7 +160,7 @@ async def test_recovery_after_the_local_wal_is_lost(backend, tmp_path, monkeypat
 
     broker = await InProcBroker(tmp_path, tree).start()
     try:
-        await broker.core.topic_table.use(topic)      # (a restart loads topics on first use)
+        await broker.use(topic)         # (after a restart a topic loads on first use)
         assert broker.topic(topic).log.next_offset == 300
         async with DanubeClient(broker.url) as client:
             producer = await client.create_producer(topic, "p2", reliable=True)

@@ -104,9 +104,9 @@ async def test_acknowledgements_do_not_wait_for_the_checkpoint(tmp_path, monkeyp
     written = []
     real = wal_module.write_checkpoint
 
-    def held(directory, body):
+    def held(directory, body, *durable):
         release.wait(60)
-        real(directory, body)
+        real(directory, body, *durable)
         written.append(body)
 
     monkeypatch.setattr(wal_module, "write_checkpoint", held)
@@ -137,7 +137,7 @@ from danube.storage.wal import group_commit as wal_module
 
 never = threading.Event()
 
-def no_checkpoint(directory, body):
+def no_checkpoint(directory, body, *durable):
     never.wait()        # the checkpoint of a rotation never reaches the disk
 
 async def main():

@@ -71,7 +71,12 @@ class InProcBroker:
         return self.broker.core.tiered
 
     def topic(self, name):
+        """A loaded topic (after a restart a topic rests until used: ``await use(name)``)."""
         return self.core.topics[name]
+
+    async def use(self, name):
+        """The topic, loaded if it rests (what a client's first call does)."""
+        return await self.core.topic_table.use(name)
 
     async def wait_uploaded(self, name, offset, timeout=60):
         """Until the durable tier holds ``offset`` of topic ``name``."""

@@ -489,13 +489,15 @@ class GroupCommit:
             if not fut.done():
                 fut.set_result(s.durable)
 
-    def journaled(self, pendings: list, exc: BaseException | None) -> None:
-        """On the loop: the journal committed ``pendings`` (this WAL's, in order) and wrote
-        them to their segment file, or failed with ``exc``."""
+    def journaled(self, pendings: list, exc: BaseException | None,
+                  flush_ms: float = 0.0) -> None:
+        """On the loop: the journal committed ``pendings`` (this WAL's, in order) in
+        ``flush_ms`` and wrote them to their segment file, or failed with ``exc``."""
         s = self._s
         if exc is not None:
             self._fail(exc)
             return
+        self.flush_latency_ms.observe(flush_ms)
         queue = s.pending
         for pending in pendings:
             if queue and queue[0] is pending:
