@@ -8,8 +8,8 @@ and offset ``o`` lives at ``index[o - first_offset]``.
 
 The active segment is preallocated (``posix_fallocate``, so a full disk is an OSError when the
 segment grows rather than part way through a batch, and readers of the mapping never touch a hole)
-in chunks that double up to ``max_size`` and mapped ``MAP_SHARED`` for readers. Appends are framed
-in C (``encode_frames_indexed`` / ``encode_frames_packed``) into a reusable buffer and written with
+in chunks that double up to ``max_size``, and mapped ``MAP_SHARED`` on its first read. Appends are
+framed in C (``encode_frames_indexed`` / ``encode_frames_packed``) into a reusable buffer and written with
 one ``pwrite`` per batch; the mapping sees the data at once (both are the page cache). Sealing
 shrinks the mapping and the file to the data's end, so a sealed file holds no zero tail and its size
 is the end of its last frame.
@@ -117,7 +117,6 @@ class Segment:
         fd = os.open(seg.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         try:
             allocate(fd, 0, size)
-            seg.mm = mmap.mmap(fd, size)
         except BaseException:
             os.close(fd)
             os.unlink(seg.path)
@@ -153,7 +152,6 @@ class Segment:
             if size == 0:
                 size = initial_size
             allocate(fd, file_size, size)
-            seg.mm = mmap.mmap(fd, size)
         except BaseException:
             os.close(fd)
             raise
@@ -272,16 +270,20 @@ class Segment:
         self.grow_to(max(end, min(self.max_size, 2 * self.size)))
 
     def grow_to(self, new: int) -> None:
-        """Preallocate the file up to ``new`` bytes and map all of it."""
+        """Preallocate the file up to ``new`` bytes (and map all of it, if mapped)."""
         if new > self.size:
             allocate(self.fd, self.size, new)
-            self.mm.resize(new)
+            if self.mm is not None:
+                self.mm.resize(new)
             self.size = new
 
     def seal(self, now: float) -> None:
         """No more appends: shrink the mapping and the file to the end of the data."""
         if self.size != self.write_pos:
-            self.mm.resize(self.write_pos)      # ftruncate + mremap
+            if self.mm is not None:
+                self.mm.resize(self.write_pos)      # ftruncate + mremap
+            else:
+                os.ftruncate(self.fd, self.write_pos)
             self.size = self.write_pos
         self.index = self.index[:self.count]      # a copy, trimmed to the frames
         self.sealed_at = now
@@ -339,7 +341,11 @@ class Segment:
     def read_into(self, out: list, offset: int, max_messages: int, max_bytes: int,
                   verify: bool) -> int:
         """Append frames from ``offset`` (which this segment holds) to ``out`` as
-        ``(offset, payload)``; returns the payload bytes added (see ``read_frames_into``)."""
+        ``(offset, payload)``; returns the payload bytes added (see ``read_frames_into``).
+        The active segment is mapped on its first read: a log whose readers are served from
+        the hot-tail cache holds one descriptor, not two (a mapping keeps one of its own)."""
+        if self.mm is None and self.fd is not None:
+            self.mm = mmap.mmap(self.fd, self.size)
         pos = int(self.index[offset - self.base])
         return read_frames_into(out, self.mm, pos, self.file_end, offset, max_messages,
                                 max_bytes, verify)

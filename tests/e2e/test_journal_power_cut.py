@@ -24,7 +24,10 @@ from grpc_calls import subscribe, unary
 from power_cut import PowerCut
 from waiting import wait_for
 
-TOPICS = [f"/default/journal-{i}" for i in range(12)]
+#: DANUBE_JOURNAL_TOPICS=1000 runs the issue's 1,000-topic load (the suite runs 12).
+TOPICS = [f"/default/journal-{i}"
+          for i in range(int(os.environ.get("DANUBE_JOURNAL_TOPICS", "12")))]
+THREADS = 12
 SUB = "kept"
 PAYLOAD = 2048          # ~600 messages fill a 1 MiB journal file
 
@@ -43,33 +46,38 @@ def producer(ch, topic, name):
 
 
 class Publishing:
-    """One thread per topic, one message in flight each; records every acknowledged payload."""
+    """THREADS threads, each sending to its share of the topics in turn, one message in
+    flight; records every acknowledged payload."""
 
     def __init__(self, addr, topics, tag):
         self.channel = grpc.insecure_channel(addr)
         self.acked = {t: [] for t in topics}
         self.lock = threading.Lock()
         self.stop = threading.Event()
-        self.threads = [threading.Thread(target=self._run, args=(t, tag), daemon=True)
-                        for t in topics]
+        self.threads = [threading.Thread(target=self._run, args=(topics[k::THREADS], tag),
+                                         daemon=True) for k in range(min(THREADS, len(topics)))]
         for t in self.threads:
             t.start()
 
-    def _run(self, topic, tag):
+    def _run(self, topics, tag):
         try:
-            name = f"{tag}-{topic.rsplit('/', 1)[1]}"
-            pid = producer(self.channel, topic, name)
             send = unary(self.channel, "/danube.ProducerService/SendMessage",
                          pb.MessageResponse)
+            names = {t: f"{tag}-{t.rsplit('/', 1)[1]}" for t in topics}
+            pids = {t: producer(self.channel, t, names[t]) for t in topics}
             n = 0
             while not self.stop.is_set():
-                payload = f"{name}-{n}-".encode().ljust(PAYLOAD, b"x")
                 n += 1
-                send(pb.StreamMessage(request_id=n, payload=payload, producer_name=name,
-                                      msg_id=pb.MsgID(producer_id=pid, topic_name=topic)),
-                     timeout=30)
-                with self.lock:
-                    self.acked[topic].append(payload)
+                for topic in topics:
+                    name = names[topic]
+                    payload = f"{name}-{n}-".encode().ljust(PAYLOAD, b"x")
+                    send(pb.StreamMessage(request_id=n, payload=payload, producer_name=name,
+                                          msg_id=pb.MsgID(producer_id=pids[topic],
+                                                          topic_name=topic)), timeout=30)
+                    with self.lock:
+                        self.acked[topic].append(payload)
+                    if self.stop.is_set():
+                        break
         except grpc.RpcError:
             pass                            # the broker was killed
 

@@ -205,6 +205,22 @@ def test_tail_cache():
         TailCache(-1)
 
 
+def test_tail_cache_grows_from_a_few_slots_to_its_capacity():
+    """A quiet log's cache holds a few slots; a busy one's grows to the capacity, keeping
+    what it held (packed and plain payloads alike)."""
+    import array
+    c = TailCache(100, 0)
+    c.extend(0, [b"p%d" % i for i in range(5)])
+    c.extend_packed(5, b"abcdef", array.array("Q", [1, 3, 6]))
+    c.extend(8, [b"q%d" % i for i in range(30)])        # past the first ring's 16
+    assert (c.first_offset, c.next_offset) == (0, 38)
+    assert c.read(0, 8) == [*[(i, b"p%d" % i) for i in range(5)],
+                            (5, b"a"), (6, b"bc"), (7, b"def")]
+    c.extend(38, [b"r%d" % i for i in range(200)])       # past the capacity
+    assert (c.first_offset, c.next_offset, len(c)) == (138, 238, 100)
+    assert c.read(137, 1) is None and c.read(237, 5) == [(237, b"r199")]
+
+
 @settings(max_examples=150, deadline=None)
 @given(batches=st.lists(st.tuples(st.booleans(),
                                   st.lists(st.binary(max_size=20), max_size=8)), max_size=8),

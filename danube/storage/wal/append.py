@@ -207,7 +207,7 @@ class Appender:
             os.close(new.fd)
             os.unlink(new.path)
             raise
-        if not _LINUX:
+        if not _LINUX and old.mm is not None:
             old.mm.flush()
         s.segments.append(new)
         s.bases.append(base)

@@ -427,7 +427,7 @@ class GroupCommit:
             for seg in self._unsynced_sealed:
                 job.sync.append((seg, None, seg.write_pos))
             if active.write_pos > active.synced_pos:
-                if not _LINUX:
+                if not _LINUX and active.mm is not None:
                     active.mm.flush()
                 job.sync.append((active, active.fd, active.write_pos))
             job.dir_fsync = self._dir_dirty
