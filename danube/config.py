@@ -104,6 +104,7 @@ class BrokerConfig:
     wal_segment_max_hours: float | None = None  # storage.wal.rotation.max_hours
     wal_cache_capacity: int = 1024              # storage.wal.advanced.cache_capacity
     wal_journal: bool = True                    # storage.wal.journal.enabled (ours)
+    wal_journal_max_open_segments: int = 1000   # storage.wal.journal.max_open_segments
     wal_journal_file_mb: int = 8               # storage.wal.journal.file_mb (ours)
     retention_time_minutes: int = 2880          # storage.local_retention.time_minutes
     retention_size_mb: int = 20480              # storage.local_retention.size_mb
@@ -504,6 +505,11 @@ def _load_storage(cfg, tree):
         raise ConfigError("storage.wal.journal.enabled: expected true or false")
     cfg.wal_journal = journal
     cfg.wal_journal_file_mb = _int(tree, "storage.wal.journal.file_mb", cfg.wal_journal_file_mb)
+    cfg.wal_journal_max_open_segments = _int(tree, "storage.wal.journal.max_open_segments",
+                                             cfg.wal_journal_max_open_segments)
+    if cfg.wal_journal_max_open_segments < 1:
+        raise ConfigError("storage.wal.journal.max_open_segments: expected a positive "
+                          "integer")
     if not 1 <= cfg.wal_journal_file_mb <= 4096:
         raise ConfigError(f"storage.wal.journal.file_mb: expected 1..4096 (MiB), got "
                           f"{cfg.wal_journal_file_mb}")

@@ -87,7 +87,7 @@ SCHEMA = {
             "retention": _RETENTION,
             "durability": KEY,          # ours
             "topic_durability": OPAQUE,  # ours: topic name -> mode
-            "journal": {"enabled": KEY, "file_mb": KEY},     # ours: danube/storage/journal
+            "journal": {"enabled": KEY, "file_mb": KEY, "max_open_segments": KEY},     # ours: danube/storage/journal
         },
         "durable": OPAQUE,          # storage/durable/config.py checks it
         "object_store": OPAQUE,     # upstream's older name of durable

@@ -80,7 +80,8 @@ class LogManager:
 
         self.journal = await open_journal(
             self.root, file_bytes=self.cfg.wal_journal_file_mb << 20, executor=self.executor,
-            config_for=replay_config)
+            config_for=replay_config,
+            max_open_segments=getattr(self.cfg, "wal_journal_max_open_segments", 1000))
 
     async def _start_tiered(self) -> None:
         # Imported here: a broker without tiered storage never loads the cloud SDKs.

@@ -257,7 +257,23 @@ class Segment:
         """End of the frames already written to the file."""
         return self.write_pos - self.unwritten
 
+    def ensure_fd(self) -> None:
+        """Open the segment's file again if its descriptor was closed while idle (the
+        journal keeps a bounded number of active segments open: ``Journal.touch``)."""
+        if self.fd is None:
+            self.fd = os.open(self.path, os.O_RDWR | os.O_CLOEXEC)
+
+    def close_fd(self) -> None:
+        """Close the descriptor and the mapping of an idle active segment (reopened by
+        ``ensure_fd`` on its next use)."""
+        self.unmap()
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
     def _make_room(self, n: int, total: int) -> None:
+        if self.fd is None:
+            self.ensure_fd()
         end = self.write_pos + total
         if end > self.size:
             self._grow(end)
@@ -272,6 +288,7 @@ class Segment:
     def grow_to(self, new: int) -> None:
         """Preallocate the file up to ``new`` bytes (and map all of it, if mapped)."""
         if new > self.size:
+            self.ensure_fd()
             allocate(self.fd, self.size, new)
             if self.mm is not None:
                 self.mm.resize(new)
@@ -280,6 +297,7 @@ class Segment:
     def seal(self, now: float) -> None:
         """No more appends: shrink the mapping and the file to the end of the data."""
         if self.size != self.write_pos:
+            self.ensure_fd()
             if self.mm is not None:
                 self.mm.resize(self.write_pos)      # ftruncate + mremap
             else:
@@ -344,7 +362,8 @@ class Segment:
         ``(offset, payload)``; returns the payload bytes added (see ``read_frames_into``).
         The active segment is mapped on its first read: a log whose readers are served from
         the hot-tail cache holds one descriptor, not two (a mapping keeps one of its own)."""
-        if self.mm is None and self.fd is not None:
+        if self.mm is None and self.sealed_at is None:
+            self.ensure_fd()
             self.mm = mmap.mmap(self.fd, self.size)
         pos = int(self.index[offset - self.base])
         return read_frames_into(out, self.mm, pos, self.file_end, offset, max_messages,

@@ -151,3 +151,44 @@ def test_replay_applies_nothing_past_a_gap_and_nothing_before_a_forget(tmp_path,
         await j.close()
     asyncio.run(main())
     assert "never acknowledged" in caplog.text
+
+
+def open_segment_files(root):
+    """The descriptors this process holds on WAL segment files under ``root``."""
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith(str(root)) and target.endswith(".log"):
+            out.append(target)
+    return out
+
+
+def test_idle_active_segments_close_their_descriptors_beyond_the_bound(tmp_path):
+    async def main():
+        j = await open_journal(str(tmp_path), file_bytes=1 << 20, executor=None,
+                               config_for=plain, max_open_segments=5)
+        cfg = WALConfig(journal=j)
+        wals = [await WAL.open(tmp_path / "ns" / f"t{i}", cfg) for i in range(30)]
+        for rnd in range(3):
+            for w in wals:
+                _, last = w.append([b"round-%d" % rnd])
+                await w.sync_to(last)
+                assert len(open_segment_files(tmp_path)) <= 6
+        # Every log still reads and appends (its file opened again), and closes.
+        for i, w in enumerate(wals):
+            assert w.read(0, 10) == [(r, b"round-%d" % r) for r in range(3)]
+        assert len(open_segment_files(tmp_path)) <= 6
+        for w in wals:
+            await w.close()
+        await j.close()
+        # Reopened from disk, everything is there.
+        j = await open_journal(str(tmp_path), file_bytes=1 << 20, executor=None,
+                               config_for=plain)
+        w = await WAL.open(tmp_path / "ns" / "t7", WALConfig(journal=j))
+        assert w.read(0, 10) == [(r, b"round-%d" % r) for r in range(3)]
+        await w.close()
+        await j.close()
+    asyncio.run(main())

@@ -104,7 +104,8 @@ class JournalFailedError(OSError):
 class Journal:
     """One per WAL root. ``open`` it with the root's lock held (``lock_journal``)."""
 
-    def __init__(self, root: str, lock_fd: int, *, file_bytes: int, first_seq: int):
+    def __init__(self, root: str, lock_fd: int, *, file_bytes: int, first_seq: int,
+                 max_open_segments: int = 1000):
         self.root = root
         self.directory = os.path.join(root, DIRECTORY)
         self.file_bytes = file_bytes
@@ -134,6 +135,10 @@ class Journal:
         self._done_cond = threading.Condition()
         #: WAL directories open in this process (the per-WAL lock file's job, in memory).
         self._open_dirs: set[str] = set()
+        #: The WALs whose active segment may hold a descriptor, least recently used first
+        #: (the loop's only): beyond ``max_open_segments`` idle ones close theirs.
+        self._files: collections.OrderedDict = collections.OrderedDict()
+        self.max_open_segments = max_open_segments
         #: Completed group commits and their fdatasync calls (metrics, tests).
         self.commits = 0
         self.trims = 0
@@ -167,6 +172,31 @@ class Journal:
         in its segment (see ``GroupCommit.journaled``)."""
         self._queue.append((key, commit, pending))
         self._event.set()
+
+    def touch(self, commit) -> None:
+        """A WAL used its active segment (on the loop): it is the most recently used;
+        beyond the bound, the least recently used idle ones close their descriptors
+        (``GroupCommit.close_idle_file``), so descriptors do not grow with the topics."""
+        files = self._files
+        if commit in files:
+            files.move_to_end(commit)
+        else:
+            files[commit] = None
+        excess = len(files) - self.max_open_segments
+        if excess > 0:
+            # A busy one (frames pending) goes back to the end; a few tries per call.
+            for _ in range(excess + 8):
+                oldest = next(iter(files))
+                if oldest is commit:
+                    break
+                del files[oldest]
+                if not oldest.close_idle_file():
+                    files[oldest] = None
+                elif len(files) <= self.max_open_segments:
+                    break
+
+    def untouch(self, commit) -> None:
+        self._files.pop(commit, None)
 
     async def forget(self, directory: str) -> None:
         """Record durably that ``directory`` is deleted or set aside (before it is), so a

@@ -32,7 +32,8 @@ log = logging.getLogger("danube.storage.journal")
 
 
 async def open_journal(root: str, *, file_bytes: int, executor,
-                       config_for: Callable[[str], object]) -> Journal:
+                       config_for: Callable[[str], object],
+                       max_open_segments: int = 1000) -> Journal:
     """Lock the WAL root's journal, replay it (``config_for(key)``: the ``WALConfig`` of the
     WAL directory ``key``, relative to ``root``, for the replay) and start it."""
     loop = asyncio.get_running_loop()
@@ -45,7 +46,8 @@ async def open_journal(root: str, *, file_bytes: int, executor,
         next_seq = max(read_next_seq(lock_fd), files[-1][0] + 1 if files else 1)
         await loop.run_in_executor(executor, _restart_files, root, directory, files, lock_fd,
                                    next_seq)
-        journal = Journal(root, lock_fd, file_bytes=file_bytes, first_seq=next_seq)
+        journal = Journal(root, lock_fd, file_bytes=file_bytes, first_seq=next_seq,
+                          max_open_segments=max_open_segments)
         await loop.run_in_executor(executor, journal.start)
     except BaseException:
         os.close(lock_fd)

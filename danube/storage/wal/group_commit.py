@@ -144,6 +144,8 @@ class GroupCommit:
     def start(self) -> None:
         self.worker = self._s.loop.create_task(self._run_worker(),
                                                name=f"wal-sync {self._s.directory}")
+        if self._journal is not None:
+            self._journal.touch(self)       # its active segment's descriptor counts
 
     async def sync_to(self, offset: int | None = None) -> int:
         """Return once a sync covers ``offset`` (default: everything appended so far), in
@@ -182,6 +184,7 @@ class GroupCommit:
             self._s.pending.append(pending)
             if self._journal is not None:
                 self._journal.submit(self._s.journal_key, self, pending)
+                self._journal.touch(self)
                 return
             self._unclaimed += pending.nbytes
             self._write_ahead()
@@ -507,6 +510,16 @@ class GroupCommit:
         if not queue:
             self._drained()
 
+    def close_idle_file(self) -> bool:
+        """With the journal: close the active segment's descriptor if nothing of this WAL
+        is pending (the journal's writer uses it only for pending frames); False while
+        something is. It is opened again on the next append or read."""
+        s = self._s
+        if s.pending or s.status != OPEN:
+            return s.status != OPEN
+        s.active.close_fd()
+        return True
+
     def _drained(self) -> None:
         waiters, self._drain_waiters = self._drain_waiters, []
         for fut in waiters:
@@ -568,6 +581,7 @@ class GroupCommit:
             self.worker.cancel()
         if self._journal is not None:
             self._journal.barrier()     # its writer is done with this WAL's files
+            self._journal.untouch(self)
         self._drained()
         running = [f for f in (self._inflight, self._writing and self._writing[0],
                                self._ckpt_job and self._ckpt_job[0]) if f]

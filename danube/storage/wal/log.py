@@ -244,6 +244,7 @@ class WAL:
             await self._commit.stop()       # the worker runs a last sync + checkpoint
             active = state.active
             active.unmap()
+            active.ensure_fd()      # (the journal may have closed an idle one)
             final = self._commit.final_checkpoint()
             fd, active.fd = active.fd, None     # the job below closes it
             await asyncio.wrap_future(state.executor.submit(
