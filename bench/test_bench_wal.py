@@ -211,6 +211,7 @@ def test_read_1000_from_cache(benchmark, open_wal):
 def test_peer_python_read_loop_1000(benchmark, open_wal):
     wal = _filled(open_wal, "read-py", 0)
     seg = wal._state.segments[0]
+    seg.read_into([], 50_000, 1, -1, False)     # the active segment is mapped on a read
     mm = seg.mm
     start = int(seg.index[50_000 - seg.base])
     benchmark.group = "wal read 1000 x 100 B"
