@@ -87,3 +87,33 @@ def test_the_bench_extra_installs_what_the_load_workers_import():
                 imported.add(node.module.split(".")[0])
     assert "numpy" in imported
     assert "numpy" in declared
+
+
+def test_scale_targets_not_met_when_nothing_was_measured():
+    from bench.scale import runner as scale
+    failed = {"topics": {"ours": []},
+              "active": {"ours": [{"topics": 1000, "error": "producers not created"}]},
+              "batched": {"ours": {"reliable": {"error": "bench.reliable exited 1"},
+                                   "one_in_flight": {"error": "worker exited"}}},
+              "connections": {"ours": [{"requested": 10_000, "error": "worker exited"}]}}
+    checks = scale.targets(failed)
+    assert len(checks) == 6
+    assert {verdict for _, verdict in checks} == {"NOT met"}
+
+
+def test_scale_targets_a_quick_run_is_not_judged():
+    from bench.scale import runner as scale
+    row = {"topics": 1000, "created_total": 1000, "topics_per_s": 5000.0, "errors": 0,
+           "first_error": None, "rss_mib": 50.0, "fds": 100, "disk_bytes": 1 << 20,
+           "disk_apparent_bytes": 1 << 20, "sigterm_s": 0.5, "restart_serving_s": 0.5}
+    quick = {"topics": {"ours": [row]},
+             "active": {"ours": [{"topics": 100, "msgs_per_s": 50_000.0, "p99_ms": 1.0}]},
+             "connections": {"ours": [{"count": 1000, "served": 1000, "errors": 0,
+                                       "rss_per_conn_kb": 1.0}]}}
+    assert {verdict for _, verdict in scale.targets(quick)} == {"not judged"}
+    # The same figures at the targets' sizes are judged, and met.
+    full = {"topics": {"ours": [{**row, "topics": 100_000, "created_total": 100_000}]},
+            "active": {"ours": [{"topics": 1000, "msgs_per_s": 50_000.0, "p99_ms": 1.0}]},
+            "connections": {"ours": [{"count": 10_000, "served": 10_000, "errors": 0,
+                                      "rss_per_conn_kb": 1.0}]}}
+    assert {verdict for _, verdict in scale.targets(full)} == {"met"}

@@ -1,56 +1,23 @@
-"""10,000 topics with one producer and one consumer each on one broker.
+"""Section `idle` (bench.scale's first measurement): N topics with one producer and one
+consumer each on one broker.
 
-    .venv/bin/python -m bench.scale [--topics 10000]
-
-Starts a standalone broker subprocess (fresh data dir), then from this process creates N topics,
-each with a producer and a Shared subscription whose consumer holds an open ReceiveMessages
-stream (all on one HTTP/2 connection, so they are real idle consumers). Reports the broker's
-RSS per idle topic (+producer+consumer), how long control-plane calls take for the first and
-the last thousand topics, and publish->deliver latency on the first and the last topic, so a
-slowdown with the number of topics would show.
+Creates N (non-reliable) topics, each with a producer and a Shared subscription whose consumer
+holds an open ReceiveMessages stream (all on one HTTP/2 connection, so they are real idle
+consumers). Reports the broker's RSS per idle topic (+producer+consumer), how long
+control-plane calls take for the first and the last thousand topics, and publish->deliver
+latency on the first and the last topic, so a slowdown with the number of topics would show.
 """
 
-import argparse
 import asyncio
-import json
-import os
-import re
+import shutil
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
 
 import uvloop
 
+from bench.scale.common import Broker, rss_kib
 from danube.proto import DanubeApi_pb2 as pb
 from danube.rpc.client import Channel
-
-
-def rss_kib(pid):
-    with open(f"/proc/{pid}/status") as f:
-        return int(re.search(r"VmRSS:\s+(\d+)", f.read()).group(1))
-
-
-def start_broker(data_dir):
-    log_path = os.path.join(data_dir, "broker.log")
-    log = open(log_path, "w")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "danube", "broker", "--mode", "standalone", "--data-dir",
-         os.path.join(data_dir, "data"), "--broker-addr", "127.0.0.1:0",
-         "--admin-addr", "127.0.0.1:0"], stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.time() + 30
-    while time.time() < deadline:
-        with open(log_path) as f:
-            text = f.read()
-        m = re.search(r"client gRPC .* listening on 127\.0\.0\.1:(\d+)", text)
-        if m and "broker ready" in text:
-            return proc, int(m.group(1))
-        if proc.poll() is not None:
-            break
-        time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError("broker did not start:\n" + text)
 
 
 def _u(ch, path, resp):
@@ -119,22 +86,10 @@ async def run(addr, n, pid):
     }
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--topics", type=int, default=10_000)
-    args = ap.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        proc, port = start_broker(tmp)
-        try:
-            result = uvloop.run(run(f"127.0.0.1:{port}", args.topics, proc.pid))
-        finally:
-            proc.terminate()
-            proc.wait(30)
-    print(json.dumps(result, indent=2))
-    os.makedirs("bench/results", exist_ok=True)
-    with open("bench/results/scale.json", "w") as f:
-        json.dump(result, f, indent=2)
-
-
-if __name__ == "__main__":
-    main()
+def measure(python, workdir, name, n):
+    broker = Broker(python, workdir, f"idle-{name}").start()
+    try:
+        return uvloop.run(run(broker.addr, n, broker.pid))
+    finally:
+        broker.stop()
+        shutil.rmtree(broker.data, ignore_errors=True)
