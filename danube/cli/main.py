@@ -3,6 +3,7 @@
 import argparse
 import importlib
 import logging
+import os
 import sys
 
 from danube import __version__
@@ -102,7 +103,18 @@ def _run_broker(args):
     except (OSError, TieredStartupError, MetadataError) as exc:
         print(f"danube broker: cannot start: {exc}", file=sys.stderr)
         return 1
+    _exit_now(0)
     return 0
+
+
+def _exit_now(status):
+    """End a broker that has stopped: everything it keeps was made durable by its own
+    syncs, so the interpreter's teardown (freeing a hundred thousand topics' objects one by
+    one: seconds) is skipped, and SIGTERM ends the process as soon as the broker stopped."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 def _run_edge(args):

@@ -564,11 +564,12 @@ class GroupCommit:
         if self._ckpt_job is not None:
             await asyncio.wait([self._ckpt_job[1]])
 
-    def final_checkpoint(self) -> dict | None:
+    def final_checkpoint(self, only_if_changed: bool = False) -> dict | None:
         """The checkpoint ``close`` writes (None after a failure: recovery checks the
-        files then)."""
+        files then; with ``only_if_changed``, None also when the segments are those the last
+        checkpoint recorded)."""
         s = self._s
-        if s.failed is not None:
+        if s.failed is not None or (only_if_changed and not self._ckpt_dirty):
             return None
         self._ckpt_dirty = False
         return build_checkpoint(s.segments, s.next_offset, s.durable, s.clock())
@@ -621,16 +622,14 @@ def _checkpoint_executor() -> concurrent.futures.ThreadPoolExecutor:
         return _ckpt_pool
 
 
-def close_active(directory: str, fd: int, write_pos: int, ckpt: dict | None,
-                 durable: bool = True) -> None:
-    """Trim the active segment's preallocated tail, make that durable (unless the journal
-    does: ``durable`` False), close it, and write the final checkpoint."""
+def close_active(directory: str, fd: int, write_pos: int, ckpt: dict | None) -> None:
+    """Trim the active segment's preallocated tail, make that durable, close it, and write the
+    final checkpoint (a WAL without the journal)."""
     try:
         if ckpt is not None:
             os.ftruncate(fd, write_pos)
-            if durable:
-                _fdatasync(fd)
+            _fdatasync(fd)
     finally:
         os.close(fd)
     if ckpt is not None:
-        write_checkpoint(directory, ckpt, durable)
+        write_checkpoint(directory, ckpt)
