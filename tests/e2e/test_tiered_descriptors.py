@@ -96,8 +96,9 @@ class CountingStore:
 async def test_a_lost_descriptor_is_adopted_not_uploaded_again(tmp_path):
     """A power cut after an unsynced descriptor commit loses the descriptor but not the
     segment (it was durable locally first): the next export finds the object in the store
-    and adopts it."""
-    tree = _tree(tmp_path, interval=60, retention=False)
+    and adopts it. (The upload interval is an hour: the exports are the test's own, never a
+    scheduled one that could adopt the object first.)"""
+    tree = _tree(tmp_path, interval=3600, retention=False)
     durable = objstore_servers.store_from_config(tree["storage"]["durable"])
     broker = await InProcBroker(tmp_path, tree).start()
     prefix = broker.tiered.prefix
