@@ -116,7 +116,7 @@ def recover(directory: str, config, start_offset: int, clock) -> Recovered:
     # at start synced what the previous process left, and anything written since is in
     # the journal until its trim syncs the file system (danube/storage/journal). Its lock
     # covers the whole root; the WAL claims the directory in the journal instead.
-    journaled = config.journal is not None and config.durability == "always"
+    journaled = config.journal_in_use is not None
     if journaled:
         os.makedirs(directory, exist_ok=True)
         lock_fd = None

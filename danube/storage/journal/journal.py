@@ -17,7 +17,6 @@ import logging
 import os
 import threading
 import time
-from typing import Callable
 
 from danube.dirsync import fsync_dir, makedirs_durable, sync_filesystem
 from danube.fslock import try_lock
@@ -68,6 +67,20 @@ def lock_journal(directory: str) -> int:
         raise WALLockedError(f"WAL journal {directory} is open in another broker process "
                              f"(one broker per WAL root)")
     return fd
+
+
+def recycle(directory: str, paths: list[str]) -> None:
+    """Journal files whose records are durable elsewhere (their segments synced): the
+    first becomes the spare if there is none, the rest go; then the directory is synced."""
+    if not paths:
+        return
+    spare = os.path.join(directory, SPARE_NAME)
+    for path in paths:
+        if not os.path.exists(spare):
+            os.rename(path, spare)
+        else:
+            os.unlink(path)
+    fsync_dir(directory)
 
 
 def _zero_fill(fd: int, size: int) -> None:
@@ -274,9 +287,9 @@ class Journal:
                     problem = exc
             results.append((commit, pendings, problem))
         # Each WAL counts the commit as one flush of its own (upstream's danube_wal_flush_*).
-        results.append(((time.perf_counter() - started) * 1000.0, None, None))
+        flush_ms = (time.perf_counter() - started) * 1000.0
         try:
-            self._loop.call_soon_threadsafe(_deliver, results)
+            self._loop.call_soon_threadsafe(_deliver, results, flush_ms)
         except RuntimeError:        # the loop is closed: nobody is waiting any more
             pass
 
@@ -393,13 +406,7 @@ class Journal:
             log.error("WAL journal %s: syncfs failed, keeping %d closed files: %r",
                       self.directory, len(closed), exc)
             return
-        spare = os.path.join(self.directory, SPARE_NAME)
-        for _, path in closed:
-            if not os.path.exists(spare):
-                os.rename(path, spare)
-            else:
-                os.unlink(path)
-        fsync_dir(self.directory)
+        recycle(self.directory, [path for _, path in closed])
         self.trims += 1
         with self._closed_cond:
             del self._closed[:len(closed)]
@@ -437,10 +444,9 @@ class Journal:
         self._trim_closed()
 
 
-def _deliver(results: list) -> None:
-    """On the loop: tell each WAL of its group's outcome (and how long the commit took,
-    the last entry), and each ``forget`` caller."""
-    flush_ms = results.pop()[0]
+def _deliver(results: list, flush_ms: float) -> None:
+    """On the loop: tell each WAL of its group's outcome and how long the commit took,
+    and each ``forget`` caller."""
     for commit, pendings, error in results:
         if pendings is None:
             if not commit.done():
@@ -451,6 +457,3 @@ def _deliver(results: list) -> None:
                         f"WAL journal failed: {error!r}"))
         else:
             commit.journaled(pendings, error, flush_ms)
-
-
-JournalFactory = Callable[[], Journal]

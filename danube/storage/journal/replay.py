@@ -22,10 +22,10 @@ import os
 import time
 from typing import Callable
 
-from danube.dirsync import fsync_dir, sync_filesystem
+from danube.dirsync import sync_filesystem
 from danube.storage._walframes import read_frames_into
-from danube.storage.journal.journal import (DIRECTORY, SPARE_NAME, Journal, journal_files,
-                                            lock_journal, read_next_seq, write_next_seq)
+from danube.storage.journal.journal import (DIRECTORY, Journal, journal_files, lock_journal,
+                                            read_next_seq, recycle, write_next_seq)
 from danube.storage.journal.records import FORGET, read_records
 
 log = logging.getLogger("danube.storage.journal")
@@ -60,14 +60,7 @@ def _restart_files(root: str, directory: str, files: list, lock_fd: int,
     if files:
         sync_filesystem(root)
     write_next_seq(lock_fd, next_seq)
-    spare = os.path.join(directory, SPARE_NAME)
-    for _, path in files:
-        if not os.path.exists(spare):
-            os.rename(path, spare)
-        else:
-            os.unlink(path)
-    if files:
-        fsync_dir(directory)
+    recycle(directory, [path for _, path in files])
 
 
 def _valid_key(key: str) -> bool:

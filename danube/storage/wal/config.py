@@ -54,6 +54,12 @@ class WALConfig:
     first_segment_bytes: int = 4096
     journal: object = dataclasses.field(default=None, compare=False, repr=False)
 
+    @property
+    def journal_in_use(self):
+        """The journal this WAL's appends go through: ``journal`` in mode always, else
+        None (the other modes sync on their own schedule)."""
+        return self.journal if self.durability == ALWAYS else None
+
     def __post_init__(self):
         if self.durability not in _MODES:
             raise ValueError(f"durability must be one of {_MODES}, got {self.durability!r}")

@@ -75,7 +75,7 @@ class WAL:
         if start_offset < 0:
             raise ValueError("start_offset must be >= 0")
         directory = os.fspath(directory)
-        journal = config.journal if config.durability == "always" else None
+        journal = config.journal_in_use
         if journal is not None:
             journal.claim(directory)        # instead of the directory's lock file
         own = executor is None

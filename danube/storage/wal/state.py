@@ -17,7 +17,6 @@ from typing import Callable
 from danube.storage._tailcache import TailCache
 from danube.storage.errors import WALClosedError, WALFailedError
 from danube.storage.segment import Segment
-from danube.storage.wal.config import ALWAYS
 
 OPEN, CLOSING, CLOSED = 0, 1, 2
 
@@ -56,7 +55,7 @@ class WalState:
         self.failed: BaseException | None = None
         #: The broker's journal when it makes this WAL's appends durable (mode always),
         #: and this WAL's name in its records.
-        self.journal = journal = config.journal if self.mode == ALWAYS else None
+        self.journal = journal = config.journal_in_use
         self.journal_key = journal.key(directory) if journal is not None else b""
 
     def check_usable(self) -> None:
