@@ -313,11 +313,26 @@ cdef inline Py_ssize_t _hpack_skip_int(const uint8_t[::1] block, Py_ssize_t i, i
     return i
 
 
+#: The last index of HPACK's static table (RFC 7541 Appendix A); above it, the dynamic table.
+DEF _HPACK_STATIC_LAST = 61
+
+
 def hpack_table_neutral(const uint8_t[::1] block):
     """True when decoding this HPACK block cannot change the decoder's dynamic table: it
     holds only indexed fields and literals without indexing or never indexed (RFC 7541 6.1,
     6.2.2, 6.2.3), and no table-size update. Such a block decodes to the same fields for as
     long as the table is unchanged, so its result can be cached by the block's bytes."""
+    return _hpack_walk(block, False)
+
+
+def hpack_static_only(const uint8_t[::1] block):
+    """``hpack_table_neutral``, and every index (of a field or of a literal's name) is in
+    the static table: the block decodes to the same fields on every connection, whatever
+    its dynamic table holds (danube.rpc.headers shares their parsed form)."""
+    return _hpack_walk(block, True)
+
+
+cdef bint _hpack_walk(const uint8_t[::1] block, bint static_only) noexcept:
     cdef Py_ssize_t n = block.shape[0]
     cdef Py_ssize_t i = 0
     cdef Py_ssize_t v = 0
@@ -329,9 +344,11 @@ def hpack_table_neutral(const uint8_t[::1] block):
         b = block[i]
         if b & 0x80:
             i = _hpack_skip_int(block, i, 0x7F, &v)
+            if static_only and not 0 < v <= _HPACK_STATIC_LAST:
+                return False
         elif b & 0xE0 == 0x00 or b & 0xF0 == 0x10:
             i = _hpack_skip_int(block, i, 0x0F, &v)
-            if i < 0:
+            if i < 0 or static_only and v > _HPACK_STATIC_LAST:
                 return False
             # A literal name (index 0) then the value: two length-prefixed strings, or one.
             for k in range(2 if v == 0 else 1):

@@ -13,7 +13,7 @@ import re
 
 import hpack
 
-from danube.codec.http2 import hpack_table_neutral
+from danube.codec.http2 import hpack_static_only, hpack_table_neutral
 
 # RFC 7541 Appendix A: the names we send, mapped to their static-table index.
 _STATIC_NAME_INDEX = {
@@ -61,60 +61,9 @@ def encode_headers(fields) -> bytes:
     return bytes(out)
 
 
-#: The last index of HPACK's static table (RFC 7541 Appendix A); above it, the dynamic table.
-_STATIC_LAST = 61
 #: Blocks up to this size are shared between connections (see HeaderDecoder): what a gRPC
 #: client sends for a call is a few hundred bytes.
 SHARED_BLOCK_MAX = 1024
-
-
-def _hpack_int_at(block, i, prefix_bits):
-    """The HPACK integer at block[i] and the index after it; None past the end."""
-    limit = (1 << prefix_bits) - 1
-    value = block[i] & limit
-    i += 1
-    if value < limit:
-        return value, i
-    shift = 0
-    while i < len(block):
-        b = block[i]
-        i += 1
-        value += (b & 0x7F) << shift
-        shift += 7
-        if not b & 0x80:
-            return value, i
-    return None
-
-
-def hpack_static_only(block: bytes) -> bool:
-    """True when the block's fields are indexed in the static table or literal without
-    indexing (or never indexed), with literal names or static ones: it decodes to the same
-    fields on every connection, whatever its dynamic table holds."""
-    i, n = 0, len(block)
-    if n == 0:
-        return False
-    while i < n:
-        b = block[i]
-        if b & 0x80:
-            got = _hpack_int_at(block, i, 7)
-            if got is None or not 0 < got[0] <= _STATIC_LAST:
-                return False
-            i = got[1]
-        elif b & 0xE0 == 0x00 or b & 0xF0 == 0x10:
-            got = _hpack_int_at(block, i, 4)
-            if got is None or got[0] > _STATIC_LAST:
-                return False
-            name_index, i = got
-            for _ in range(1 if name_index else 2):
-                if i >= n:
-                    return False
-                got = _hpack_int_at(block, i, 7)
-                if got is None or got[1] + got[0] > n:
-                    return False
-                i = got[1] + got[0]
-        else:
-            return False
-    return True
 
 
 class HeaderDecoder:
