@@ -149,6 +149,14 @@ def topic_name(value):
     return None
 
 
+def upstream_subscription_type(value):
+    """A check: upstream's connectors write ``Exclusive``, ``Shared``, ``FailOver``; any
+    case is taken (the consumer gets it lower-cased)."""
+    if value.lower() not in ("exclusive", "shared", "failover"):
+        return f"{value!r} is not one of Exclusive, Shared, FailOver"
+    return None
+
+
 def one_of_names(value):
     """A check for names used in topics, producers and metrics labels."""
     if not value or not all(c.isalnum() or c in "_-." for c in value):

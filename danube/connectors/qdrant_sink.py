@@ -30,7 +30,7 @@ import orjson
 
 from danube.connect import (ConfigError, ConsumerConfig, FatalError, Field, InvalidRecord,
                             RetryableError, SinkConnector, Table, Tables, Unavailable)
-from danube.connect.settings import topic_name
+from danube.connect.settings import topic_name, upstream_subscription_type
 
 try:
     from qdrant_client import QdrantClient, models
@@ -41,16 +41,8 @@ except ImportError as exc:      # pragma: no cover - reported by the registry wi
 
 log = logging.getLogger("danube.connectors.qdrant")
 
-SUBSCRIPTION_TYPES = {"exclusive": "exclusive", "shared": "shared", "failover": "failover"}
 DISTANCES = {"Cosine": models.Distance.COSINE, "Euclid": models.Distance.EUCLID,
              "Dot": models.Distance.DOT, "Manhattan": models.Distance.MANHATTAN}
-
-
-def subscription_type(value):
-    """A check: upstream writes ``Exclusive``, ``Shared``, ``FailOver``; any case is taken."""
-    if value.lower() not in SUBSCRIPTION_TYPES:
-        return f"{value!r} is not one of Exclusive, Shared, FailOver"
-    return None
 
 
 def _url(value):
@@ -66,7 +58,7 @@ def _url(value):
 ROUTE = {
     "from": Field(str, check=topic_name),
     "subscription": Field(str, check=lambda v: None if v else "must not be empty"),
-    "subscription_type": Field(str, "Exclusive", check=subscription_type),
+    "subscription_type": Field(str, "Exclusive", check=upstream_subscription_type),
     "to": Field(str, check=lambda v: None if v else "must not be empty"),
     "vector_dimension": Field(int, min=1, max=65536),
     "distance": Field(str, "Cosine", choices=tuple(DISTANCES)),
@@ -180,7 +172,7 @@ class QdrantSink(SinkConnector):
 
     def consumer_configs(self):
         return [ConsumerConfig(r.topic, r.cfg.subscription,
-                               SUBSCRIPTION_TYPES[r.cfg.subscription_type.lower()],
+                               r.cfg.subscription_type.lower(),
                                consumer_name=f"qdrant-sink-{r.collection}",
                                expected_schema_subject=r.cfg.expected_schema_subject)
                 for r in self.routes.values()]

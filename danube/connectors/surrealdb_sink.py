@@ -27,7 +27,7 @@ import orjson
 
 from danube.connect import (ConfigError, ConsumerConfig, FatalError, Field, InvalidRecord,
                             SinkConnector, Table, Tables, Unavailable)
-from danube.connect.settings import topic_name
+from danube.connect.settings import topic_name, upstream_subscription_type
 
 try:
     from surrealdb import AsyncSurreal, RecordID
@@ -38,7 +38,6 @@ except ImportError as exc:      # pragma: no cover - reported by the registry wi
 
 log = logging.getLogger("danube.connectors.surrealdb")
 
-SUBSCRIPTION_TYPES = {"exclusive": "exclusive", "shared": "shared", "failover": "failover"}
 SCHEMES = ("ws", "wss", "http", "https", "mem", "memory", "file", "surrealkv",
            "surrealkv+versioned")
 REMOTE = ("ws", "wss", "http", "https")
@@ -46,13 +45,6 @@ REMOTE = ("ws", "wss", "http", "https")
 # One statement: every record of the batch in one transaction.
 WRITE = "FOR $r IN $rows { UPSERT $r.id CONTENT $r.doc RETURN NONE; };"
 WRITE_ONE = "UPSERT $id CONTENT $doc RETURN NONE;"
-
-
-def subscription_type(value):
-    """A check: upstream writes ``Exclusive``, ``Shared``, ``FailOver``; any case is taken."""
-    if value.lower() not in SUBSCRIPTION_TYPES:
-        return f"{value!r} is not one of Exclusive, Shared, FailOver"
-    return None
 
 
 def _url(value):
@@ -70,7 +62,7 @@ def _name(value):
 ROUTE = {
     "from": Field(str, check=topic_name),
     "subscription": Field(str, check=_name),
-    "subscription_type": Field(str, "Shared", check=subscription_type),
+    "subscription_type": Field(str, "Shared", check=upstream_subscription_type),
     "to": Field(str, check=lambda v: None if v and all(c.isalnum() or c == "_" for c in v)
                 else f"{v!r}: a table name of letters, digits and '_'"),
     "include_danube_metadata": Field(bool, True),
@@ -150,7 +142,7 @@ class SurrealDBSink(SinkConnector):
 
     def consumer_configs(self):
         return [ConsumerConfig(r.topic, r.cfg.subscription,
-                               SUBSCRIPTION_TYPES[r.cfg.subscription_type.lower()],
+                               r.cfg.subscription_type.lower(),
                                consumer_name=f"surrealdb-sink-{r.table}",
                                expected_schema_subject=r.cfg.expected_schema_subject)
                 for r in self.routes.values()]
