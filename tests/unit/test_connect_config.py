@@ -97,3 +97,12 @@ def test_rows_and_the_reasons_of_bad_records():
             cols.row(record(payload))
     with pytest.raises(ConfigError, match="data_type 'Int128'"):
         Columns([("x", "x", "Int128", True)], False)
+
+
+def test_upstream_subscription_type_takes_any_case_and_names_the_choices():
+    from danube.connect.settings import upstream_subscription_type
+
+    for value in ("Exclusive", "shared", "FailOver", "FAILOVER"):
+        assert upstream_subscription_type(value) is None
+    assert upstream_subscription_type("KeyShared") == \
+        "'KeyShared' is not one of Exclusive, Shared, FailOver"
